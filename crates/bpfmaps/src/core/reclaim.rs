@@ -1,0 +1,76 @@
+//! Memory reclamation: epoch-based, from `crossbeam-epoch`.
+//!
+//! A reader pins the current epoch (`pin()`), follows pointers, and unpins.
+//! A writer that unlinks an element hands it to `Guard::defer_*`; it is
+//! freed only after every thread pinned at unlink time has unpinned, so a
+//! reader never touches freed memory and never waits for a writer.
+//!
+//! Why crossbeam-epoch rather than seize: both are well kept; crossbeam's
+//! typed pointers and guard-scoped borrows make the lifetime rules visible
+//! in signatures, it is the most used reclamation crate in the ecosystem, and
+//! its pin is a thread-local counter plus one fence, cheap enough when a
+//! caller pins once per batch of lookups (as a BPF program runs under one
+//! RCU read section). seize's batched retirement would matter for
+//! write-heavy workloads; we can revisit if the benchmarks ask.
+//!
+//! Large frees go to a background *reaper* thread instead: the epoch
+//! collector runs deferred functions on whichever thread happens to collect,
+//! and freeing a million-element map there would stall that thread.
+
+use std::sync::OnceLock;
+use std::sync::mpsc::{Sender, channel};
+
+pub use crossbeam_epoch::{Guard, pin};
+
+type Garbage = Box<dyn Send>;
+
+fn reaper() -> &'static Sender<Garbage> {
+    static REAPER: OnceLock<Sender<Garbage>> = OnceLock::new();
+    REAPER.get_or_init(|| {
+        let (tx, rx) = channel::<Garbage>();
+        std::thread::Builder::new()
+            .name("bpfmaps-reaper".into())
+            .spawn(move || {
+                for garbage in rx {
+                    drop(garbage);
+                }
+            })
+            .expect("spawning the bpfmaps reaper thread");
+        tx
+    })
+}
+
+/// Frees `value` on the background reaper thread, so that the caller (or a
+/// reader that happens to run epoch collection) never pays for it.
+pub fn drop_in_background<T: Send + 'static>(value: T) {
+    if let Err(e) = reaper().send(Box::new(value)) {
+        drop(e.0); // reaper gone (process exiting): free here
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, Ordering};
+
+    struct Flag(Arc<AtomicBool>);
+    impl Drop for Flag {
+        fn drop(&mut self) {
+            self.0.store(true, Ordering::SeqCst);
+        }
+    }
+
+    #[test]
+    fn background_drop_runs_on_another_thread() {
+        let dropped = Arc::new(AtomicBool::new(false));
+        drop_in_background(Flag(dropped.clone()));
+        for _ in 0..1000 {
+            if dropped.load(Ordering::SeqCst) {
+                return;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+        panic!("reaper never dropped the value");
+    }
+}

@@ -1,0 +1,353 @@
+//! Hash maps: `BPF_MAP_TYPE_HASH` and `BPF_MAP_TYPE_LRU_HASH`.
+//!
+//! # Structure
+//! A power-of-two array of buckets (one per entry, as the kernel), each a
+//! chain of elements. Elements live in large slab chunks (see `slab`),
+//! preallocated by default, so a full map never allocates on update; with
+//! `BPF_F_NO_PREALLOC` chunks are added as the map fills.
+//!
+//! ```text
+//!  buckets (16 B each)        slab chunk
+//!  +------+------+           +------+------+------+------+
+//!  | head | lock | --------> | elem | elem | elem | ...  |
+//!  +------+------+           +------+------+------+------+
+//! ```
+//!
+//! # Concurrency
+//! - Lookups are lock-free: pin an epoch, walk the chain, read the value in
+//!   place. They never wait for a writer.
+//! - Writers take the one bucket lock they touch. An update never writes a
+//!   value a reader can see: it fills a fresh element and swaps it into the
+//!   chain with a single release store, so readers see the old value or the
+//!   new one whole, and a lookup that starts after `update` returned sees the
+//!   new one.
+//! - Unlinked elements are recycled only after an epoch grace period.
+//! - Dropping a map hands its memory to a background thread.
+//!
+//! # Hashing
+//! Per map, a [`HashPolicy`]: the kernel's jhash, xxh3, or the proposed
+//! hybrid. The default is chosen by the `hash-sweep` benchmark.
+//!
+//! # Example
+//! ```
+//! use bpfmaps::hashtab::HashMap;
+//! use bpfmaps::{Map, BPF_NOEXIST};
+//!
+//! let map = HashMap::new(4, 8, 1000).unwrap();
+//! map.update(&1u32.to_ne_bytes(), &10u64.to_ne_bytes(), BPF_NOEXIST).unwrap();
+//! let guard = bpfmaps::pin();
+//! let value = map.get(&1u32.to_ne_bytes(), &guard).unwrap(); // zero-copy
+//! assert_eq!(value, &10u64.to_ne_bytes());
+//! ```
+
+mod slab;
+mod table;
+#[cfg(test)]
+mod tests;
+mod typed;
+
+use parking_lot::Mutex;
+use std::sync::atomic::Ordering;
+
+use crate::core::contract::{Map, MapKind, MapSpec, check_key, check_value};
+use crate::core::error::{Error, Result};
+use crate::core::flags::{BPF_F_NO_PREALLOC, BPF_F_ZERO_SEED, UpdateFlag, check_map_flags};
+use crate::core::reclaim::{Guard, pin};
+use crate::hash::{HashPolicy, seed_for};
+use table::{RawTable, TableOptions};
+
+pub use typed::{TypedHashMap, TypedLruHashMap};
+
+/// `BPF_F_NO_COMMON_LRU`: accepted for compatibility; bpfmaps has one clock
+/// per map and no per-CPU lists, so it changes nothing.
+pub const BPF_F_NO_COMMON_LRU: u32 = 1 << 1;
+
+/// How to build a hash map beyond sizes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HashOptions {
+    /// Allocate all elements up front (the kernel's default).
+    pub prealloc: bool,
+    /// Hash function policy.
+    pub policy: HashPolicy,
+    /// Hash seed; `None` draws a random one.
+    pub seed: Option<u32>,
+}
+
+impl Default for HashOptions {
+    fn default() -> Self {
+        HashOptions {
+            prealloc: true,
+            policy: HashPolicy::default(),
+            seed: None,
+        }
+    }
+}
+
+impl HashOptions {
+    fn from_spec(spec: &MapSpec) -> Self {
+        HashOptions {
+            prealloc: spec.flags & BPF_F_NO_PREALLOC == 0,
+            policy: spec.hash.unwrap_or_default(),
+            seed: Some(seed_for(spec.flags)),
+        }
+    }
+
+    fn table(self, key_size: usize, value_size: usize, max_entries: u32) -> TableOptions {
+        TableOptions {
+            key_size,
+            value_size,
+            max_entries: max_entries as usize,
+            prealloc: self.prealloc,
+            policy: self.policy,
+            seed: self.seed.unwrap_or_else(rand::random),
+        }
+    }
+}
+
+/// `BPF_MAP_TYPE_HASH`: fixed-capacity hash map with lock-free lookups.
+pub struct HashMap {
+    table: RawTable,
+}
+
+impl HashMap {
+    /// A preallocated map with the default hash and a random seed.
+    pub fn new(key_size: usize, value_size: usize, max_entries: u32) -> Result<Self> {
+        Self::with_options(key_size, value_size, max_entries, HashOptions::default())
+    }
+
+    /// A map with explicit options.
+    pub fn with_options(
+        key_size: usize,
+        value_size: usize,
+        max_entries: u32,
+        options: HashOptions,
+    ) -> Result<Self> {
+        Ok(HashMap {
+            table: RawTable::new(options.table(key_size, value_size, max_entries))?,
+        })
+    }
+
+    /// Builds from a `create()` spec.
+    pub fn from_spec(spec: &MapSpec) -> Result<Self> {
+        check_map_flags(spec.flags, BPF_F_NO_PREALLOC | BPF_F_ZERO_SEED)?;
+        let options = HashOptions::from_spec(spec);
+        Self::with_options(
+            spec.key_size as usize,
+            spec.value_size as usize,
+            spec.max_entries,
+            options,
+        )
+    }
+
+    /// The value stored under `key`, borrowed in place while `guard` is
+    /// pinned. Lock-free. A key of the wrong size is simply not found.
+    #[inline]
+    pub fn get<'g>(&self, key: &[u8], guard: &'g Guard) -> Option<&'g [u8]> {
+        self.table.get(key, guard)
+    }
+
+    /// The hash policy in use.
+    pub fn hash_policy(&self) -> HashPolicy {
+        self.table.policy
+    }
+
+    /// Visits every entry under one guard (weakly consistent under
+    /// concurrent writers: each entry present throughout is seen once).
+    pub fn for_each<'g>(&self, guard: &'g Guard, f: impl FnMut(&'g [u8], &'g [u8])) {
+        self.table.for_each(guard, f)
+    }
+
+    fn update_with(&self, key: &[u8], value: &[u8], flags: u64, guard: &Guard) -> Result<()> {
+        let flag = UpdateFlag::from_bits(flags)?;
+        check_key(self.table.layout().key_size, key)?;
+        check_value(self.table.layout().value_size, value)?;
+        self.table
+            .update(key, value, flag, guard, || false)
+            .map(|_| ())
+    }
+}
+
+/// The byte contract shared by both hash maps.
+macro_rules! impl_hash_contract {
+    ($ty:ty, $kind:expr) => {
+        impl Map for $ty {
+            fn kind(&self) -> MapKind {
+                $kind
+            }
+            fn key_size(&self) -> usize {
+                self.table.layout().key_size
+            }
+            fn value_size(&self) -> usize {
+                self.table.layout().value_size
+            }
+            fn max_entries(&self) -> u32 {
+                self.table.max_entries as u32
+            }
+            fn lookup(&self, key: &[u8], value: &mut [u8]) -> Result<()> {
+                check_key(self.key_size(), key)?;
+                check_value(self.value_size(), value)?;
+                let guard = pin();
+                value.copy_from_slice(self.get(key, &guard).ok_or(Error::NotFound)?);
+                Ok(())
+            }
+            fn update(&self, key: &[u8], value: &[u8], flags: u64) -> Result<()> {
+                self.update_with(key, value, flags, &pin())
+            }
+            fn delete(&self, key: &[u8]) -> Result<()> {
+                check_key(self.key_size(), key)?;
+                self.table.delete(key, None, &pin())
+            }
+            fn lookup_and_delete(&self, key: &[u8], value: &mut [u8]) -> Result<()> {
+                check_key(self.key_size(), key)?;
+                check_value(self.value_size(), value)?;
+                self.table.delete(key, Some(value), &pin())
+            }
+            fn get_next_key(&self, key: Option<&[u8]>, next: &mut [u8]) -> Result<()> {
+                if let Some(key) = key {
+                    check_key(self.key_size(), key)?;
+                }
+                check_key(self.key_size(), next)?;
+                self.table.next_key(key, next, &pin())
+            }
+            fn len(&self) -> usize {
+                self.table.len()
+            }
+            fn memory_usage(&self) -> usize {
+                self.table.memory_usage() + size_of::<Self>() - size_of::<RawTable>()
+            }
+        }
+    };
+}
+
+impl_hash_contract!(HashMap, MapKind::Hash);
+impl_hash_contract!(LruHashMap, MapKind::LruHash);
+
+/// `BPF_MAP_TYPE_LRU_HASH`: when full, an update evicts a least recently
+/// used entry instead of failing.
+///
+/// Recency is tracked with the CLOCK algorithm over the slab: a lookup sets
+/// the element's referenced bit (one relaxed store, only when not already
+/// set, so hot entries do not bounce cache lines); an insert into a full
+/// map sweeps the clock hand, clearing referenced bits, and evicts the first
+/// unreferenced entry. Like the kernel, the LRU map is always preallocated.
+pub struct LruHashMap {
+    table: RawTable,
+    hand: Mutex<usize>,
+}
+
+impl LruHashMap {
+    /// A map with the default hash and a random seed.
+    pub fn new(key_size: usize, value_size: usize, max_entries: u32) -> Result<Self> {
+        Self::with_options(key_size, value_size, max_entries, HashOptions::default())
+    }
+
+    /// A map with explicit options (`prealloc: false` is `EOPNOTSUPP`).
+    pub fn with_options(
+        key_size: usize,
+        value_size: usize,
+        max_entries: u32,
+        options: HashOptions,
+    ) -> Result<Self> {
+        if !options.prealloc {
+            return Err(Error::Unsupported);
+        }
+        let table = RawTable::new(options.table(key_size, value_size, max_entries))?;
+        Ok(LruHashMap {
+            table,
+            hand: Mutex::new(0),
+        })
+    }
+
+    /// Builds from a `create()` spec.
+    pub fn from_spec(spec: &MapSpec) -> Result<Self> {
+        check_map_flags(
+            spec.flags,
+            BPF_F_NO_PREALLOC | BPF_F_ZERO_SEED | BPF_F_NO_COMMON_LRU,
+        )?;
+        let options = HashOptions::from_spec(spec);
+        Self::with_options(
+            spec.key_size as usize,
+            spec.value_size as usize,
+            spec.max_entries,
+            options,
+        )
+    }
+
+    /// The value under `key`, borrowed in place; marks the entry recently
+    /// used. Lock-free.
+    #[inline]
+    pub fn get<'g>(&self, key: &[u8], guard: &'g Guard) -> Option<&'g [u8]> {
+        let e = self.table.find(key, self.table.hash(key), guard)?;
+        // SAFETY: reachable under the pinned guard.
+        let header = unsafe { e.header() };
+        if !header.referenced.load(Ordering::Relaxed) {
+            header.referenced.store(true, Ordering::Relaxed);
+        }
+        // SAFETY: as above; values of reachable elements are immutable.
+        Some(unsafe { e.value(self.table.layout()) })
+    }
+
+    /// Whether `key` is present, without marking it used.
+    pub fn contains_key(&self, key: &[u8]) -> bool {
+        let guard = pin();
+        self.table.find(key, self.table.hash(key), &guard).is_some()
+    }
+
+    /// Visits every entry (weakly consistent), without marking them used.
+    pub fn for_each<'g>(&self, guard: &'g Guard, f: impl FnMut(&'g [u8], &'g [u8])) {
+        self.table.for_each(guard, f)
+    }
+
+    fn update_with(&self, key: &[u8], value: &[u8], flags: u64, guard: &Guard) -> Result<()> {
+        let flag = UpdateFlag::from_bits(flags)?;
+        check_key(self.table.layout().key_size, key)?;
+        check_value(self.table.layout().value_size, value)?;
+        let mut attempts = 0;
+        self.table
+            .update(key, value, flag, guard, || {
+                attempts += 1;
+                attempts <= 64 && self.evict_one(guard)
+            })
+            .map(|_| ())
+    }
+
+    /// Evicts one unreferenced entry, sweeping the clock hand at most twice
+    /// around. Returns whether room was made (by us or a racing delete).
+    fn evict_one(&self, guard: &Guard) -> bool {
+        let mut hand = self.hand.lock();
+        if self.table.len() < self.table.max_entries {
+            return true; // someone else made room meanwhile
+        }
+        for _ in 0..2 {
+            let mut victim = None;
+            self.table.slab().for_each_from(*hand, |index, e| {
+                // SAFETY: slab memory lives as long as the table; the flags
+                // are atomics, and `evict` re-checks under the bucket lock.
+                let h = unsafe { e.header() };
+                if !h.live.load(Ordering::Relaxed) {
+                    return true;
+                }
+                if h.referenced.load(Ordering::Relaxed) {
+                    h.referenced.store(false, Ordering::Relaxed);
+                    return true;
+                }
+                victim = Some((index, e));
+                false
+            });
+            if let Some((index, e)) = victim {
+                *hand = index + 1;
+                if self.table.evict(e, guard) {
+                    return true;
+                }
+            }
+        }
+        self.table.len() < self.table.max_entries
+    }
+}
+
+#[cfg(test)]
+impl HashMap {
+    pub(crate) fn table_for_tests(&self) -> &RawTable {
+        &self.table
+    }
+}

@@ -1,0 +1,356 @@
+//! The raw table shared by `HashMap` and `LruHashMap`: buckets of chains of
+//! slab elements, lock-free readers, per-bucket writer locks.
+//!
+//! Invariants:
+//! 1. A bucket chain holds only live elements; an element is in at most one
+//!    chain; every element in bucket `b` has `hash & mask == b`.
+//! 2. A reachable element is never written: an update builds a new element
+//!    and swaps it into the chain (one `Release` store), so a reader sees the
+//!    old value or the new one, never a mix.
+//! 3. An unlinked element keeps its `next` until no reader pinned at unlink
+//!    time remains (epoch grace period); only then is it reused.
+//! 4. `len` counts linked elements and never exceeds `max_entries`: a new
+//!    key reserves its slot before it is linked.
+
+use std::ptr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicPtr, AtomicUsize, Ordering};
+
+use crossbeam_epoch::Guard;
+use parking_lot::{Mutex, MutexGuard};
+
+use super::slab::{ElemHeader, ElemLayout, ElemPtr, Slab};
+use crate::core::error::{Error, Result};
+use crate::core::flags::UpdateFlag;
+use crate::hash::HashPolicy;
+
+/// One hash bucket: the chain head and the lock its writers take.
+struct Bucket {
+    head: AtomicPtr<ElemHeader>,
+    lock: Mutex<()>,
+}
+
+/// Construction options for a raw table.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct TableOptions {
+    pub key_size: usize,
+    pub value_size: usize,
+    pub max_entries: usize,
+    pub prealloc: bool,
+    pub policy: HashPolicy,
+    pub seed: u32,
+}
+
+/// What an update did to an existing element.
+pub(super) enum Replaced {
+    /// The key was new.
+    Inserted,
+    /// An older element was swapped out.
+    Updated,
+}
+
+pub(super) struct RawTable {
+    buckets: Box<[Bucket]>,
+    mask: usize,
+    slab: Arc<Slab>,
+    len: AtomicUsize,
+    pub max_entries: usize,
+    pub policy: HashPolicy,
+    seed: u32,
+}
+
+impl RawTable {
+    pub fn new(opts: TableOptions) -> Result<Self> {
+        if opts.key_size == 0 || opts.value_size == 0 || opts.max_entries == 0 {
+            return Err(Error::invalid(
+                "key_size, value_size and max_entries must be non-zero",
+            ));
+        }
+        if opts.key_size > 512 {
+            return Err(Error::invalid("key_size above 512 bytes (the BPF stack)"));
+        }
+        if opts.value_size > (1 << 20) {
+            return Err(Error::invalid("value_size above 1 MiB"));
+        }
+        // As the kernel: one bucket per entry, rounded up to a power of two.
+        let n_buckets = opts
+            .max_entries
+            .checked_next_power_of_two()
+            .ok_or(Error::NoMemory)?;
+        let buckets = (0..n_buckets)
+            .map(|_| Bucket {
+                head: AtomicPtr::new(ptr::null_mut()),
+                lock: Mutex::new(()),
+            })
+            .collect();
+        let layout = ElemLayout::new(opts.key_size, opts.value_size);
+        let (prealloc, grow_by) = if opts.prealloc {
+            // Slack for elements waiting out their grace period.
+            (opts.max_entries, (opts.max_entries / 32).max(16))
+        } else {
+            (0, (opts.max_entries / 64).clamp(16, 4096))
+        };
+        Ok(RawTable {
+            buckets,
+            mask: n_buckets - 1,
+            slab: Arc::new(Slab::new(layout, prealloc, grow_by)?),
+            len: AtomicUsize::new(0),
+            max_entries: opts.max_entries,
+            policy: opts.policy,
+            seed: opts.seed,
+        })
+    }
+
+    #[inline]
+    pub fn layout(&self) -> &ElemLayout {
+        &self.slab.layout
+    }
+
+    #[inline]
+    pub fn hash(&self, key: &[u8]) -> u32 {
+        self.policy.hash(key, self.seed)
+    }
+
+    #[inline]
+    fn bucket(&self, hash: u32) -> &Bucket {
+        // SAFETY-free: mask < buckets.len() by construction.
+        &self.buckets[hash as usize & self.mask]
+    }
+
+    pub fn len(&self) -> usize {
+        self.len.load(Ordering::Relaxed)
+    }
+
+    /// Finds the element holding `key`. Lock-free: never waits for a writer.
+    #[inline]
+    pub fn find<'g>(&self, key: &[u8], hash: u32, _guard: &'g Guard) -> Option<ElemPtr> {
+        let layout = self.layout();
+        let mut p = self.bucket(hash).head.load(Ordering::Acquire);
+        while let Some(e) = ptr::NonNull::new(p) {
+            let e = ElemPtr(e);
+            // SAFETY: reachable under the pinned guard (invariant 3).
+            let h = unsafe { e.header() };
+            // SAFETY: as above; keys of reachable elements are immutable.
+            if h.hash.load(Ordering::Relaxed) == hash && unsafe { e.key(layout) } == key {
+                return Some(e);
+            }
+            p = h.next.load(Ordering::Acquire);
+        }
+        None
+    }
+
+    /// The value bytes of `key`, borrowed for the guard's lifetime.
+    #[inline]
+    pub fn get<'g>(&self, key: &[u8], guard: &'g Guard) -> Option<&'g [u8]> {
+        let e = self.find(key, self.hash(key), guard)?;
+        // SAFETY: the element stays allocated and unwritten while `guard` is pinned.
+        Some(unsafe { e.value(self.layout()) })
+    }
+
+    /// Walks a locked bucket for `key`; returns the link that points at it.
+    fn find_locked<'b>(
+        &self,
+        bucket: &'b Bucket,
+        _lock: &MutexGuard<'b, ()>,
+        key: &[u8],
+        hash: u32,
+    ) -> Option<(&'b AtomicPtr<ElemHeader>, ElemPtr)> {
+        let layout = self.layout();
+        let mut link = &bucket.head;
+        loop {
+            let e = ElemPtr(ptr::NonNull::new(link.load(Ordering::Relaxed))?);
+            // SAFETY: under the bucket lock the chain cannot change, and
+            // linked elements are live.
+            let h = unsafe { e.header() };
+            // SAFETY: as above.
+            if h.hash.load(Ordering::Relaxed) == hash && unsafe { e.key(layout) } == key {
+                return Some((link, e));
+            }
+            link = &h.next;
+        }
+    }
+
+    /// Reserves room for one more entry; `false` when full.
+    fn reserve(&self) -> bool {
+        self.len
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| {
+                (n < self.max_entries).then_some(n + 1)
+            })
+            .is_ok()
+    }
+
+    /// Retires an unlinked element: back to the slab after the grace period.
+    fn retire(&self, e: ElemPtr, guard: &Guard) {
+        // SAFETY: the element was just unlinked under its bucket lock.
+        unsafe { e.header() }.live.store(false, Ordering::Relaxed);
+        let slab = Arc::clone(&self.slab);
+        guard.defer(move || slab.release(e));
+    }
+
+    /// Inserts or replaces. `on_full` runs (without any bucket lock held)
+    /// when a new key finds the table full; it returns whether to retry
+    /// (the LRU map evicts there) or give up with `E2BIG`.
+    pub fn update(
+        &self,
+        key: &[u8],
+        value: &[u8],
+        flag: UpdateFlag,
+        guard: &Guard,
+        mut on_full: impl FnMut() -> bool,
+    ) -> Result<Replaced> {
+        let hash = self.hash(key);
+        let bucket = self.bucket(hash);
+        loop {
+            let lock = bucket.lock.lock();
+            let old = self.find_locked(bucket, &lock, key, hash);
+            flag.check(old.is_some())?;
+            if old.is_none() && !self.reserve() {
+                drop(lock);
+                if on_full() {
+                    continue;
+                }
+                return Err(Error::Full);
+            }
+            let new = match self.slab.alloc() {
+                Ok(e) => e,
+                Err(err) => {
+                    if old.is_none() {
+                        self.len.fetch_sub(1, Ordering::Relaxed);
+                    }
+                    return Err(err);
+                }
+            };
+            // SAFETY: fresh from the free list, private until published.
+            unsafe { new.init(self.layout(), hash, key, value) };
+            // SAFETY: as above.
+            let new_h = unsafe { new.header() };
+            new_h.live.store(true, Ordering::Relaxed);
+            return Ok(match old {
+                Some((link, old)) => {
+                    // SAFETY: `old` is linked, and we hold its bucket lock.
+                    let next = unsafe { old.header() }.next.load(Ordering::Relaxed);
+                    new_h.next.store(next, Ordering::Relaxed);
+                    // Publishes the new element's bytes (pairs with the
+                    // Acquire loads in `find`).
+                    link.store(new.0.as_ptr(), Ordering::Release);
+                    self.retire(old, guard);
+                    Replaced::Updated
+                }
+                None => {
+                    new_h
+                        .next
+                        .store(bucket.head.load(Ordering::Relaxed), Ordering::Relaxed);
+                    bucket.head.store(new.0.as_ptr(), Ordering::Release);
+                    Replaced::Inserted
+                }
+            });
+        }
+    }
+
+    /// Removes `key`, first copying its value into `out` if given.
+    pub fn delete(&self, key: &[u8], out: Option<&mut [u8]>, guard: &Guard) -> Result<()> {
+        let hash = self.hash(key);
+        let bucket = self.bucket(hash);
+        let lock = bucket.lock.lock();
+        let (link, e) = self
+            .find_locked(bucket, &lock, key, hash)
+            .ok_or(Error::NotFound)?;
+        if let Some(out) = out {
+            // SAFETY: linked element under its bucket lock.
+            out.copy_from_slice(unsafe { e.value(self.layout()) });
+        }
+        self.unlink(link, e, guard);
+        Ok(())
+    }
+
+    fn unlink(&self, link: &AtomicPtr<ElemHeader>, e: ElemPtr, guard: &Guard) {
+        // SAFETY: linked element; caller holds its bucket lock.
+        let next = unsafe { e.header() }.next.load(Ordering::Relaxed);
+        link.store(next, Ordering::Release);
+        self.len.fetch_sub(1, Ordering::Relaxed);
+        self.retire(e, guard);
+    }
+
+    /// Unlinks `victim` if it is still linked (LRU eviction). Returns whether
+    /// it was.
+    pub fn evict(&self, victim: ElemPtr, guard: &Guard) -> bool {
+        // SAFETY: slab memory outlives the table; the hash may be stale if the
+        // element was recycled, which the chain walk below detects.
+        let hash = unsafe { victim.header() }.hash.load(Ordering::Relaxed);
+        let bucket = self.bucket(hash);
+        let _lock = bucket.lock.lock();
+        let mut link = &bucket.head;
+        loop {
+            let Some(e) = ptr::NonNull::new(link.load(Ordering::Relaxed)) else {
+                return false;
+            };
+            if e == victim.0 {
+                self.unlink(link, victim, guard);
+                return true;
+            }
+            // SAFETY: linked element under the bucket lock.
+            link = unsafe { &e.as_ref().next };
+        }
+    }
+
+    /// The kernel's `get_next_key`: the key after `key` in bucket order; the
+    /// first key if `key` is `None` or not in the table.
+    pub fn next_key(&self, key: Option<&[u8]>, out: &mut [u8], guard: &Guard) -> Result<()> {
+        let layout = *self.layout();
+        let mut start_bucket = 0;
+        if let Some(key) = key {
+            let hash = self.hash(key);
+            if let Some(e) = self.find(key, hash, guard) {
+                // SAFETY: reachable under the guard.
+                let next = unsafe { e.header() }.next.load(Ordering::Acquire);
+                if let Some(n) = ptr::NonNull::new(next) {
+                    // SAFETY: reachable under the guard.
+                    out.copy_from_slice(unsafe { ElemPtr(n).key(&layout) });
+                    return Ok(());
+                }
+                start_bucket = (hash as usize & self.mask) + 1;
+            }
+        }
+        for bucket in &self.buckets[start_bucket..] {
+            if let Some(first) = ptr::NonNull::new(bucket.head.load(Ordering::Acquire)) {
+                // SAFETY: reachable under the guard.
+                out.copy_from_slice(unsafe { ElemPtr(first).key(&layout) });
+                return Ok(());
+            }
+        }
+        Err(Error::NotFound)
+    }
+
+    /// Visits every live element (weakly consistent under concurrent writes).
+    pub fn for_each<'g>(&self, guard: &'g Guard, mut f: impl FnMut(&'g [u8], &'g [u8])) {
+        let layout = *self.layout();
+        let _ = guard;
+        for bucket in self.buckets.iter() {
+            let mut p = bucket.head.load(Ordering::Acquire);
+            while let Some(e) = ptr::NonNull::new(p) {
+                let e = ElemPtr(e);
+                // SAFETY: reachable under the guard.
+                unsafe { f(e.key(&layout), e.value(&layout)) };
+                // SAFETY: as above.
+                p = unsafe { e.header() }.next.load(Ordering::Acquire);
+            }
+        }
+    }
+
+    /// The slab, for the LRU clock.
+    pub fn slab(&self) -> &Slab {
+        &self.slab
+    }
+
+    pub fn memory_usage(&self) -> usize {
+        size_of::<Self>() + self.buckets.len() * size_of::<Bucket>() + self.slab.bytes()
+    }
+}
+
+impl Drop for RawTable {
+    fn drop(&mut self) {
+        // Elements live in the slab (freed in the background when the last
+        // deferred release lets go of it); the bucket array goes too.
+        crate::core::reclaim::drop_in_background(std::mem::take(&mut self.buckets));
+    }
+}

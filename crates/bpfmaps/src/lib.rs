@@ -1,0 +1,53 @@
+//! # bpfmaps
+//!
+//! BPF-style maps in userspace: the Linux kernel's map semantics (update
+//! flags, errno-style errors, `get_next_key` iteration, `max_entries`,
+//! batch operations) over faster designs.
+//!
+//! ## Layout
+//! - [`core`]: errors, flags, the byte-level [`Map`] contract, [`create`],
+//!   reclamation.
+//! - [`hash`]: jhash/jhash2 (as the kernel), xxh3, and the hash policies.
+//! - [`hashtab`]: `BPF_MAP_TYPE_HASH` and `BPF_MAP_TYPE_LRU_HASH`.
+//! - [`bloom`]: `BPF_MAP_TYPE_BLOOM_FILTER`.
+//! - [`stackmap`]: `BPF_MAP_TYPE_STACK_TRACE`.
+//!
+//! ## Concurrency model
+//! Every lookup is lock-free: it pins an epoch ([`pin`]), reads, and
+//! unpins, and never waits for a writer. Writers take fine-grained locks
+//! (one per bucket). Memory a reader may still see is reclaimed only after
+//! every reader pinned at the time has moved on (crossbeam-epoch; see
+//! [`core::reclaim`] for why that crate). Large frees run on a background
+//! thread so dropping a huge map stalls no one. See `docs/design.md`.
+//!
+//! ## Example
+//! ```
+//! use bpfmaps::{create, Map, MapKind, MapSpec, Error, BPF_ANY, BPF_NOEXIST};
+//!
+//! let map = create(&MapSpec::new(MapKind::Hash, 4, 4, 2)).unwrap();
+//! map.update(&1u32.to_ne_bytes(), &100u32.to_ne_bytes(), BPF_ANY).unwrap();
+//! map.update(&2u32.to_ne_bytes(), &200u32.to_ne_bytes(), BPF_ANY).unwrap();
+//! assert_eq!(map.update(&3u32.to_ne_bytes(), &1u32.to_ne_bytes(), BPF_ANY), Err(Error::Full));
+//! assert_eq!(map.update(&1u32.to_ne_bytes(), &1u32.to_ne_bytes(), BPF_NOEXIST), Err(Error::Exists));
+//!
+//! let mut key = [0u8; 4];
+//! let mut seen = 0;
+//! let mut prev: Option<[u8; 4]> = None;
+//! while map.get_next_key(prev.as_ref().map(|k| &k[..]), &mut key).is_ok() {
+//!     seen += 1;
+//!     prev = Some(key);
+//! }
+//! assert_eq!(seen, 2);
+//! ```
+
+pub mod bloom;
+pub mod core;
+pub mod hash;
+pub mod hashtab;
+pub mod stackmap;
+
+pub use crate::core::contract::{BatchError, Map, MapKind, MapSpec, create};
+pub use crate::core::error::{Error, Result};
+pub use crate::core::flags::*;
+pub use crate::core::reclaim::{Guard, pin};
+pub use crate::hash::HashPolicy;
