@@ -344,10 +344,3 @@ impl LruHashMap {
         self.table.len() < self.table.max_entries
     }
 }
-
-#[cfg(test)]
-impl HashMap {
-    pub(crate) fn table_for_tests(&self) -> &RawTable {
-        &self.table
-    }
-}
