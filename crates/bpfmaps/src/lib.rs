@@ -10,6 +10,7 @@
 //! | [`core`] | errors, flags, the byte-level [`Map`] contract, [`create`], reclamation |
 //! | [`hash`] | jhash/jhash2 (as the kernel), xxh3, and the hash policies |
 //! | [`hashtab`] | `BPF_MAP_TYPE_HASH` and `BPF_MAP_TYPE_LRU_HASH` |
+//! | [`lpm`] | `BPF_MAP_TYPE_LPM_TRIE` |
 //! | [`bloom`] | `BPF_MAP_TYPE_BLOOM_FILTER` |
 //! | [`stackmap`] | `BPF_MAP_TYPE_STACK_TRACE` |
 //!
@@ -45,6 +46,7 @@ pub mod bloom;
 pub mod core;
 pub mod hash;
 pub mod hashtab;
+pub mod lpm;
 pub mod stackmap;
 
 pub use crate::core::contract::{BatchError, Map, MapKind, MapSpec, create};

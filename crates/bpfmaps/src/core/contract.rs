@@ -19,6 +19,8 @@ pub enum MapKind {
     BloomFilter,
     /// `BPF_MAP_TYPE_STACK_TRACE`.
     StackTrace,
+    /// `BPF_MAP_TYPE_LPM_TRIE`.
+    LpmTrie,
 }
 
 /// Everything `create()` needs, like `union bpf_attr` for `BPF_MAP_CREATE`.
@@ -90,6 +92,7 @@ pub fn create(spec: &MapSpec) -> Result<Box<dyn Map>> {
         MapKind::Hash => Box::new(crate::hashtab::HashMap::from_spec(spec)?),
         MapKind::LruHash => Box::new(crate::hashtab::LruHashMap::from_spec(spec)?),
         MapKind::BloomFilter | MapKind::StackTrace => return Err(Error::Unsupported),
+        MapKind::LpmTrie => return Err(Error::Unsupported),
     })
 }
 
