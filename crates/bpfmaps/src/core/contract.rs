@@ -92,7 +92,7 @@ pub fn create(spec: &MapSpec) -> Result<Box<dyn Map>> {
         MapKind::Hash => Box::new(crate::hashtab::HashMap::from_spec(spec)?),
         MapKind::LruHash => Box::new(crate::hashtab::LruHashMap::from_spec(spec)?),
         MapKind::BloomFilter | MapKind::StackTrace => return Err(Error::Unsupported),
-        MapKind::LpmTrie => return Err(Error::Unsupported),
+        MapKind::LpmTrie => Box::new(crate::lpm::LpmTrie::from_spec(spec)?),
     })
 }
 

@@ -1,0 +1,111 @@
+//! Fixed-size bitmaps with a per-word rank cache, for popcount-compressed
+//! node arrays: the index of the entry for position `i` is the number of set
+//! bits below `i` (one cached count plus one `popcnt`).
+
+/// A bitmap of `64 * W` bits with cached ranks.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(C)]
+pub(super) struct Bits<const W: usize> {
+    words: [u64; W],
+    /// `rank[w]` = number of set bits in `words[..w]`.
+    ranks: [u16; W],
+}
+
+impl<const W: usize> Default for Bits<W> {
+    fn default() -> Self {
+        Bits { words: [0; W], ranks: [0; W] }
+    }
+}
+
+impl<const W: usize> Bits<W> {
+    /// Whether bit `i` is set.
+    #[inline(always)]
+    pub fn get(&self, i: usize) -> bool {
+        (self.words[i >> 6] >> (i & 63)) & 1 != 0
+    }
+
+    /// Number of set bits strictly below `i`.
+    #[inline(always)]
+    pub fn rank(&self, i: usize) -> usize {
+        let w = i >> 6;
+        let below = self.words[w] & ((1u64 << (i & 63)) - 1);
+        self.ranks[w] as usize + below.count_ones() as usize
+    }
+
+    /// Number of set bits at or below `i`.
+    #[inline(always)]
+    pub fn rank_incl(&self, i: usize) -> usize {
+        let w = i >> 6;
+        let upto = self.words[w] & (2u64 << (i & 63)).wrapping_sub(1);
+        self.ranks[w] as usize + upto.count_ones() as usize
+    }
+
+    /// Sets bit `i` (call `fix_ranks` after a run of changes).
+    pub fn set_raw(&mut self, i: usize) {
+        self.words[i >> 6] |= 1 << (i & 63);
+    }
+
+    /// Clears bit `i` (call `fix_ranks` after a run of changes).
+    pub fn clear_raw(&mut self, i: usize) {
+        self.words[i >> 6] &= !(1 << (i & 63));
+    }
+
+    /// Recomputes the rank cache.
+    pub fn fix_ranks(&mut self) {
+        let mut acc = 0u16;
+        for w in 0..W {
+            self.ranks[w] = acc;
+            acc += self.words[w].count_ones() as u16;
+        }
+    }
+
+    /// Number of set bits.
+    pub fn count(&self) -> usize {
+        self.words.iter().map(|w| w.count_ones() as usize).sum()
+    }
+
+    /// Whether any bit in `lo..hi` is set.
+    pub fn any_in(&self, lo: usize, hi: usize) -> bool {
+        lo < hi && self.rank_or_total(hi) > self.rank(lo)
+    }
+
+    fn rank_or_total(&self, i: usize) -> usize {
+        if i >= 64 * W { self.count() } else { self.rank(i) }
+    }
+
+    /// Set bits in increasing order.
+    pub fn ones(&self) -> impl Iterator<Item = usize> + '_ {
+        self.words.iter().enumerate().flat_map(|(w, &word)| {
+            let mut rest = word;
+            std::iter::from_fn(move || {
+                (rest != 0).then(|| {
+                    let bit = rest.trailing_zeros() as usize;
+                    rest &= rest - 1;
+                    w * 64 + bit
+                })
+            })
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rank_counts_bits_below() {
+        let mut b = Bits::<4>::default();
+        for i in [0, 5, 63, 64, 100, 255] {
+            b.set_raw(i);
+        }
+        b.fix_ranks();
+        assert_eq!(b.count(), 6);
+        assert_eq!((b.rank(0), b.rank(1), b.rank(64), b.rank(65), b.rank(255)), (0, 1, 3, 4, 5));
+        assert!(b.get(100) && !b.get(101));
+        assert_eq!(b.ones().collect::<Vec<_>>(), vec![0, 5, 63, 64, 100, 255]);
+        assert!(b.any_in(6, 64) && !b.any_in(6, 63) && b.any_in(255, 256));
+        b.clear_raw(5);
+        b.fix_ranks();
+        assert_eq!(b.rank(64), 2);
+    }
+}

@@ -1,0 +1,165 @@
+//! Route slots: every stored prefix owns one fixed-size slot holding its
+//! prefix length and value, addressed by a `u32` id. Leaves of the trie hold
+//! ids, so a lookup ends with one load from here.
+//!
+//! Slots live in 4096-slot chunks reached through a chunk table sized at
+//! creation, so readers index without locks while writers add chunks.
+//! A slot is immutable while any leaf can point at it: changing a value
+//! takes a new slot. Freed slots are reused only after an epoch grace
+//! period: the deferred release pushes them onto a lock-free stack (linked
+//! through the dead slot's first bytes), and the writer drains it.
+
+use std::alloc::{Layout, alloc_zeroed, dealloc};
+use std::sync::atomic::{AtomicPtr, AtomicU32, AtomicUsize, Ordering};
+
+use crate::core::error::{Error, Result};
+
+/// "No route": a leaf with no matching prefix.
+pub(super) const NO_ROUTE: u32 = u32::MAX;
+const CHUNK_SHIFT: u32 = 12;
+const CHUNK: usize = 1 << CHUNK_SHIFT;
+/// Slot bytes before the value: the prefix length.
+const HEADER: usize = 4;
+
+pub(super) struct RouteStore {
+    value_size: usize,
+    slot_size: usize,
+    chunks: Box<[AtomicPtr<u8>]>,
+    allocated_chunks: AtomicUsize,
+    /// Slots back from their grace period (lock-free push, swap to drain).
+    returned: AtomicU32,
+}
+
+/// Writer-only allocation state (kept under the trie's writer lock).
+#[derive(Debug)]
+pub(super) struct RouteAlloc {
+    free: u32,
+    next_fresh: u32,
+}
+
+impl Default for RouteAlloc {
+    fn default() -> Self {
+        RouteAlloc { free: NO_ROUTE, next_fresh: 0 }
+    }
+}
+
+impl RouteStore {
+    /// Room for `max_entries` live routes plus as many waiting out a grace
+    /// period.
+    pub fn new(value_size: usize, max_entries: u32) -> Self {
+        let slots = (max_entries as usize).saturating_mul(2).saturating_add(CHUNK);
+        let n_chunks = slots.div_ceil(CHUNK).min((u32::MAX as usize) / CHUNK);
+        RouteStore {
+            value_size,
+            slot_size: HEADER + value_size,
+            chunks: (0..n_chunks).map(|_| AtomicPtr::new(std::ptr::null_mut())).collect(),
+            allocated_chunks: AtomicUsize::new(0),
+            returned: AtomicU32::new(NO_ROUTE),
+        }
+    }
+
+    fn chunk_layout(&self) -> Layout {
+        Layout::from_size_align(CHUNK * self.slot_size, 8).expect("chunk layout")
+    }
+
+    #[inline(always)]
+    fn slot(&self, id: u32) -> *mut u8 {
+        let chunk = self.chunks[(id >> CHUNK_SHIFT) as usize].load(Ordering::Acquire);
+        debug_assert!(!chunk.is_null());
+        // SAFETY: ids are handed out only inside allocated chunks.
+        unsafe { chunk.add((id as usize & (CHUNK - 1)) * self.slot_size) }
+    }
+
+    /// The value of route `id`.
+    ///
+    /// # Safety
+    /// `id` must be a live route read under a pinned guard (or by the
+    /// writer), and the borrow must not outlive that guard.
+    #[inline(always)]
+    pub unsafe fn value<'a>(&self, id: u32) -> &'a [u8] {
+        // SAFETY: the slot is immutable while reachable (module docs).
+        unsafe { std::slice::from_raw_parts(self.slot(id).add(HEADER), self.value_size) }
+    }
+
+    /// The prefix length of route `id`.
+    ///
+    /// # Safety
+    /// As for `value`.
+    #[inline]
+    pub unsafe fn prefixlen(&self, id: u32) -> u32 {
+        // SAFETY: as for value; the header is 4 bytes at the slot start.
+        unsafe { self.slot(id).cast::<u32>().read_unaligned() }
+    }
+
+    /// Takes a slot and fills it (writer only).
+    pub fn alloc(&self, state: &mut RouteAlloc, prefixlen: u32, value: &[u8]) -> Result<u32> {
+        if state.free == NO_ROUTE {
+            state.free = self.returned.swap(NO_ROUTE, Ordering::Acquire);
+        }
+        let id = if state.free != NO_ROUTE {
+            let id = state.free;
+            // SAFETY: a free slot's first 4 bytes hold the next free id.
+            state.free = unsafe { self.slot(id).cast::<u32>().read_unaligned() };
+            id
+        } else {
+            let id = state.next_fresh;
+            let chunk = (id >> CHUNK_SHIFT) as usize;
+            if chunk >= self.chunks.len() {
+                // Every slot is live or still in its grace period.
+                return Err(Error::Busy);
+            }
+            if self.chunks[chunk].load(Ordering::Relaxed).is_null() {
+                // SAFETY: non-zero size.
+                let p = unsafe { alloc_zeroed(self.chunk_layout()) };
+                if p.is_null() {
+                    return Err(Error::NoMemory);
+                }
+                self.chunks[chunk].store(p, Ordering::Release);
+                self.allocated_chunks.fetch_add(1, Ordering::Relaxed);
+            }
+            state.next_fresh += 1;
+            id
+        };
+        let slot = self.slot(id);
+        // SAFETY: the slot is private to the writer until its id is published.
+        unsafe {
+            slot.cast::<u32>().write_unaligned(prefixlen);
+            std::ptr::copy_nonoverlapping(value.as_ptr(), slot.add(HEADER), value.len());
+        }
+        Ok(id)
+    }
+
+    /// Gives back a slot no reader can reach any more (after the grace
+    /// period; lock-free, may run on any thread).
+    pub fn release(&self, id: u32) {
+        let mut head = self.returned.load(Ordering::Relaxed);
+        loop {
+            // SAFETY: the slot is dead; its first bytes become the link.
+            unsafe { self.slot(id).cast::<u32>().write_unaligned(head) };
+            match self.returned.compare_exchange_weak(head, id, Ordering::Release, Ordering::Relaxed) {
+                Ok(_) => return,
+                Err(now) => head = now,
+            }
+        }
+    }
+
+    /// Bytes held by slot chunks and the chunk table.
+    pub fn bytes(&self) -> usize {
+        self.allocated_chunks.load(Ordering::Relaxed) * CHUNK * self.slot_size
+            + self.chunks.len() * size_of::<AtomicPtr<u8>>()
+    }
+}
+
+impl Drop for RouteStore {
+    fn drop(&mut self) {
+        let layout = self.chunk_layout();
+        for chunk in self.chunks.iter() {
+            let p = chunk.load(Ordering::Relaxed);
+            if !p.is_null() {
+                // SAFETY: allocated in `alloc` with this layout; no reader
+                // remains (we are dropped).
+                unsafe { dealloc(p, layout) };
+            }
+        }
+    }
+}

@@ -1,0 +1,393 @@
+//! LpmTrie tests: differential against the brute-force oracle, orders,
+//! covering/covered, bad input, and concurrent readers during updates.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use proptest::prelude::*;
+
+use super::key::{encode_key, mask_host_bits, prefix_contains};
+use super::model::BruteForce;
+use super::*;
+use crate::core::flags::{BPF_ANY, BPF_EXIST, BPF_NOEXIST};
+use crate::{Error, Map, MapKind, MapSpec, create, pin};
+
+fn v(x: u32) -> [u8; 4] {
+    x.to_ne_bytes()
+}
+
+fn get(t: &LpmTrie, addr: &[u8]) -> Option<u32> {
+    let guard = pin();
+    t.get(addr, &guard).map(|b| u32::from_ne_bytes(b.try_into().unwrap()))
+}
+
+/// Post-order key: (last address, longer first).
+fn post_key(data: &[u8], len: u32) -> (Vec<u8>, std::cmp::Reverse<u32>) {
+    let mut last = data.to_vec();
+    for i in len as usize..8 * data.len() {
+        last[i / 8] |= 0x80 >> (i % 8);
+    }
+    (last, std::cmp::Reverse(len))
+}
+
+#[test]
+fn longest_match_basics() {
+    let t = LpmTrie::new(4, 4, 100).unwrap();
+    assert_eq!(get(&t, &[1, 2, 3, 4]), None);
+    t.insert(&[0, 0, 0, 0], 0, &v(0), BPF_ANY).unwrap();
+    t.insert(&[192, 168, 0, 0], 16, &v(16), BPF_ANY).unwrap();
+    t.insert(&[192, 168, 1, 0], 24, &v(24), BPF_ANY).unwrap();
+    t.insert(&[192, 168, 1, 7], 32, &v(32), BPF_ANY).unwrap();
+    t.insert(&[192, 168, 128, 0], 17, &v(17), BPF_ANY).unwrap();
+    assert_eq!(get(&t, &[1, 2, 3, 4]), Some(0));
+    assert_eq!(get(&t, &[192, 168, 2, 1]), Some(16));
+    assert_eq!(get(&t, &[192, 168, 1, 1]), Some(24));
+    assert_eq!(get(&t, &[192, 168, 1, 7]), Some(32));
+    assert_eq!(get(&t, &[192, 168, 200, 7]), Some(17));
+    // Deleting uncovers the shorter prefix.
+    t.remove(&[192, 168, 1, 0], 24, None).unwrap();
+    assert_eq!(get(&t, &[192, 168, 1, 1]), Some(16));
+    assert_eq!(get(&t, &[192, 168, 1, 7]), Some(32));
+    t.remove(&[0, 0, 0, 0], 0, None).unwrap();
+    assert_eq!(get(&t, &[1, 2, 3, 4]), None);
+    assert_eq!(t.len(), 3);
+}
+
+#[test]
+fn removing_a_child_restores_the_parents_answer_for_its_byte() {
+    // The root's leaf at byte 10 is "don't care" while a child exists there
+    // (it extends the run of byte 9); removing the child must fix it.
+    let t = LpmTrie::new(4, 4, 10).unwrap();
+    t.insert(&[9, 0, 0, 0], 8, &v(9), BPF_ANY).unwrap();
+    t.insert(&[10, 0, 0, 0], 8, &v(10), BPF_ANY).unwrap();
+    t.insert(&[10, 1, 2, 0], 24, &v(24), BPF_ANY).unwrap();
+    assert_eq!(get(&t, &[10, 1, 2, 3]), Some(24));
+    t.remove(&[10, 1, 2, 0], 24, None).unwrap();
+    assert_eq!((get(&t, &[10, 1, 2, 3]), get(&t, &[9, 1, 2, 3])), (Some(10), Some(9)));
+}
+
+#[test]
+fn host_bits_are_ignored_and_flags_follow_the_kernel() {
+    let t = LpmTrie::new(4, 4, 2).unwrap();
+    t.insert(&[10, 1, 2, 3], 8, &v(1), BPF_NOEXIST).unwrap();
+    assert_eq!(t.insert(&[10, 9, 9, 9], 8, &v(2), BPF_NOEXIST), Err(Error::Exists));
+    assert_eq!(t.insert(&[11, 0, 0, 0], 8, &v(2), BPF_EXIST), Err(Error::NotFound));
+    t.insert(&[10, 0, 0, 0], 8, &v(3), BPF_EXIST).unwrap();
+    assert_eq!(get(&t, &[10, 200, 0, 1]), Some(3));
+    t.insert(&[12, 0, 0, 0], 8, &v(4), BPF_ANY).unwrap();
+    assert_eq!(t.insert(&[13, 0, 0, 0], 8, &v(5), BPF_ANY), Err(Error::Full));
+    t.insert(&[12, 0, 0, 0], 8, &v(6), BPF_ANY).unwrap(); // replace when full
+    assert_eq!((get(&t, &[12, 1, 1, 1]), t.len()), (Some(6), 2));
+}
+
+#[test]
+fn bad_input_is_rejected_and_changes_nothing() {
+    let map = create(&MapSpec::new(MapKind::LpmTrie, 8, 4, 10)).unwrap();
+    map.update(&encode_key(8, &[10, 0, 0, 0]), &v(1), BPF_ANY).unwrap();
+    let errno = |r: crate::Result<()>| r.unwrap_err().errno();
+    assert_eq!(errno(map.update(&encode_key(33, &[1, 0, 0, 0]), &v(1), BPF_ANY)), 22);
+    assert_eq!(errno(map.update(&encode_key(8, &[1, 0, 0]), &v(1), BPF_ANY)), 22);
+    assert_eq!(errno(map.update(&encode_key(8, &[1, 0, 0, 0]), &[1, 2], BPF_ANY)), 22);
+    assert_eq!(errno(map.update(&encode_key(8, &[1, 0, 0, 0]), &v(1), 7)), 22);
+    assert_eq!(errno(map.delete(&encode_key(40, &[1, 0, 0, 0]))), 22);
+    assert_eq!(map.delete(&encode_key(16, &[10, 0, 0, 0])), Err(Error::NotFound));
+    assert_eq!(errno(map.lookup(&encode_key(32, &[10, 0, 0, 0]), &mut [0; 3])), 22);
+    assert_eq!(errno(map.get_next_key(None, &mut [0; 7])), 22);
+    let mut out = [0u8; 4];
+    map.lookup(&encode_key(32, &[10, 1, 1, 1]), &mut out).unwrap();
+    assert_eq!((map.len(), out), (1, v(1)));
+    for (ks, vs, max, flags) in [(4, 4, 1, 0), (261, 4, 1, 0), (8, 0, 1, 0), (8, 4, 0, 0), (8, 4, 1, 2)] {
+        let spec = MapSpec::new(MapKind::LpmTrie, ks, vs, max).flags(flags);
+        assert_eq!(create(&spec).err().map(|e| e.errno()), Some(22), "{spec:?}");
+    }
+}
+
+#[test]
+fn byte_contract_lookup_limits_by_key_prefixlen() {
+    let map = create(&MapSpec::new(MapKind::LpmTrie, 8, 4, 10)).unwrap();
+    map.update(&encode_key(8, &[10, 0, 0, 0]), &v(8), BPF_ANY).unwrap();
+    map.update(&encode_key(24, &[10, 1, 1, 0]), &v(24), BPF_ANY).unwrap();
+    let mut out = [0u8; 4];
+    map.lookup(&encode_key(32, &[10, 1, 1, 9]), &mut out).unwrap();
+    assert_eq!(out, v(24));
+    map.lookup(&encode_key(16, &[10, 1, 1, 9]), &mut out).unwrap();
+    assert_eq!(out, v(8));
+    assert_eq!(map.lookup(&encode_key(7, &[10, 1, 1, 9]), &mut out), Err(Error::NotFound));
+}
+
+#[test]
+fn get_next_key_is_post_order_and_survives_deleted_cursors() {
+    let map = create(&MapSpec::new(MapKind::LpmTrie, 8, 4, 100)).unwrap();
+    // The kernel's example: expected 192.168.0.0/24, .1.0/24, .128.0/24, then /16.
+    let keys = [(16, [192, 168, 0, 0]), (24, [192, 168, 0, 0]), (24, [192, 168, 1, 0]), (24, [192, 168, 128, 0])];
+    for (len, d) in keys {
+        map.update(&encode_key(len, &d), &v(len), BPF_ANY).unwrap();
+    }
+    let mut seq = vec![];
+    let mut next = [0u8; 8];
+    let mut prev: Option<Vec<u8>> = None;
+    while map.get_next_key(prev.as_deref(), &mut next).is_ok() {
+        seq.push((u32::from_ne_bytes(next[..4].try_into().unwrap()), next[4..].to_vec()));
+        prev = Some(next.to_vec());
+    }
+    let want: Vec<_> = [(24, [192, 168, 0, 0]), (24, [192, 168, 1, 0]), (24, [192, 168, 128, 0]), (16, [192, 168, 0, 0])]
+        .into_iter()
+        .map(|(l, d)| (l, d.to_vec()))
+        .collect();
+    assert_eq!(seq, want);
+    // A deleted cursor continues from where it was, not from the start.
+    map.delete(&encode_key(24, &[192, 168, 1, 0])).unwrap();
+    map.get_next_key(Some(&encode_key(24, &[192, 168, 1, 0])), &mut next).unwrap();
+    assert_eq!(next, &encode_key(24, &[192, 168, 128, 0])[..]);
+    // Deleting every key as it is returned empties the map.
+    let mut cursor: Option<Vec<u8>> = None;
+    while map.get_next_key(cursor.as_deref(), &mut next).is_ok() {
+        map.delete(&next).unwrap();
+        cursor = Some(next.to_vec());
+    }
+    assert!(map.is_empty());
+}
+
+#[test]
+fn covering_and_covered() {
+    let t = LpmTrie::new(4, 4, 100).unwrap();
+    for (d, l) in [([0, 0, 0, 0], 0), ([10, 0, 0, 0], 8), ([10, 1, 0, 0], 16), ([10, 1, 2, 0], 24), ([10, 1, 3, 0], 24), ([11, 0, 0, 0], 8)] {
+        t.insert(&d, l, &v(l), BPF_ANY).unwrap();
+    }
+    let g = pin();
+    let lens = |f: Vec<Found>| f.into_iter().map(|f| (f.data, f.prefixlen)).collect::<Vec<_>>();
+    assert_eq!(
+        lens(t.covering(&[10, 1, 2, 0], 24, &g).unwrap()),
+        vec![(vec![0, 0, 0, 0], 0), (vec![10, 0, 0, 0], 8), (vec![10, 1, 0, 0], 16), (vec![10, 1, 2, 0], 24)]
+    );
+    assert_eq!(lens(t.covering(&[10, 1, 2, 0], 20, &g).unwrap()).len(), 3);
+    assert_eq!(
+        lens(t.covered(&[10, 0, 0, 0], 8, &g).unwrap()),
+        vec![(vec![10, 0, 0, 0], 8), (vec![10, 1, 0, 0], 16), (vec![10, 1, 2, 0], 24), (vec![10, 1, 3, 0], 24)]
+    );
+    assert_eq!(lens(t.covered(&[10, 1, 2, 0], 23, &g).unwrap()).len(), 2);
+    assert_eq!(t.covered(&[0, 0, 0, 0], 0, &g).unwrap().len(), 6);
+    assert!(t.covered(&[12, 0, 0, 0], 8, &g).unwrap().is_empty());
+}
+
+#[test]
+fn clear_and_drop_free_everything_in_the_background() {
+    let t = LpmTrie::new(4, 4, 100_000).unwrap();
+    for i in 0..100_000u32 {
+        t.insert(&(i << 8).to_be_bytes(), 24, &v(i), BPF_ANY).unwrap();
+    }
+    let full = t.memory_usage();
+    t.clear();
+    assert_eq!((t.len(), get(&t, &[0, 0, 1, 1])), (0, None));
+    assert!(t.memory_usage() < full / 2);
+    // Reusable after clear (route slots come back after the grace period).
+    for i in 0..100_000u32 {
+        t.insert(&(i << 8).to_be_bytes(), 24, &v(i + 1), BPF_ANY).unwrap();
+    }
+    assert_eq!(get(&t, &[0, 0, 1, 1]), Some(2));
+}
+
+fn arb_prefix(n: usize) -> impl Strategy<Value = (Vec<u8>, u32)> {
+    // Bias toward few distinct leading bytes so prefixes nest and collide.
+    (prop::collection::vec(prop_oneof![Just(0u8), Just(0x80), Just(0xff), any::<u8>()], n), 0..=(8 * n as u32))
+        .prop_map(|(mut d, l)| {
+            mask_host_bits(&mut d, l);
+            (d, l)
+        })
+}
+
+#[derive(Debug, Clone)]
+enum Op {
+    Insert(Vec<u8>, u32, u32),
+    Remove(Vec<u8>, u32),
+}
+
+fn ops(n: usize) -> impl Strategy<Value = Vec<Op>> {
+    prop::collection::vec(
+        prop_oneof![
+            3 => (arb_prefix(n), any::<u32>()).prop_map(|((d, l), x)| Op::Insert(d, l, x)),
+            1 => arb_prefix(n).prop_map(|(d, l)| Op::Remove(d, l)),
+        ],
+        1..120,
+    )
+}
+
+fn check_against_model(n: usize, ops: Vec<Op>, probes: Vec<Vec<u8>>) -> Result<(), TestCaseError> {
+    let t = LpmTrie::new(n, 4, 64).unwrap();
+    let mut model = BruteForce::default();
+    let mut inserted = vec![];
+    for op in ops {
+        match op {
+            Op::Insert(d, l, x) => {
+                let full = model.entries.len() >= 64 && model.exact(&d, l).is_none();
+                let r = t.insert(&d, l, &v(x), BPF_ANY);
+                if full {
+                    prop_assert_eq!(r, Err(Error::Full));
+                } else {
+                    prop_assert_eq!(r, Ok(()));
+                    model.insert(&d, l, &v(x));
+                    inserted.push(d);
+                }
+            }
+            Op::Remove(d, l) => {
+                inserted.push(d.clone());
+                let want = if model.remove(&d, l) { Ok(()) } else { Err(Error::NotFound) };
+                prop_assert_eq!(t.remove(&d, l, None), want);
+            }
+        }
+        prop_assert_eq!(t.len(), model.entries.len());
+    }
+    let guard = pin();
+    // Lookups: random probes plus every stored prefix's first address.
+    for addr in probes.iter().chain(&inserted).chain(model.entries.iter().map(|e| &e.0)) {
+        let want = model.longest_match(addr, 8 * n as u32).map(|e| (e.1, e.2.clone()));
+        let got = t.longest_match(addr, &guard).map(|(l, v)| (l, v.to_vec()));
+        prop_assert_eq!(got, want, "addr {:?}", addr);
+        // Limited-length lookups through the byte contract.
+        let limit = (addr[0] as u32) % (8 * n as u32 + 1);
+        let mut out = [0u8; 4];
+        let got = Map::lookup(&t, &encode_key(limit, addr), &mut out).map(|()| out.to_vec()).ok();
+        prop_assert_eq!(got, model.longest_match(addr, limit).map(|e| e.2.clone()));
+    }
+    // Pre-order iteration: address, then length.
+    let mut want: Vec<_> = model.entries.iter().map(|e| (e.0.clone(), e.1)).collect();
+    want.sort();
+    let mut got = vec![];
+    t.for_each(&guard, |d, l, _| got.push((d.to_vec(), l)));
+    prop_assert_eq!(&got, &want);
+    // Post-order get_next_key.
+    want.sort_by_key(|(d, l)| post_key(d, *l));
+    let mut got = vec![];
+    let mut cursor: Option<Vec<u8>> = None;
+    let mut next = vec![0u8; 4 + n];
+    while Map::get_next_key(&t, cursor.as_deref(), &mut next).is_ok() {
+        got.push((next[4..].to_vec(), u32::from_ne_bytes(next[..4].try_into().unwrap())));
+        cursor = Some(next.clone());
+    }
+    prop_assert_eq!(&got, &want);
+    // Covering / covered against filters of the model.
+    for (d, l) in probes.iter().map(|p| (p.clone(), (p[0] as u32) % (8 * n as u32 + 1))) {
+        let mut d = d;
+        mask_host_bits(&mut d, l);
+        let mut cov: Vec<_> = model.entries.iter().filter(|e| e.1 <= l && prefix_contains(&e.0, e.1, &d)).map(|e| (e.0.clone(), e.1)).collect();
+        cov.sort_by_key(|e| e.1);
+        let got: Vec<_> = t.covering(&d, l, &guard).unwrap().into_iter().map(|f| (f.data, f.prefixlen)).collect();
+        prop_assert_eq!(got, cov);
+        let mut inside: Vec<_> = model.entries.iter().filter(|e| e.1 >= l && prefix_contains(&d, l, &e.0)).map(|e| (e.0.clone(), e.1)).collect();
+        inside.sort();
+        let got: Vec<_> = t.covered(&d, l, &guard).unwrap().into_iter().map(|f| (f.data, f.prefixlen)).collect();
+        prop_assert_eq!(got, inside);
+    }
+    Ok(())
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(48))]
+
+    #[test]
+    fn matches_brute_force_1_byte(ops in ops(1), probes in prop::collection::vec(prop::collection::vec(any::<u8>(), 1), 16)) {
+        check_against_model(1, ops, probes)?;
+    }
+
+    #[test]
+    fn matches_brute_force_3_bytes(ops in ops(3), probes in prop::collection::vec(prop::collection::vec(any::<u8>(), 3), 16)) {
+        check_against_model(3, ops, probes)?;
+    }
+
+    #[test]
+    fn matches_brute_force_ipv4(ops in ops(4), probes in prop::collection::vec(prop::collection::vec(any::<u8>(), 4), 16)) {
+        check_against_model(4, ops, probes)?;
+    }
+
+    #[test]
+    fn matches_brute_force_6_bytes(ops in ops(6), probes in prop::collection::vec(prop::collection::vec(any::<u8>(), 6), 16)) {
+        check_against_model(6, ops, probes)?;
+    }
+
+    #[test]
+    fn matches_brute_force_ipv6(ops in ops(16), probes in prop::collection::vec(prop::collection::vec(any::<u8>(), 16), 16)) {
+        check_against_model(16, ops, probes)?;
+    }
+}
+
+#[test]
+fn matches_brute_force_256_bytes() {
+    let mut runner = proptest::test_runner::TestRunner::new(ProptestConfig::with_cases(8));
+    runner
+        .run(&(ops(256), prop::collection::vec(prop::collection::vec(any::<u8>(), 256), 4)), |(o, p)| {
+            check_against_model(256, o, p)
+        })
+        .unwrap();
+}
+
+/// Readers look up addresses while a writer inserts and deletes "churn"
+/// prefixes over a fixed "stable" set. Every answer must contain the
+/// address and be at least as long as the longest stable match: a route
+/// present before and after is never missing.
+#[test]
+fn concurrent_readers_never_miss_a_stable_route() {
+    let t = Arc::new(LpmTrie::new(4, 8, 10_000).unwrap());
+    let encode = |d: &[u8], l: u32| -> [u8; 8] {
+        let mut out = [0u8; 8];
+        out[..4].copy_from_slice(d);
+        out[4..].copy_from_slice(&l.to_ne_bytes());
+        out
+    };
+    let stable: Vec<([u8; 4], u32)> = (0..64u8).map(|i| ([i * 4, 0, 0, 0], 6)).chain((0..64u8).map(|i| ([i * 4, i, 0, 0], 16))).collect();
+    for (d, l) in &stable {
+        t.insert(d, *l, &encode(d, *l), BPF_ANY).unwrap();
+    }
+    let mut churn: Vec<([u8; 4], u32)> = (0..2000u32)
+        .map(|i| {
+            let x = i.wrapping_mul(2654435761);
+            let l = [8, 12, 20, 24, 28, 32][i as usize % 6];
+            let mut d = ((x & 0x3fff_ffff) | ((i % 64) << 26)).to_be_bytes();
+            mask_host_bits(&mut d, l);
+            (d, l)
+        })
+        .collect();
+    churn.sort();
+    churn.dedup();
+    let stop = Arc::new(AtomicBool::new(false));
+    let readers: Vec<_> = (0..2)
+        .map(|r| {
+            let (t, stop, stable) = (t.clone(), stop.clone(), stable.clone());
+            std::thread::spawn(move || {
+                let mut n = 0u64;
+                let mut x = 12345u32 + r;
+                while !stop.load(Ordering::Relaxed) {
+                    x ^= x << 13;
+                    x ^= x >> 17;
+                    x ^= x << 5;
+                    let addr = x.to_be_bytes();
+                    let floor = stable.iter().filter(|(d, l)| prefix_contains(d, *l, &addr)).map(|e| e.1).max();
+                    let guard = pin();
+                    match t.get(&addr, &guard) {
+                        Some(value) => {
+                            let l = u32::from_ne_bytes(value[4..].try_into().unwrap());
+                            assert!(prefix_contains(&value[..4], l, &addr), "answer does not contain the address");
+                            assert!(Some(l) >= floor, "answer /{l} shorter than stable /{floor:?}");
+                        }
+                        None => assert_eq!(floor, None, "stable route missing for {addr:?}"),
+                    }
+                    n += 1;
+                }
+                n
+            })
+        })
+        .collect();
+    for round in 0..6 {
+        for (d, l) in &churn {
+            if round % 2 == 0 {
+                t.insert(d, *l, &encode(d, *l), BPF_ANY).unwrap();
+            } else {
+                t.remove(d, *l, None).unwrap();
+            }
+        }
+    }
+    stop.store(true, Ordering::Relaxed);
+    for r in readers {
+        assert!(r.join().unwrap() > 0);
+    }
+    assert_eq!(t.len(), stable.len());
+}

@@ -1,0 +1,764 @@
+//! `LpmTrie`: the multibit, leaf-pushed, copy-on-write trie (see `node`).
+//!
+//! # Lookup
+//! 1. Start at the root with `d = 0`.
+//! 2. Let `b` be key byte `d`. If the node's child bits have `b`, move to
+//!    that child (inline in the child block) and go on with `d + 1`.
+//! 3. Otherwise the answer is the node's leaf for `b`: a route id, already
+//!    the longest match thanks to leaf pushing. Done: no backtracking.
+//!
+//! # Update
+//! One writer at a time (a mutex; readers never take it). Changing a
+//! node's prefixes builds a new data block and swaps it in with one release
+//! store; children whose inherited default changes get new data blocks too,
+//! recursively ("push down"). Adding or removing a child builds a new child
+//! block. Every replaced block is freed after an epoch grace period.
+//!
+//! A reader walks one path; each node on it is wholly old or wholly new,
+//! and its answer comes from one leaf. So every lookup returns the answer
+//! of the table before or after the update, never a missing route for a
+//! prefix present in both. A child removal first rebuilds the parent's
+//! leaves (so the byte is answered correctly without the child), then
+//! unlinks the child.
+
+use std::cmp::Ordering as Cmp;
+use std::ptr::{self, NonNull};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use parking_lot::Mutex;
+
+use super::bits::Bits;
+use super::key::{self, KeyRef, mask_host_bits};
+use super::node::{ChildBlock, DataBlock, NONE, Node, free_subtree, index_range, prefix_index};
+use super::routes::{RouteAlloc, RouteStore};
+use crate::core::contract::{Map, MapKind, MapSpec, check_value};
+use crate::core::error::{Error, Result};
+use crate::core::flags::{BPF_F_NO_PREALLOC, UpdateFlag, check_map_flags};
+use crate::core::reclaim::{Guard, drop_in_background, pin};
+
+/// A raw pointer moved into a deferred free.
+struct Owned<T>(*mut T);
+// SAFETY: the pointee is unreachable and owned by the closure that frees it.
+unsafe impl<T> Send for Owned<T> {}
+
+/// A whole detached tree, freed (with its routes) when dropped: sent to the
+/// reaper thread so no reader or writer pays for it.
+struct DetachedTree {
+    children: *mut ChildBlock,
+    data: *mut DataBlock,
+}
+// SAFETY: nobody else can reach a detached tree.
+unsafe impl Send for DetachedTree {}
+impl Drop for DetachedTree {
+    fn drop(&mut self) {
+        // SAFETY: detached and past its grace period (or the trie is gone).
+        unsafe { free_subtree(self.children, self.data) }
+    }
+}
+
+/// What `clear` leaves behind: the old tree and its routes, released on
+/// the reaper thread.
+struct ClearJob {
+    _tree: DetachedTree,
+    routes: Vec<u32>,
+    store: Arc<RouteStore>,
+}
+impl Drop for ClearJob {
+    fn drop(&mut self) {
+        // Past the grace period: the routes can be reused; `tree` frees
+        // itself when this job's fields drop.
+        self.routes.drain(..).for_each(|r| self.store.release(r));
+    }
+}
+
+/// A prefix found by a query: its data (host bits zero), length and route.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Found {
+    /// Prefix bytes, host bits cleared.
+    pub data: Vec<u8>,
+    /// Prefix length in bits.
+    pub prefixlen: u32,
+    route: u32,
+}
+
+/// `BPF_MAP_TYPE_LPM_TRIE` over byte strings of `data_size` bytes.
+///
+/// ```
+/// use bpfmaps::lpm::LpmTrie;
+/// use bpfmaps::BPF_ANY;
+///
+/// let trie = LpmTrie::new(4, 4, 1000).unwrap();
+/// trie.insert(&[10, 0, 0, 0], 8, &1u32.to_ne_bytes(), BPF_ANY).unwrap();
+/// trie.insert(&[10, 1, 0, 0], 16, &2u32.to_ne_bytes(), BPF_ANY).unwrap();
+/// let guard = bpfmaps::pin();
+/// assert_eq!(trie.get(&[10, 1, 2, 3], &guard), Some(&2u32.to_ne_bytes()[..]));
+/// assert_eq!(trie.get(&[10, 2, 2, 3], &guard), Some(&1u32.to_ne_bytes()[..]));
+/// assert_eq!(trie.get(&[11, 0, 0, 0], &guard), None);
+/// ```
+pub struct LpmTrie {
+    data_size: usize,
+    value_size: usize,
+    max_entries: u32,
+    root: Node,
+    routes: Arc<RouteStore>,
+    writer: Mutex<RouteAlloc>,
+    len: AtomicUsize,
+    /// Bytes of live node blocks.
+    block_bytes: AtomicUsize,
+}
+
+/// Where a prefix lives: the node at `depth` (reached by the first `depth`
+/// bytes) and the index inside it.
+fn position(data: &[u8], prefixlen: u32) -> (usize, usize) {
+    if prefixlen == 0 {
+        (0, 1)
+    } else {
+        let depth = ((prefixlen - 1) / 8) as usize;
+        (depth, prefix_index(prefixlen - 8 * depth as u32, data[depth]))
+    }
+}
+
+fn child_bits(node: &Node) -> Bits<4> {
+    // SAFETY: writer-side read.
+    unsafe { node.children() }.map(|c| c.bits).unwrap_or_default()
+}
+
+impl LpmTrie {
+    /// A trie for `data_size`-byte keys (4 for IPv4, 16 for IPv6, 1..=256).
+    pub fn new(data_size: usize, value_size: usize, max_entries: u32) -> Result<Self> {
+        key::check_sizes(key::KEY_HEADER + data_size, value_size, max_entries)?;
+        let root_data = DataBlock::empty(NONE);
+        // SAFETY: just built.
+        let root_bytes = unsafe { root_data.as_ref() }.size();
+        Ok(LpmTrie {
+            data_size,
+            value_size,
+            max_entries,
+            root: Node::new(root_data),
+            routes: Arc::new(RouteStore::new(value_size, max_entries)),
+            writer: Mutex::new(RouteAlloc::default()),
+            len: AtomicUsize::new(0),
+            block_bytes: AtomicUsize::new(root_bytes),
+        })
+    }
+
+    /// Builds from a `create()` spec: `key_size = 4 + data_size`. Flags may
+    /// be 0 or `BPF_F_NO_PREALLOC` (which the kernel requires; here it
+    /// changes nothing).
+    pub fn from_spec(spec: &MapSpec) -> Result<Self> {
+        check_map_flags(spec.flags, BPF_F_NO_PREALLOC)?;
+        let data_size = key::check_sizes(spec.key_size as usize, spec.value_size as usize, spec.max_entries)?;
+        Self::new(data_size, spec.value_size as usize, spec.max_entries)
+    }
+
+    /// Key data size in bytes.
+    pub fn data_size(&self) -> usize {
+        self.data_size
+    }
+
+    /// The route id of the longest prefix matching `addr` (full length).
+    #[inline(always)]
+    fn lookup_route(&self, addr: &[u8], _guard: &Guard) -> u32 {
+        let mut node = &self.root;
+        let mut depth = 0;
+        loop {
+            let b = addr[depth];
+            // SAFETY: pinned by `_guard`.
+            match unsafe { node.child(b) } {
+                Some(child) => {
+                    node = child;
+                    depth += 1;
+                }
+                // SAFETY: as above.
+                None => return unsafe { node.data() }.leaf(b),
+            }
+        }
+    }
+
+    /// The value of the longest prefix matching `addr` (a full-length
+    /// address of `data_size` bytes), borrowed while `guard` is pinned.
+    /// Lock-free. An address of the wrong length matches nothing.
+    #[inline]
+    pub fn get<'g>(&self, addr: &[u8], guard: &'g Guard) -> Option<&'g [u8]> {
+        if addr.len() != self.data_size {
+            return None;
+        }
+        let route = self.lookup_route(addr, guard);
+        // SAFETY: a route reachable from a leaf under the guard.
+        (route != NONE).then(|| unsafe { self.routes.value(route) })
+    }
+
+    /// The longest prefix matching `addr`: its length and value.
+    pub fn longest_match<'g>(&self, addr: &[u8], guard: &'g Guard) -> Option<(u32, &'g [u8])> {
+        if addr.len() != self.data_size {
+            return None;
+        }
+        let route = self.lookup_route(addr, guard);
+        // SAFETY: as in `get`.
+        (route != NONE).then(|| unsafe { (self.routes.prefixlen(route), self.routes.value(route)) })
+    }
+
+    /// The value of route `found`, borrowed under `guard`.
+    pub fn value_of<'g>(&self, found: &Found, _guard: &'g Guard) -> &'g [u8] {
+        // SAFETY: `found` came from a query under a guard; routes stay
+        // readable until a grace period after removal, and the caller holds
+        // a guard now. A stale `Found` from an older guard could name a
+        // recycled slot: the value is then some valid route's bytes.
+        unsafe { self.routes.value(found.route) }
+    }
+
+    fn node_at(&self, path: &[u8]) -> Option<&Node> {
+        let mut node = &self.root;
+        for &b in path {
+            // SAFETY: writer (or pinned reader) walk.
+            node = unsafe { node.child(b) }?;
+        }
+        Some(node)
+    }
+
+    fn masked(&self, data: &[u8], prefixlen: u32) -> Result<([u8; key::DATA_SIZE_MAX], u32)> {
+        if data.len() != self.data_size {
+            return Err(Error::invalid(format!(
+                "prefix data is {} bytes, the trie expects {}",
+                data.len(),
+                self.data_size
+            )));
+        }
+        if prefixlen as usize > 8 * self.data_size {
+            return Err(Error::invalid(format!(
+                "prefixlen {prefixlen} exceeds {} bits",
+                8 * self.data_size
+            )));
+        }
+        let mut buf = [0u8; key::DATA_SIZE_MAX];
+        buf[..data.len()].copy_from_slice(data);
+        mask_host_bits(&mut buf[..data.len()], prefixlen);
+        Ok((buf, prefixlen))
+    }
+
+    /// Stores `value` for the prefix `data/prefixlen` (host bits ignored)
+    /// under update `flags`.
+    pub fn insert(&self, data: &[u8], prefixlen: u32, value: &[u8], flags: u64) -> Result<()> {
+        let flag = UpdateFlag::from_bits(flags)?;
+        check_value(self.value_size, value)?;
+        let (buf, prefixlen) = self.masked(data, prefixlen)?;
+        let data = &buf[..self.data_size];
+        let guard = pin();
+        let mut alloc = self.writer.lock();
+        let (depth, idx) = position(data, prefixlen);
+        let path = &data[..depth];
+        // SAFETY: writer.
+        let old = self.node_at(path).and_then(|n| unsafe { n.data() }.prefix(idx));
+        flag.check(old.is_some())?;
+        if old.is_none() && self.len.load(Ordering::Relaxed) >= self.max_entries as usize {
+            return Err(Error::Full);
+        }
+        let route = self.routes.alloc(&mut alloc, prefixlen, value)?;
+        let node = self.ensure_path(path, &guard);
+        self.set_prefix(node, idx, Some(route), &guard);
+        match old {
+            Some(old) => self.retire_route(old, &guard),
+            None => {
+                self.len.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+        Ok(())
+    }
+
+    /// Removes the exact prefix `data/prefixlen`, copying its value into
+    /// `out` if given. `ENOENT` if it is not stored.
+    pub fn remove(&self, data: &[u8], prefixlen: u32, out: Option<&mut [u8]>) -> Result<()> {
+        if let Some(out) = &out {
+            check_value(self.value_size, out)?;
+        }
+        let (buf, prefixlen) = self.masked(data, prefixlen)?;
+        let data = &buf[..self.data_size];
+        let guard = pin();
+        let _writer = self.writer.lock();
+        let (depth, idx) = position(data, prefixlen);
+        let node = self.node_at(&data[..depth]).ok_or(Error::NotFound)?;
+        // SAFETY: writer.
+        let route = unsafe { node.data() }.prefix(idx).ok_or(Error::NotFound)?;
+        if let Some(out) = out {
+            // SAFETY: live route, writer.
+            out.copy_from_slice(unsafe { self.routes.value(route) });
+        }
+        self.set_prefix(node, idx, None, &guard);
+        self.prune(&data[..depth], &guard);
+        self.retire_route(route, &guard);
+        self.len.fetch_sub(1, Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// Removes every prefix. The old tree is freed on the reaper thread
+    /// after a grace period, so this returns at once.
+    pub fn clear(&self) {
+        let guard = pin();
+        let _writer = self.writer.lock();
+        let mut routes = Vec::new();
+        self.for_each_route(&guard, |_, _, route| routes.push(route));
+        let empty = DataBlock::empty(NONE);
+        // SAFETY: just built.
+        let empty_bytes = unsafe { empty.as_ref() }.size();
+        let tree = DetachedTree {
+            children: self.root.children.swap(ptr::null_mut(), Ordering::AcqRel),
+            data: self.root.data.swap(empty.as_ptr(), Ordering::AcqRel),
+        };
+        self.block_bytes.store(empty_bytes, Ordering::Relaxed);
+        self.len.store(0, Ordering::Relaxed);
+        let job = ClearJob { _tree: tree, routes, store: Arc::clone(&self.routes) };
+        guard.defer(move || drop_in_background(job));
+    }
+
+    fn ensure_path(&self, path: &[u8], guard: &Guard) -> &Node {
+        let mut node = &self.root;
+        for &b in path {
+            // SAFETY: writer.
+            node = match unsafe { node.child(b) } {
+                Some(child) => child,
+                None => self.add_child(node, b, guard),
+            };
+        }
+        node
+    }
+
+    fn add_child<'a>(&self, node: &'a Node, b: u8, guard: &Guard) -> &'a Node {
+        // SAFETY: writer.
+        let inherit = unsafe { node.data() }.best_for(b);
+        let data = DataBlock::empty(inherit);
+        let old = node.children.load(Ordering::Relaxed);
+        // SAFETY: writer.
+        let (mut bits, mut entries) = match unsafe { old.as_ref() } {
+            Some(block) => (block.bits, block.entries()),
+            None => (Bits::default(), Vec::new()),
+        };
+        let at = bits.rank(b as usize);
+        bits.set_raw(b as usize);
+        bits.fix_ranks();
+        entries.insert(at, (ptr::null_mut(), data.as_ptr()));
+        let block = ChildBlock::alloc(bits, &entries);
+        // SAFETY: just built.
+        let added = unsafe { block.as_ref().size() + data.as_ref().size() };
+        self.block_bytes.fetch_add(added, Ordering::Relaxed);
+        node.children.store(block.as_ptr(), Ordering::Release);
+        self.retire_child_block(old, guard);
+        // SAFETY: `at` < len of the new block; it lives until the writer
+        // replaces it, and we are the writer.
+        unsafe { &*ptr::from_ref(block.as_ref().node(at)) }
+    }
+
+    /// Removes the (empty) child at `b` of `parent`.
+    fn remove_child(&self, parent: &Node, b: u8, guard: &Guard) {
+        let old = parent.children.load(Ordering::Relaxed);
+        // SAFETY: writer; the caller saw the child.
+        let block = unsafe { &*old };
+        let at = block.bits.rank(b as usize);
+        let mut bits = block.bits;
+        bits.clear_raw(b as usize);
+        bits.fix_ranks();
+        // 1. Leaves first: byte b must answer correctly without the child.
+        // SAFETY: writer.
+        let pd = unsafe { parent.data() };
+        let rebuilt = DataBlock::build(pd.prefix_bits, pd.prefix_routes(), pd.default, &bits);
+        self.publish_data(parent, rebuilt, guard);
+        // 2. Then unlink the child.
+        let mut entries = block.entries();
+        let (_, child_data) = entries.remove(at);
+        let new = if entries.is_empty() { ptr::null_mut() } else { ChildBlock::alloc(bits, &entries).as_ptr() };
+        if let Some(new) = NonNull::new(new) {
+            // SAFETY: just built.
+            self.block_bytes.fetch_add(unsafe { new.as_ref() }.size(), Ordering::Relaxed);
+        }
+        parent.children.store(new, Ordering::Release);
+        self.retire_child_block(old, guard);
+        self.retire_data(child_data, guard);
+    }
+
+    /// Removes now-empty nodes along `path`, deepest first.
+    fn prune(&self, path: &[u8], guard: &Guard) {
+        for depth in (1..=path.len()).rev() {
+            let parent = self.node_at(&path[..depth - 1]).expect("path exists");
+            // SAFETY: writer.
+            let child = unsafe { parent.child(path[depth - 1]) }.expect("path exists");
+            // SAFETY: writer.
+            if unsafe { child.children().is_some() || !child.data().has_no_prefixes() } {
+                return;
+            }
+            self.remove_child(parent, path[depth - 1], guard);
+        }
+    }
+
+    /// Sets (`Some`) or clears (`None`) the prefix at `idx` of `node`, then
+    /// pushes the change down to the children below it.
+    fn set_prefix(&self, node: &Node, idx: usize, route: Option<u32>, guard: &Guard) {
+        // SAFETY: writer.
+        let old = unsafe { node.data() };
+        let mut bits = old.prefix_bits;
+        match route {
+            Some(_) => bits.set_raw(idx),
+            None => bits.clear_raw(idx),
+        }
+        bits.fix_ranks();
+        let routes: Vec<u32> = bits
+            .ones()
+            .map(|i| if i == idx { route.expect("set") } else { old.prefix(i).expect("kept prefix") })
+            .collect();
+        let new = DataBlock::build(bits, &routes, old.default, &child_bits(node));
+        self.publish_data(node, new, guard);
+        let (_, lo, hi) = index_range(idx);
+        self.push_down(node, lo, hi, guard);
+    }
+
+    /// Children in bytes `lo..hi` of `node` re-inherit their default from
+    /// `node`'s current data; changed ones are rebuilt, recursively.
+    fn push_down(&self, node: &Node, lo: usize, hi: usize, guard: &Guard) {
+        // SAFETY: writer.
+        let Some(block) = (unsafe { node.children() }) else { return };
+        // SAFETY: writer.
+        let data = unsafe { node.data() };
+        for b in lo..hi {
+            if !block.bits.get(b) {
+                continue;
+            }
+            // SAFETY: the bit is set.
+            let child = unsafe { block.node(block.bits.rank(b)) };
+            let inherit = data.best_for(b as u8);
+            // SAFETY: writer.
+            let cd = unsafe { child.data() };
+            if cd.default != inherit {
+                let rebuilt = DataBlock::build(cd.prefix_bits, cd.prefix_routes(), inherit, &child_bits(child));
+                self.publish_data(child, rebuilt, guard);
+                self.push_down(child, 0, 256, guard);
+            }
+        }
+    }
+
+    fn publish_data(&self, node: &Node, new: NonNull<DataBlock>, guard: &Guard) {
+        // SAFETY: just built.
+        self.block_bytes.fetch_add(unsafe { new.as_ref() }.size(), Ordering::Relaxed);
+        let old = node.data.swap(new.as_ptr(), Ordering::AcqRel);
+        self.retire_data(old, guard);
+    }
+
+    fn retire_data(&self, old: *mut DataBlock, guard: &Guard) {
+        // SAFETY: `old` was just unlinked by the writer; still allocated.
+        self.block_bytes.fetch_sub(unsafe { (*old).size() }, Ordering::Relaxed);
+        let old = Owned(old);
+        // SAFETY: unreachable for new readers; freed after the grace period.
+        unsafe { guard.defer_unchecked(move || DataBlock::free({ old }.0)) };
+    }
+
+    fn retire_child_block(&self, old: *mut ChildBlock, guard: &Guard) {
+        if old.is_null() {
+            return;
+        }
+        // SAFETY: as in retire_data; frees the block only (its nodes' blocks
+        // live on in the replacement).
+        self.block_bytes.fetch_sub(unsafe { (*old).size() }, Ordering::Relaxed);
+        let old = Owned(old);
+        // SAFETY: as above.
+        unsafe { guard.defer_unchecked(move || ChildBlock::free({ old }.0)) };
+    }
+
+    fn retire_route(&self, route: u32, guard: &Guard) {
+        let store = Arc::clone(&self.routes);
+        guard.defer(move || store.release(route));
+    }
+
+    /// Every stored prefix containing `data/prefixlen` (itself included),
+    /// shortest first.
+    pub fn covering(&self, data: &[u8], prefixlen: u32, _guard: &Guard) -> Result<Vec<Found>> {
+        let (buf, prefixlen) = self.masked(data, prefixlen)?;
+        let data = &buf[..self.data_size];
+        let mut out = Vec::new();
+        let mut node = &self.root;
+        let mut depth = 0;
+        loop {
+            // SAFETY: pinned.
+            let nd = unsafe { node.data() };
+            for l in u32::from(depth > 0)..=8 {
+                let plen = 8 * depth as u32 + l;
+                if plen > prefixlen {
+                    break;
+                }
+                if let Some(route) = nd.prefix(prefix_index(l, data[depth])) {
+                    let mut d = data.to_vec();
+                    mask_host_bits(&mut d, plen);
+                    out.push(Found { data: d, prefixlen: plen, route });
+                }
+            }
+            if prefixlen <= 8 * (depth as u32 + 1) {
+                return Ok(out);
+            }
+            // SAFETY: pinned.
+            match unsafe { node.child(data[depth]) } {
+                Some(child) => node = child,
+                None => return Ok(out),
+            }
+            depth += 1;
+        }
+    }
+
+    /// Every stored prefix inside `data/prefixlen` (itself included), in
+    /// prefix order (address, then length).
+    pub fn covered(&self, data: &[u8], prefixlen: u32, guard: &Guard) -> Result<Vec<Found>> {
+        let (buf, prefixlen) = self.masked(data, prefixlen)?;
+        let data = &buf[..self.data_size];
+        let (depth, idx) = position(data, prefixlen);
+        let mut out = Vec::new();
+        if let Some(node) = self.node_at(&data[..depth]) {
+            let mut path = data[..depth].to_vec();
+            self.walk_pre(node, &mut path, idx, guard, &mut |d, l, r| {
+                out.push(Found { data: d.to_vec(), prefixlen: l, route: r })
+            });
+        }
+        Ok(out)
+    }
+
+    /// Calls `f(data, prefixlen, value)` for every prefix in prefix order
+    /// (address ascending, then length ascending). Weakly consistent under
+    /// concurrent updates.
+    pub fn for_each<'g>(&self, guard: &'g Guard, mut f: impl FnMut(&[u8], u32, &'g [u8])) {
+        let routes = &self.routes;
+        // SAFETY: routes reached under the guard.
+        self.for_each_route(guard, |d, l, r| f(d, l, unsafe { routes.value(r) }));
+    }
+
+    fn for_each_route(&self, guard: &Guard, mut f: impl FnMut(&[u8], u32, u32)) {
+        let mut path = Vec::with_capacity(self.data_size);
+        self.walk_pre(&self.root, &mut path, 1, guard, &mut f);
+    }
+
+    /// Pre-order walk of the prefixes under index `idx` of `node`.
+    fn walk_pre(&self, node: &Node, path: &mut Vec<u8>, idx: usize, guard: &Guard, f: &mut dyn FnMut(&[u8], u32, u32)) {
+        // SAFETY: pinned.
+        let (nd, children) = unsafe { (node.data(), node.children()) };
+        if subtree_empty(nd, children, idx) {
+            return;
+        }
+        let (l, lo, _) = index_range(idx);
+        if let Some(route) = nd.prefix(idx) {
+            self.emit(path, lo as u8, l, route, f);
+        }
+        if l < 8 {
+            self.walk_pre(node, path, 2 * idx, guard, f);
+            self.walk_pre(node, path, 2 * idx + 1, guard, f);
+        } else if let Some(child) = children.filter(|c| c.bits.get(lo)) {
+            path.push(lo as u8);
+            // SAFETY: bit set.
+            self.walk_pre(unsafe { child.node(child.bits.rank(lo)) }, path, 1, guard, f);
+            path.pop();
+        }
+    }
+
+    fn emit(&self, path: &[u8], byte: u8, l: u32, route: u32, f: &mut dyn FnMut(&[u8], u32, u32)) {
+        let mut data = [0u8; key::DATA_SIZE_MAX];
+        data[..path.len()].copy_from_slice(path);
+        if path.len() < self.data_size {
+            data[path.len()] = byte;
+        }
+        f(&data[..self.data_size], 8 * path.len() as u32 + l, route);
+    }
+
+    /// The first prefix after `after` in post-order (children before their
+    /// parents: ascending last address, then longer first); the first of all
+    /// for `None`.
+    pub fn next_after(&self, after: Option<(&[u8], u32)>, guard: &Guard) -> Result<Option<Found>> {
+        let bound = match after {
+            Some((data, len)) => {
+                let (mut buf, len) = self.masked(data, len)?;
+                set_host_bits(&mut buf[..self.data_size], len);
+                Some((buf, len))
+            }
+            None => None,
+        };
+        let bound = bound.as_ref().map(|(b, l)| (&b[..self.data_size], *l));
+        let mut path = Vec::with_capacity(self.data_size);
+        let mut found = None;
+        self.next_post(&self.root, &mut path, 1, bound, guard, &mut found);
+        Ok(found)
+    }
+
+    /// Post-order search for the first prefix beyond `bound` under `idx`.
+    /// Returns true once found.
+    fn next_post(
+        &self,
+        node: &Node,
+        path: &mut Vec<u8>,
+        idx: usize,
+        bound: Option<(&[u8], u32)>,
+        guard: &Guard,
+        found: &mut Option<Found>,
+    ) -> bool {
+        // SAFETY: pinned.
+        let (nd, children) = unsafe { (node.data(), node.children()) };
+        if subtree_empty(nd, children, idx) {
+            return false;
+        }
+        let (l, lo, hi) = index_range(idx);
+        let plen = 8 * path.len() as u32 + l;
+        // Every prefix under idx is at most (last address of idx, plen) in
+        // post-order: skip the subtree if that is not beyond the bound.
+        let beyond = |bound: Option<(&[u8], u32)>| match bound {
+            None => true,
+            Some((last, len)) => match cmp_last(path, (hi - 1) as u8, last) {
+                Cmp::Less => false,
+                Cmp::Greater => true,
+                Cmp::Equal => plen < len,
+            },
+        };
+        if !beyond(bound) {
+            return false;
+        }
+        if l < 8 {
+            if self.next_post(node, path, 2 * idx, bound, guard, found)
+                || self.next_post(node, path, 2 * idx + 1, bound, guard, found)
+            {
+                return true;
+            }
+        } else if let Some(child) = children.filter(|c| c.bits.get(lo)) {
+            path.push(lo as u8);
+            // SAFETY: bit set.
+            let hit = self.next_post(unsafe { child.node(child.bits.rank(lo)) }, path, 1, bound, guard, found);
+            path.pop();
+            if hit {
+                return true;
+            }
+        }
+        if let Some(route) = nd.prefix(idx) {
+            self.emit(path, lo as u8, l, route, &mut |d, l, r| {
+                *found = Some(Found { data: d.to_vec(), prefixlen: l, route: r })
+            });
+            return true;
+        }
+        false
+    }
+
+    fn check_key_data<'k>(&self, key: &'k [u8]) -> Result<KeyRef<'k>> {
+        KeyRef::parse(key, self.data_size)
+    }
+
+    /// Bytes held: node blocks, route slots, the struct.
+    pub fn memory_usage(&self) -> usize {
+        size_of::<Self>() + self.block_bytes.load(Ordering::Relaxed) + self.routes.bytes()
+    }
+}
+
+/// Sets every bit from `prefixlen` on: the last address of the prefix.
+fn set_host_bits(data: &mut [u8], prefixlen: u32) {
+    let len = prefixlen as usize;
+    let full = len / 8;
+    if full < data.len() {
+        data[full] |= 0xffu8.checked_shr((len % 8) as u32).unwrap_or(0);
+        data[full + 1..].fill(0xff);
+    }
+}
+
+/// Compares the last address of the range `path ++ [last_byte] ++ 0xff..`
+/// with `last` (a full-length address).
+fn cmp_last(path: &[u8], last_byte: u8, last: &[u8]) -> Cmp {
+    let depth = path.len();
+    path.cmp(&last[..depth]).then_with(|| {
+        if depth == last.len() {
+            return Cmp::Equal;
+        }
+        last_byte.cmp(&last[depth]).then_with(|| {
+            if last[depth + 1..].iter().all(|&b| b == 0xff) { Cmp::Equal } else { Cmp::Greater }
+        })
+    })
+}
+
+/// Whether no prefix and no child lies under index `idx` of a node.
+fn subtree_empty(nd: &DataBlock, children: Option<&ChildBlock>, idx: usize) -> bool {
+    let (l, lo, hi) = index_range(idx);
+    if children.is_some_and(|c| c.bits.any_in(lo, hi)) {
+        return false;
+    }
+    (l..=8).all(|level| {
+        let shift = level - l;
+        !nd.prefix_bits.any_in(idx << shift, (idx + 1) << shift)
+    })
+}
+
+impl Drop for LpmTrie {
+    fn drop(&mut self) {
+        // Freeing a million prefixes must not stall the dropping thread.
+        drop_in_background(DetachedTree {
+            children: self.root.children.swap(ptr::null_mut(), Ordering::Relaxed),
+            data: self.root.data.swap(ptr::null_mut(), Ordering::Relaxed),
+        });
+    }
+}
+
+impl Map for LpmTrie {
+    fn kind(&self) -> MapKind {
+        MapKind::LpmTrie
+    }
+    fn key_size(&self) -> usize {
+        key::KEY_HEADER + self.data_size
+    }
+    fn value_size(&self) -> usize {
+        self.value_size
+    }
+    fn max_entries(&self) -> u32 {
+        self.max_entries
+    }
+
+    /// Longest match for the key's data among prefixes no longer than the
+    /// key's `prefixlen` (as the kernel); full-length keys take the fast path.
+    fn lookup(&self, key: &[u8], value: &mut [u8]) -> Result<()> {
+        let k = self.check_key_data(key)?;
+        check_value(self.value_size, value)?;
+        let guard = pin();
+        if k.prefixlen as usize == 8 * self.data_size {
+            value.copy_from_slice(self.get(k.data, &guard).ok_or(Error::NotFound)?);
+        } else {
+            let best = self.covering(k.data, k.prefixlen, &guard)?.pop().ok_or(Error::NotFound)?;
+            value.copy_from_slice(self.value_of(&best, &guard));
+        }
+        Ok(())
+    }
+
+    fn update(&self, key: &[u8], value: &[u8], flags: u64) -> Result<()> {
+        let k = self.check_key_data(key)?;
+        self.insert(k.data, k.prefixlen, value, flags)
+    }
+
+    fn delete(&self, key: &[u8]) -> Result<()> {
+        let k = self.check_key_data(key)?;
+        self.remove(k.data, k.prefixlen, None)
+    }
+
+    fn lookup_and_delete(&self, key: &[u8], value: &mut [u8]) -> Result<()> {
+        let k = self.check_key_data(key)?;
+        self.remove(k.data, k.prefixlen, Some(value))
+    }
+
+    /// Post-order, like the kernel (a prefix comes after every prefix it
+    /// contains, so deleting each key as it is returned is safe). Unlike
+    /// the kernel, a key that is not stored does not restart the walk: the
+    /// next stored prefix after where it would be is returned, so an
+    /// iteration survives concurrent deletes of its cursor.
+    fn get_next_key(&self, key: Option<&[u8]>, next: &mut [u8]) -> Result<()> {
+        crate::core::error::check_len("next key", next.len(), self.key_size())?;
+        let after = match key {
+            Some(key) => {
+                let k = self.check_key_data(key)?;
+                Some((k.data, k.prefixlen))
+            }
+            None => None,
+        };
+        let found = self.next_after(after, &pin())?.ok_or(Error::NotFound)?;
+        key::write_key(next, found.prefixlen, &found.data);
+        Ok(())
+    }
+
+    fn len(&self) -> usize {
+        self.len.load(Ordering::Relaxed)
+    }
+
+    fn memory_usage(&self) -> usize {
+        LpmTrie::memory_usage(self)
+    }
+}
