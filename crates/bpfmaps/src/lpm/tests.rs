@@ -58,9 +58,9 @@ fn removing_a_child_restores_the_parents_answer_for_its_byte() {
     // The root's leaf at byte 10 is "don't care" while a child exists there
     // (it extends the run of byte 9); removing the child must fix it.
     let t = LpmTrie::new(4, 4, 10).unwrap();
+    t.insert(&[10, 1, 2, 0], 24, &v(24), BPF_ANY).unwrap();
     t.insert(&[9, 0, 0, 0], 8, &v(9), BPF_ANY).unwrap();
     t.insert(&[10, 0, 0, 0], 8, &v(10), BPF_ANY).unwrap();
-    t.insert(&[10, 1, 2, 0], 24, &v(24), BPF_ANY).unwrap();
     assert_eq!(get(&t, &[10, 1, 2, 3]), Some(24));
     t.remove(&[10, 1, 2, 0], 24, None).unwrap();
     assert_eq!((get(&t, &[10, 1, 2, 3]), get(&t, &[9, 1, 2, 3])), (Some(10), Some(9)));
