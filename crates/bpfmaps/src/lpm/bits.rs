@@ -13,7 +13,10 @@ pub(super) struct Bits<const W: usize> {
 
 impl<const W: usize> Default for Bits<W> {
     fn default() -> Self {
-        Bits { words: [0; W], ranks: [0; W] }
+        Bits {
+            words: [0; W],
+            ranks: [0; W],
+        }
     }
 }
 
@@ -70,7 +73,11 @@ impl<const W: usize> Bits<W> {
     }
 
     fn rank_or_total(&self, i: usize) -> usize {
-        if i >= 64 * W { self.count() } else { self.rank(i) }
+        if i >= 64 * W {
+            self.count()
+        } else {
+            self.rank(i)
+        }
     }
 
     /// Set bits in increasing order.
@@ -100,7 +107,10 @@ mod tests {
         }
         b.fix_ranks();
         assert_eq!(b.count(), 6);
-        assert_eq!((b.rank(0), b.rank(1), b.rank(64), b.rank(65), b.rank(255)), (0, 1, 3, 4, 5));
+        assert_eq!(
+            (b.rank(0), b.rank(1), b.rank(64), b.rank(65), b.rank(255)),
+            (0, 1, 3, 4, 5)
+        );
         assert!(b.get(100) && !b.get(101));
         assert_eq!(b.ones().collect::<Vec<_>>(), vec![0, 5, 63, 64, 100, 255]);
         assert!(b.any_in(6, 64) && !b.any_in(6, 63) && b.any_in(255, 256));

@@ -12,8 +12,8 @@ pub mod key;
 pub(crate) mod model;
 mod node;
 mod routes;
-mod trie;
 #[cfg(test)]
 mod tests;
+mod trie;
 
 pub use trie::{Found, LpmTrie};

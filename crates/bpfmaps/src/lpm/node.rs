@@ -10,18 +10,20 @@
 //! ChildBlock = [ child bits: 256 + ranks (40 B) | len | Node x len ]
 //!                 bit b set <=> a child node exists for key byte b
 //!
-//! DataBlock  = [ leaf bits (40 B) | prefix bits: 512 + ranks (80 B) |
-//!                default | n_leaves | n_prefixes |
-//!                leaf route ids x n_leaves | prefix route ids x n_prefixes ]
+//! DataBlock  = [ leaf bits (40 B) | default (8 B) | n_leaves | n_prefixes |
+//!                Leaf x n_leaves | prefix bits: 512 + ranks (80 B) |
+//!                payload x n_prefixes ]
+//! Leaf (8 B) = { payload: value or route id (4 B), prefixlen (4 B) }
 //! ```
 //!
 //! * Prefix bits: the prefixes stored in this node, as a complete binary
 //!   tree over the byte: a prefix with `l` bits inside the byte (1..=8, or 0
 //!   for `/0` at the root) and bit pattern `p` has index `(1 << l) | p`.
-//! * Leaves: for every byte value `b`, the route of the longest prefix at
-//!   this node or above that covers `b` ("leaf pushing", as in poptrie), run
-//!   length encoded: leaf bit `b` is set where a new run starts, and the run
-//!   holding `b` is entry `rank(b + 1) - 1`. Positions that have a child are
+//! * Leaves: for every byte value `b`, the longest prefix at this node or
+//!   above that covers `b` ("leaf pushing", as in poptrie): its length and
+//!   payload (the value itself when values fit in 4 bytes). Run-length
+//!   encoded: leaf bit `b` is set where a new run starts, and the run
+//!   holding `b` is entry `rank(bits <= b) - 1`. Positions that have a child are
 //!   never read; they extend the previous run so runs stay few.
 //! * Default: the route this node inherits from above (the parent's best
 //!   match for the byte leading here), painted under this node's prefixes.
@@ -34,7 +36,6 @@ use std::ptr::{self, NonNull};
 use std::sync::atomic::{AtomicPtr, Ordering};
 
 use super::bits::Bits;
-use super::routes::NO_ROUTE;
 
 /// One trie node: pointers to its current child and data blocks.
 #[repr(C)]
@@ -46,7 +47,10 @@ pub(super) struct Node {
 impl Node {
     /// A node holding `data` and no children.
     pub fn new(data: NonNull<DataBlock>) -> Self {
-        Node { children: AtomicPtr::new(ptr::null_mut()), data: AtomicPtr::new(data.as_ptr()) }
+        Node {
+            children: AtomicPtr::new(ptr::null_mut()),
+            data: AtomicPtr::new(data.as_ptr()),
+        }
     }
 
     /// The current data block.
@@ -79,7 +83,10 @@ impl Node {
         // SAFETY: as for data.
         let block = unsafe { self.children()? };
         // SAFETY: the bit says the entry exists.
-        block.bits.get(b as usize).then(|| unsafe { block.node(block.bits.rank(b as usize)) })
+        block
+            .bits
+            .get(b as usize)
+            .then(|| unsafe { block.node(block.bits.rank(b as usize)) })
     }
 }
 
@@ -99,7 +106,10 @@ impl ChildBlock {
 
     /// Allocates a block for `bits` whose nodes are `(children, data)`
     /// pointer pairs, in byte order.
-    pub fn alloc(bits: Bits<4>, nodes: &[(*mut ChildBlock, *mut DataBlock)]) -> NonNull<ChildBlock> {
+    pub fn alloc(
+        bits: Bits<4>,
+        nodes: &[(*mut ChildBlock, *mut DataBlock)],
+    ) -> NonNull<ChildBlock> {
         debug_assert_eq!(bits.count(), nodes.len());
         let (layout, offset) = Self::layout(nodes.len());
         // SAFETY: non-zero size (the header alone is 44 bytes).
@@ -109,10 +119,16 @@ impl ChildBlock {
         };
         // SAFETY: fresh allocation of the right layout.
         unsafe {
-            block.as_ptr().write(ChildBlock { bits, len: nodes.len() as u32 });
+            block.as_ptr().write(ChildBlock {
+                bits,
+                len: nodes.len() as u32,
+            });
             let first = p.add(offset).cast::<Node>();
             for (i, &(c, d)) in nodes.iter().enumerate() {
-                first.add(i).write(Node { children: AtomicPtr::new(c), data: AtomicPtr::new(d) });
+                first.add(i).write(Node {
+                    children: AtomicPtr::new(c),
+                    data: AtomicPtr::new(d),
+                });
             }
         }
         block
@@ -126,7 +142,13 @@ impl ChildBlock {
     pub unsafe fn node(&self, i: usize) -> &Node {
         let (_, offset) = Self::layout(0);
         // SAFETY: the nodes follow the header at `offset`; i < len.
-        unsafe { &*ptr::from_ref(self).cast::<u8>().add(offset).cast::<Node>().add(i) }
+        unsafe {
+            &*ptr::from_ref(self)
+                .cast::<u8>()
+                .add(offset)
+                .cast::<Node>()
+                .add(i)
+        }
     }
 
     /// The `(children, data)` pointers of every node, in byte order.
@@ -135,7 +157,10 @@ impl ChildBlock {
             .map(|i| {
                 // SAFETY: i < len.
                 let n = unsafe { self.node(i) };
-                (n.children.load(Ordering::Relaxed), n.data.load(Ordering::Relaxed))
+                (
+                    n.children.load(Ordering::Relaxed),
+                    n.data.load(Ordering::Relaxed),
+                )
             })
             .collect()
     }
@@ -155,12 +180,36 @@ impl ChildBlock {
     }
 }
 
-/// Header of a data block; leaf and prefix route ids follow.
+/// What a leaf holds: the matched prefix's length and its payload (the
+/// value itself when values fit in 4 bytes, else a route slot id), so a
+/// lookup ends at the leaf with no further load for small values.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(C)]
+pub(super) struct Leaf {
+    pub payload: [u8; 4],
+    pub prefixlen: u32,
+}
+
+impl Leaf {
+    /// No prefix matches.
+    pub const NONE: Leaf = Leaf {
+        payload: [0; 4],
+        prefixlen: u32::MAX,
+    };
+
+    #[inline(always)]
+    pub fn is_none(&self) -> bool {
+        self.prefixlen == u32::MAX
+    }
+}
+
+/// Header of a data block. Then, in order: `n_leaves` leaves (8 B each, so
+/// the leaves a lookup reads sit right after the bits it just read), the
+/// prefix bits (80 B) and `n_prefixes` payloads (4 B each).
 #[repr(C)]
 pub(super) struct DataBlock {
     pub leaf_bits: Bits<4>,
-    pub prefix_bits: Bits<8>,
-    pub default: u32,
+    pub default: Leaf,
     n_leaves: u16,
     n_prefixes: u16,
 }
@@ -168,7 +217,11 @@ pub(super) struct DataBlock {
 /// Index of the prefix with `l` bits (0..=8) and pattern `p` in a node.
 #[inline]
 pub(super) fn prefix_index(l: u32, byte: u8) -> usize {
-    if l == 0 { 1 } else { (1 << l) | (byte as usize >> (8 - l)) }
+    if l == 0 {
+        1
+    } else {
+        (1 << l) | (byte as usize >> (8 - l))
+    }
 }
 
 /// Bits of a prefix index inside its byte: (l, first byte, one past last).
@@ -180,92 +233,138 @@ pub(super) fn index_range(idx: usize) -> (u32, usize, usize) {
 }
 
 impl DataBlock {
-    fn layout(n_leaves: usize, n_prefixes: usize) -> (Layout, usize) {
-        Layout::new::<DataBlock>()
-            .extend(Layout::array::<u32>(n_leaves + n_prefixes).expect("route array"))
-            .expect("data block layout")
+    /// Layout and the offsets of (leaves, prefix bits, payloads).
+    fn layout(n_leaves: usize, n_prefixes: usize) -> (Layout, [usize; 3]) {
+        let (l, leaves) = Layout::new::<DataBlock>()
+            .extend(Layout::array::<Leaf>(n_leaves).expect("leaves"))
+            .expect("layout");
+        let (l, bits) = l.extend(Layout::new::<Bits<8>>()).expect("layout");
+        let (l, payloads) = l
+            .extend(Layout::array::<[u8; 4]>(n_prefixes).expect("payloads"))
+            .expect("layout");
+        (l.pad_to_align(), [leaves, bits, payloads])
     }
 
-    /// Builds a block: paints `default` then each prefix (shorter first)
-    /// over the 256 byte values, and run-length encodes the result, letting
-    /// positions in `child_bits` extend the previous run.
-    pub fn build(prefix_bits: Bits<8>, prefix_routes: &[u32], default: u32, child_bits: &Bits<4>) -> NonNull<DataBlock> {
-        debug_assert_eq!(prefix_bits.count(), prefix_routes.len());
+    /// Builds the block of a node at `depth`: paints `default`, then each
+    /// prefix (shorter first) over the 256 byte values, and run-length
+    /// encodes the result, letting positions in `child_bits` extend the
+    /// previous run.
+    pub fn build(
+        depth: usize,
+        prefix_bits: &Bits<8>,
+        payloads: &[[u8; 4]],
+        default: Leaf,
+        child_bits: &Bits<4>,
+    ) -> NonNull<DataBlock> {
+        debug_assert_eq!(prefix_bits.count(), payloads.len());
         let mut paint = [default; 256];
         // Indices increase with prefix length, so longer prefixes paint last.
-        for (idx, &route) in prefix_bits.ones().zip(prefix_routes) {
-            let (_, lo, hi) = index_range(idx);
-            paint[lo..hi].fill(route);
+        for (idx, &payload) in prefix_bits.ones().zip(payloads) {
+            let (l, lo, hi) = index_range(idx);
+            paint[lo..hi].fill(Leaf {
+                payload,
+                prefixlen: 8 * depth as u32 + l,
+            });
         }
         let mut leaf_bits = Bits::<4>::default();
-        let mut leaves: Vec<u32> = Vec::with_capacity(8);
-        for b in 0..256 {
-            let run_goes_on = b > 0 && (child_bits.get(b) || leaves.last() == Some(&paint[b]));
+        let mut leaves: Vec<Leaf> = Vec::with_capacity(8);
+        for (b, leaf) in paint.iter().enumerate() {
+            let run_goes_on = b > 0 && (child_bits.get(b) || leaves.last() == Some(leaf));
             if !run_goes_on {
                 leaf_bits.set_raw(b);
-                leaves.push(paint[b]);
+                leaves.push(*leaf);
             }
         }
         leaf_bits.fix_ranks();
 
-        let (layout, offset) = Self::layout(leaves.len(), prefix_routes.len());
+        let (layout, [at_leaves, at_bits, at_payloads]) =
+            Self::layout(leaves.len(), payloads.len());
         // SAFETY: non-zero size.
         let p = unsafe { alloc(layout) };
         let Some(block) = NonNull::new(p.cast::<DataBlock>()) else {
             std::alloc::handle_alloc_error(layout)
         };
-        // SAFETY: fresh allocation of the right layout.
+        // SAFETY: fresh allocation of the right layout; offsets from `layout`.
         unsafe {
             block.as_ptr().write(DataBlock {
                 leaf_bits,
-                prefix_bits,
                 default,
                 n_leaves: leaves.len() as u16,
-                n_prefixes: prefix_routes.len() as u16,
+                n_prefixes: payloads.len() as u16,
             });
-            let ids = p.add(offset).cast::<u32>();
-            ptr::copy_nonoverlapping(leaves.as_ptr(), ids, leaves.len());
-            ptr::copy_nonoverlapping(prefix_routes.as_ptr(), ids.add(leaves.len()), prefix_routes.len());
+            ptr::copy_nonoverlapping(
+                leaves.as_ptr(),
+                p.add(at_leaves).cast::<Leaf>(),
+                leaves.len(),
+            );
+            p.add(at_bits).cast::<Bits<8>>().write(*prefix_bits);
+            ptr::copy_nonoverlapping(
+                payloads.as_ptr(),
+                p.add(at_payloads).cast::<[u8; 4]>(),
+                payloads.len(),
+            );
         }
         block
     }
 
     /// A block with no prefixes: every byte maps to `default`.
-    pub fn empty(default: u32) -> NonNull<DataBlock> {
-        Self::build(Bits::default(), &[], default, &Bits::default())
+    pub fn empty(default: Leaf) -> NonNull<DataBlock> {
+        Self::build(0, &Bits::default(), &[], default, &Bits::default())
     }
 
     #[inline(always)]
-    fn ids(&self) -> *const u32 {
-        let (_, offset) = Self::layout(0, 0);
-        // SAFETY: the id arrays follow the header at `offset`.
-        unsafe { ptr::from_ref(self).cast::<u8>().add(offset).cast::<u32>() }
+    fn at(&self, offset: usize) -> *const u8 {
+        // SAFETY: offsets come from `layout` for this block's counts.
+        unsafe { ptr::from_ref(self).cast::<u8>().add(offset) }
     }
 
-    /// The route for byte `b` (`NO_ROUTE` if none). Only meaningful where
-    /// there is no child.
+    /// The leaf for byte `b`. Only meaningful where there is no child.
     #[inline(always)]
-    pub fn leaf(&self, b: u8) -> u32 {
+    pub fn leaf(&self, b: u8) -> &Leaf {
         let run = self.leaf_bits.rank_incl(b as usize) - 1;
-        // SAFETY: bit 0 is always set, so 0 <= run < n_leaves.
-        unsafe { *self.ids().add(run) }
+        let (_, [at_leaves, ..]) = Self::layout(0, 0);
+        // SAFETY: bit 0 is always set, so 0 <= run < n_leaves; leaves start
+        // right after the header.
+        unsafe { &*self.at(at_leaves).cast::<Leaf>().add(run) }
     }
 
-    /// Route ids of the stored prefixes, in index order.
-    pub fn prefix_routes(&self) -> &[u32] {
-        // SAFETY: n_prefixes ids follow the leaves.
-        unsafe { std::slice::from_raw_parts(self.ids().add(self.n_leaves as usize), self.n_prefixes as usize) }
+    /// The prefixes stored in this node (bit `idx` per prefix).
+    pub fn prefix_bits(&self) -> &Bits<8> {
+        let (_, [_, at_bits, _]) = Self::layout(self.n_leaves as usize, 0);
+        // SAFETY: written by `build` at this offset.
+        unsafe { &*self.at(at_bits).cast::<Bits<8>>() }
     }
 
-    /// Route of the prefix at `idx`, if stored.
-    pub fn prefix(&self, idx: usize) -> Option<u32> {
-        self.prefix_bits.get(idx).then(|| self.prefix_routes()[self.prefix_bits.rank(idx)])
+    /// Payloads of the stored prefixes, in index order.
+    pub fn payloads(&self) -> &[[u8; 4]] {
+        let (_, [.., at_payloads]) = Self::layout(self.n_leaves as usize, self.n_prefixes as usize);
+        // SAFETY: n_prefixes payloads written by `build` at this offset.
+        unsafe {
+            std::slice::from_raw_parts(
+                self.at(at_payloads).cast::<[u8; 4]>(),
+                self.n_prefixes as usize,
+            )
+        }
     }
 
-    /// The longest match for byte `b` among this node's prefixes, else the
-    /// inherited default: what a child at `b` inherits.
-    pub fn best_for(&self, b: u8) -> u32 {
-        (0..=8).rev().find_map(|l| self.prefix(prefix_index(l, b))).unwrap_or(self.default)
+    /// Payload of the prefix at `idx`, if stored.
+    pub fn prefix(&self, idx: usize) -> Option<[u8; 4]> {
+        let bits = self.prefix_bits();
+        bits.get(idx).then(|| self.payloads()[bits.rank(idx)])
+    }
+
+    /// The longest match for byte `b` among the prefixes of this node (at
+    /// `depth`), else the inherited default: what a child at `b` inherits.
+    pub fn best_for(&self, depth: usize, b: u8) -> Leaf {
+        (0..=8)
+            .rev()
+            .find_map(|l| {
+                self.prefix(prefix_index(l, b)).map(|payload| Leaf {
+                    payload,
+                    prefixlen: 8 * depth as u32 + l,
+                })
+            })
+            .unwrap_or(self.default)
     }
 
     /// Whether the node stores no prefixes.
@@ -275,7 +374,9 @@ impl DataBlock {
 
     /// Bytes this block occupies.
     pub fn size(&self) -> usize {
-        Self::layout(self.n_leaves as usize, self.n_prefixes as usize).0.size()
+        Self::layout(self.n_leaves as usize, self.n_prefixes as usize)
+            .0
+            .size()
     }
 
     /// Frees the block.
@@ -310,9 +411,6 @@ pub(super) unsafe fn free_subtree(children: *mut ChildBlock, data: *mut DataBloc
     }
 }
 
-/// "No route", re-exported for the trie.
-pub(super) const NONE: u32 = NO_ROUTE;
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -325,7 +423,10 @@ mod tests {
         assert_eq!(index_range(3), (1, 128, 256));
         assert_eq!(prefix_index(8, 0x05), 256 + 5);
         assert_eq!(index_range(261), (8, 5, 6));
-        assert_eq!(index_range(prefix_index(3, 0b1010_0000)), (3, 0b1010_0000, 0b1100_0000));
+        assert_eq!(
+            index_range(prefix_index(3, 0b1010_0000)),
+            (3, 0b1010_0000, 0b1100_0000)
+        );
     }
 
     #[test]
@@ -334,12 +435,40 @@ mod tests {
         bits.set_raw(prefix_index(1, 0x00)); // 0xxxxxxx -> 7
         bits.set_raw(prefix_index(8, 0x10)); // 00010000 -> 9
         bits.fix_ranks();
-        let block = DataBlock::build(bits, &[7, 9], 3, &Bits::default());
+        let leaf = |x: u8, prefixlen| Leaf {
+            payload: [x; 4],
+            prefixlen,
+        };
+        let block = DataBlock::build(1, &bits, &[[7; 4], [9; 4]], leaf(3, 4), &Bits::default());
         // SAFETY: just built, private.
         let d = unsafe { block.as_ref() };
-        assert_eq!((d.leaf(0), d.leaf(0x10), d.leaf(0x11), d.leaf(0x7f), d.leaf(0x80), d.leaf(0xff)), (7, 9, 7, 7, 3, 3));
-        assert_eq!((d.best_for(0x10), d.best_for(0x20), d.best_for(0x90)), (9, 7, 3));
-        assert_eq!(d.n_leaves, 4);
+        let got: Vec<Leaf> = [0, 0x10, 0x11, 0x7f, 0x80, 0xff]
+            .iter()
+            .map(|&b| *d.leaf(b))
+            .collect();
+        assert_eq!(
+            got,
+            vec![
+                leaf(7, 9),
+                leaf(9, 16),
+                leaf(7, 9),
+                leaf(7, 9),
+                leaf(3, 4),
+                leaf(3, 4)
+            ]
+        );
+        assert_eq!(
+            (
+                d.best_for(1, 0x10),
+                d.best_for(1, 0x20),
+                d.best_for(1, 0x90)
+            ),
+            (leaf(9, 16), leaf(7, 9), leaf(3, 4))
+        );
+        assert_eq!(
+            (d.n_leaves, d.prefix(prefix_index(8, 0x10)), d.prefix(3)),
+            (4, Some([9; 4]), None)
+        );
         // SAFETY: private.
         unsafe { DataBlock::free(block.as_ptr()) };
     }

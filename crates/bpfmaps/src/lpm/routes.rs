@@ -1,6 +1,6 @@
-//! Route slots: every stored prefix owns one fixed-size slot holding its
-//! prefix length and value, addressed by a `u32` id. Leaves of the trie hold
-//! ids, so a lookup ends with one load from here.
+//! Route slots, for values over 4 bytes: every stored prefix owns one
+//! fixed-size slot holding its value, addressed by a `u32` id that the
+//! trie's leaves hold. (Values of up to 4 bytes live in the leaves.)
 //!
 //! Slots live in 4096-slot chunks reached through a chunk table sized at
 //! creation, so readers index without locks while writers add chunks.
@@ -18,8 +18,6 @@ use crate::core::error::{Error, Result};
 pub(super) const NO_ROUTE: u32 = u32::MAX;
 const CHUNK_SHIFT: u32 = 12;
 const CHUNK: usize = 1 << CHUNK_SHIFT;
-/// Slot bytes before the value: the prefix length.
-const HEADER: usize = 4;
 
 pub(super) struct RouteStore {
     value_size: usize,
@@ -39,7 +37,10 @@ pub(super) struct RouteAlloc {
 
 impl Default for RouteAlloc {
     fn default() -> Self {
-        RouteAlloc { free: NO_ROUTE, next_fresh: 0 }
+        RouteAlloc {
+            free: NO_ROUTE,
+            next_fresh: 0,
+        }
     }
 }
 
@@ -47,12 +48,16 @@ impl RouteStore {
     /// Room for `max_entries` live routes plus as many waiting out a grace
     /// period.
     pub fn new(value_size: usize, max_entries: u32) -> Self {
-        let slots = (max_entries as usize).saturating_mul(2).saturating_add(CHUNK);
+        let slots = (max_entries as usize)
+            .saturating_mul(2)
+            .saturating_add(CHUNK);
         let n_chunks = slots.div_ceil(CHUNK).min((u32::MAX as usize) / CHUNK);
         RouteStore {
             value_size,
-            slot_size: HEADER + value_size,
-            chunks: (0..n_chunks).map(|_| AtomicPtr::new(std::ptr::null_mut())).collect(),
+            slot_size: value_size.max(4),
+            chunks: (0..n_chunks)
+                .map(|_| AtomicPtr::new(std::ptr::null_mut()))
+                .collect(),
             allocated_chunks: AtomicUsize::new(0),
             returned: AtomicU32::new(NO_ROUTE),
         }
@@ -78,21 +83,11 @@ impl RouteStore {
     #[inline(always)]
     pub unsafe fn value<'a>(&self, id: u32) -> &'a [u8] {
         // SAFETY: the slot is immutable while reachable (module docs).
-        unsafe { std::slice::from_raw_parts(self.slot(id).add(HEADER), self.value_size) }
-    }
-
-    /// The prefix length of route `id`.
-    ///
-    /// # Safety
-    /// As for `value`.
-    #[inline]
-    pub unsafe fn prefixlen(&self, id: u32) -> u32 {
-        // SAFETY: as for value; the header is 4 bytes at the slot start.
-        unsafe { self.slot(id).cast::<u32>().read_unaligned() }
+        unsafe { std::slice::from_raw_parts(self.slot(id), self.value_size) }
     }
 
     /// Takes a slot and fills it (writer only).
-    pub fn alloc(&self, state: &mut RouteAlloc, prefixlen: u32, value: &[u8]) -> Result<u32> {
+    pub fn alloc(&self, state: &mut RouteAlloc, value: &[u8]) -> Result<u32> {
         if state.free == NO_ROUTE {
             state.free = self.returned.swap(NO_ROUTE, Ordering::Acquire);
         }
@@ -122,10 +117,7 @@ impl RouteStore {
         };
         let slot = self.slot(id);
         // SAFETY: the slot is private to the writer until its id is published.
-        unsafe {
-            slot.cast::<u32>().write_unaligned(prefixlen);
-            std::ptr::copy_nonoverlapping(value.as_ptr(), slot.add(HEADER), value.len());
-        }
+        unsafe { std::ptr::copy_nonoverlapping(value.as_ptr(), slot, value.len()) };
         Ok(id)
     }
 
@@ -136,7 +128,12 @@ impl RouteStore {
         loop {
             // SAFETY: the slot is dead; its first bytes become the link.
             unsafe { self.slot(id).cast::<u32>().write_unaligned(head) };
-            match self.returned.compare_exchange_weak(head, id, Ordering::Release, Ordering::Relaxed) {
+            match self.returned.compare_exchange_weak(
+                head,
+                id,
+                Ordering::Release,
+                Ordering::Relaxed,
+            ) {
                 Ok(_) => return,
                 Err(now) => head = now,
             }

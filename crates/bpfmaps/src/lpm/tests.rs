@@ -18,7 +18,8 @@ fn v(x: u32) -> [u8; 4] {
 
 fn get(t: &LpmTrie, addr: &[u8]) -> Option<u32> {
     let guard = pin();
-    t.get(addr, &guard).map(|b| u32::from_ne_bytes(b.try_into().unwrap()))
+    t.get(addr, &guard)
+        .map(|b| u32::from_ne_bytes(b.try_into().unwrap()))
 }
 
 /// Post-order key: (last address, longer first).
@@ -63,19 +64,31 @@ fn removing_a_child_restores_the_parents_answer_for_its_byte() {
     t.insert(&[10, 0, 0, 0], 8, &v(10), BPF_ANY).unwrap();
     assert_eq!(get(&t, &[10, 1, 2, 3]), Some(24));
     t.remove(&[10, 1, 2, 0], 24, None).unwrap();
-    assert_eq!((get(&t, &[10, 1, 2, 3]), get(&t, &[9, 1, 2, 3])), (Some(10), Some(9)));
+    assert_eq!(
+        (get(&t, &[10, 1, 2, 3]), get(&t, &[9, 1, 2, 3])),
+        (Some(10), Some(9))
+    );
 }
 
 #[test]
 fn host_bits_are_ignored_and_flags_follow_the_kernel() {
     let t = LpmTrie::new(4, 4, 2).unwrap();
     t.insert(&[10, 1, 2, 3], 8, &v(1), BPF_NOEXIST).unwrap();
-    assert_eq!(t.insert(&[10, 9, 9, 9], 8, &v(2), BPF_NOEXIST), Err(Error::Exists));
-    assert_eq!(t.insert(&[11, 0, 0, 0], 8, &v(2), BPF_EXIST), Err(Error::NotFound));
+    assert_eq!(
+        t.insert(&[10, 9, 9, 9], 8, &v(2), BPF_NOEXIST),
+        Err(Error::Exists)
+    );
+    assert_eq!(
+        t.insert(&[11, 0, 0, 0], 8, &v(2), BPF_EXIST),
+        Err(Error::NotFound)
+    );
     t.insert(&[10, 0, 0, 0], 8, &v(3), BPF_EXIST).unwrap();
     assert_eq!(get(&t, &[10, 200, 0, 1]), Some(3));
     t.insert(&[12, 0, 0, 0], 8, &v(4), BPF_ANY).unwrap();
-    assert_eq!(t.insert(&[13, 0, 0, 0], 8, &v(5), BPF_ANY), Err(Error::Full));
+    assert_eq!(
+        t.insert(&[13, 0, 0, 0], 8, &v(5), BPF_ANY),
+        Err(Error::Full)
+    );
     t.insert(&[12, 0, 0, 0], 8, &v(6), BPF_ANY).unwrap(); // replace when full
     assert_eq!((get(&t, &[12, 1, 1, 1]), t.len()), (Some(6), 2));
 }
@@ -83,20 +96,46 @@ fn host_bits_are_ignored_and_flags_follow_the_kernel() {
 #[test]
 fn bad_input_is_rejected_and_changes_nothing() {
     let map = create(&MapSpec::new(MapKind::LpmTrie, 8, 4, 10)).unwrap();
-    map.update(&encode_key(8, &[10, 0, 0, 0]), &v(1), BPF_ANY).unwrap();
+    map.update(&encode_key(8, &[10, 0, 0, 0]), &v(1), BPF_ANY)
+        .unwrap();
     let errno = |r: crate::Result<()>| r.unwrap_err().errno();
-    assert_eq!(errno(map.update(&encode_key(33, &[1, 0, 0, 0]), &v(1), BPF_ANY)), 22);
-    assert_eq!(errno(map.update(&encode_key(8, &[1, 0, 0]), &v(1), BPF_ANY)), 22);
-    assert_eq!(errno(map.update(&encode_key(8, &[1, 0, 0, 0]), &[1, 2], BPF_ANY)), 22);
-    assert_eq!(errno(map.update(&encode_key(8, &[1, 0, 0, 0]), &v(1), 7)), 22);
+    assert_eq!(
+        errno(map.update(&encode_key(33, &[1, 0, 0, 0]), &v(1), BPF_ANY)),
+        22
+    );
+    assert_eq!(
+        errno(map.update(&encode_key(8, &[1, 0, 0]), &v(1), BPF_ANY)),
+        22
+    );
+    assert_eq!(
+        errno(map.update(&encode_key(8, &[1, 0, 0, 0]), &[1, 2], BPF_ANY)),
+        22
+    );
+    assert_eq!(
+        errno(map.update(&encode_key(8, &[1, 0, 0, 0]), &v(1), 7)),
+        22
+    );
     assert_eq!(errno(map.delete(&encode_key(40, &[1, 0, 0, 0]))), 22);
-    assert_eq!(map.delete(&encode_key(16, &[10, 0, 0, 0])), Err(Error::NotFound));
-    assert_eq!(errno(map.lookup(&encode_key(32, &[10, 0, 0, 0]), &mut [0; 3])), 22);
+    assert_eq!(
+        map.delete(&encode_key(16, &[10, 0, 0, 0])),
+        Err(Error::NotFound)
+    );
+    assert_eq!(
+        errno(map.lookup(&encode_key(32, &[10, 0, 0, 0]), &mut [0; 3])),
+        22
+    );
     assert_eq!(errno(map.get_next_key(None, &mut [0; 7])), 22);
     let mut out = [0u8; 4];
-    map.lookup(&encode_key(32, &[10, 1, 1, 1]), &mut out).unwrap();
+    map.lookup(&encode_key(32, &[10, 1, 1, 1]), &mut out)
+        .unwrap();
     assert_eq!((map.len(), out), (1, v(1)));
-    for (ks, vs, max, flags) in [(4, 4, 1, 0), (261, 4, 1, 0), (8, 0, 1, 0), (8, 4, 0, 0), (8, 4, 1, 2)] {
+    for (ks, vs, max, flags) in [
+        (4, 4, 1, 0),
+        (261, 4, 1, 0),
+        (8, 0, 1, 0),
+        (8, 4, 0, 0),
+        (8, 4, 1, 2),
+    ] {
         let spec = MapSpec::new(MapKind::LpmTrie, ks, vs, max).flags(flags);
         assert_eq!(create(&spec).err().map(|e| e.errno()), Some(22), "{spec:?}");
     }
@@ -105,21 +144,33 @@ fn bad_input_is_rejected_and_changes_nothing() {
 #[test]
 fn byte_contract_lookup_limits_by_key_prefixlen() {
     let map = create(&MapSpec::new(MapKind::LpmTrie, 8, 4, 10)).unwrap();
-    map.update(&encode_key(8, &[10, 0, 0, 0]), &v(8), BPF_ANY).unwrap();
-    map.update(&encode_key(24, &[10, 1, 1, 0]), &v(24), BPF_ANY).unwrap();
+    map.update(&encode_key(8, &[10, 0, 0, 0]), &v(8), BPF_ANY)
+        .unwrap();
+    map.update(&encode_key(24, &[10, 1, 1, 0]), &v(24), BPF_ANY)
+        .unwrap();
     let mut out = [0u8; 4];
-    map.lookup(&encode_key(32, &[10, 1, 1, 9]), &mut out).unwrap();
+    map.lookup(&encode_key(32, &[10, 1, 1, 9]), &mut out)
+        .unwrap();
     assert_eq!(out, v(24));
-    map.lookup(&encode_key(16, &[10, 1, 1, 9]), &mut out).unwrap();
+    map.lookup(&encode_key(16, &[10, 1, 1, 9]), &mut out)
+        .unwrap();
     assert_eq!(out, v(8));
-    assert_eq!(map.lookup(&encode_key(7, &[10, 1, 1, 9]), &mut out), Err(Error::NotFound));
+    assert_eq!(
+        map.lookup(&encode_key(7, &[10, 1, 1, 9]), &mut out),
+        Err(Error::NotFound)
+    );
 }
 
 #[test]
 fn get_next_key_is_post_order_and_survives_deleted_cursors() {
     let map = create(&MapSpec::new(MapKind::LpmTrie, 8, 4, 100)).unwrap();
     // The kernel's example: expected 192.168.0.0/24, .1.0/24, .128.0/24, then /16.
-    let keys = [(16, [192, 168, 0, 0]), (24, [192, 168, 0, 0]), (24, [192, 168, 1, 0]), (24, [192, 168, 128, 0])];
+    let keys = [
+        (16, [192, 168, 0, 0]),
+        (24, [192, 168, 0, 0]),
+        (24, [192, 168, 1, 0]),
+        (24, [192, 168, 128, 0]),
+    ];
     for (len, d) in keys {
         map.update(&encode_key(len, &d), &v(len), BPF_ANY).unwrap();
     }
@@ -127,17 +178,26 @@ fn get_next_key_is_post_order_and_survives_deleted_cursors() {
     let mut next = [0u8; 8];
     let mut prev: Option<Vec<u8>> = None;
     while map.get_next_key(prev.as_deref(), &mut next).is_ok() {
-        seq.push((u32::from_ne_bytes(next[..4].try_into().unwrap()), next[4..].to_vec()));
+        seq.push((
+            u32::from_ne_bytes(next[..4].try_into().unwrap()),
+            next[4..].to_vec(),
+        ));
         prev = Some(next.to_vec());
     }
-    let want: Vec<_> = [(24, [192, 168, 0, 0]), (24, [192, 168, 1, 0]), (24, [192, 168, 128, 0]), (16, [192, 168, 0, 0])]
-        .into_iter()
-        .map(|(l, d)| (l, d.to_vec()))
-        .collect();
+    let want: Vec<_> = [
+        (24, [192, 168, 0, 0]),
+        (24, [192, 168, 1, 0]),
+        (24, [192, 168, 128, 0]),
+        (16, [192, 168, 0, 0]),
+    ]
+    .into_iter()
+    .map(|(l, d)| (l, d.to_vec()))
+    .collect();
     assert_eq!(seq, want);
     // A deleted cursor continues from where it was, not from the start.
     map.delete(&encode_key(24, &[192, 168, 1, 0])).unwrap();
-    map.get_next_key(Some(&encode_key(24, &[192, 168, 1, 0])), &mut next).unwrap();
+    map.get_next_key(Some(&encode_key(24, &[192, 168, 1, 0])), &mut next)
+        .unwrap();
     assert_eq!(next, &encode_key(24, &[192, 168, 128, 0])[..]);
     // Deleting every key as it is returned empties the map.
     let mut cursor: Option<Vec<u8>> = None;
@@ -151,19 +211,40 @@ fn get_next_key_is_post_order_and_survives_deleted_cursors() {
 #[test]
 fn covering_and_covered() {
     let t = LpmTrie::new(4, 4, 100).unwrap();
-    for (d, l) in [([0, 0, 0, 0], 0), ([10, 0, 0, 0], 8), ([10, 1, 0, 0], 16), ([10, 1, 2, 0], 24), ([10, 1, 3, 0], 24), ([11, 0, 0, 0], 8)] {
+    for (d, l) in [
+        ([0, 0, 0, 0], 0),
+        ([10, 0, 0, 0], 8),
+        ([10, 1, 0, 0], 16),
+        ([10, 1, 2, 0], 24),
+        ([10, 1, 3, 0], 24),
+        ([11, 0, 0, 0], 8),
+    ] {
         t.insert(&d, l, &v(l), BPF_ANY).unwrap();
     }
     let g = pin();
-    let lens = |f: Vec<Found>| f.into_iter().map(|f| (f.data, f.prefixlen)).collect::<Vec<_>>();
+    let lens = |f: Vec<Found>| {
+        f.into_iter()
+            .map(|f| (f.data, f.prefixlen))
+            .collect::<Vec<_>>()
+    };
     assert_eq!(
         lens(t.covering(&[10, 1, 2, 0], 24, &g).unwrap()),
-        vec![(vec![0, 0, 0, 0], 0), (vec![10, 0, 0, 0], 8), (vec![10, 1, 0, 0], 16), (vec![10, 1, 2, 0], 24)]
+        vec![
+            (vec![0, 0, 0, 0], 0),
+            (vec![10, 0, 0, 0], 8),
+            (vec![10, 1, 0, 0], 16),
+            (vec![10, 1, 2, 0], 24)
+        ]
     );
     assert_eq!(lens(t.covering(&[10, 1, 2, 0], 20, &g).unwrap()).len(), 3);
     assert_eq!(
         lens(t.covered(&[10, 0, 0, 0], 8, &g).unwrap()),
-        vec![(vec![10, 0, 0, 0], 8), (vec![10, 1, 0, 0], 16), (vec![10, 1, 2, 0], 24), (vec![10, 1, 3, 0], 24)]
+        vec![
+            (vec![10, 0, 0, 0], 8),
+            (vec![10, 1, 0, 0], 16),
+            (vec![10, 1, 2, 0], 24),
+            (vec![10, 1, 3, 0], 24)
+        ]
     );
     assert_eq!(lens(t.covered(&[10, 1, 2, 0], 23, &g).unwrap()).len(), 2);
     assert_eq!(t.covered(&[0, 0, 0, 0], 0, &g).unwrap().len(), 6);
@@ -174,7 +255,8 @@ fn covering_and_covered() {
 fn clear_and_drop_free_everything_in_the_background() {
     let t = LpmTrie::new(4, 4, 100_000).unwrap();
     for i in 0..100_000u32 {
-        t.insert(&(i << 8).to_be_bytes(), 24, &v(i), BPF_ANY).unwrap();
+        t.insert(&(i << 8).to_be_bytes(), 24, &v(i), BPF_ANY)
+            .unwrap();
     }
     let full = t.memory_usage();
     t.clear();
@@ -182,14 +264,21 @@ fn clear_and_drop_free_everything_in_the_background() {
     assert!(t.memory_usage() < full / 2);
     // Reusable after clear (route slots come back after the grace period).
     for i in 0..100_000u32 {
-        t.insert(&(i << 8).to_be_bytes(), 24, &v(i + 1), BPF_ANY).unwrap();
+        t.insert(&(i << 8).to_be_bytes(), 24, &v(i + 1), BPF_ANY)
+            .unwrap();
     }
     assert_eq!(get(&t, &[0, 0, 1, 1]), Some(2));
 }
 
 fn arb_prefix(n: usize) -> impl Strategy<Value = (Vec<u8>, u32)> {
     // Bias toward few distinct leading bytes so prefixes nest and collide.
-    (prop::collection::vec(prop_oneof![Just(0u8), Just(0x80), Just(0xff), any::<u8>()], n), 0..=(8 * n as u32))
+    (
+        prop::collection::vec(
+            prop_oneof![Just(0u8), Just(0x80), Just(0xff), any::<u8>()],
+            n,
+        ),
+        0..=(8 * n as u32),
+    )
         .prop_map(|(mut d, l)| {
             mask_host_bits(&mut d, l);
             (d, l)
@@ -231,7 +320,11 @@ fn check_against_model(n: usize, ops: Vec<Op>, probes: Vec<Vec<u8>>) -> Result<(
             }
             Op::Remove(d, l) => {
                 inserted.push(d.clone());
-                let want = if model.remove(&d, l) { Ok(()) } else { Err(Error::NotFound) };
+                let want = if model.remove(&d, l) {
+                    Ok(())
+                } else {
+                    Err(Error::NotFound)
+                };
                 prop_assert_eq!(t.remove(&d, l, None), want);
             }
         }
@@ -239,14 +332,22 @@ fn check_against_model(n: usize, ops: Vec<Op>, probes: Vec<Vec<u8>>) -> Result<(
     }
     let guard = pin();
     // Lookups: random probes plus every stored prefix's first address.
-    for addr in probes.iter().chain(&inserted).chain(model.entries.iter().map(|e| &e.0)) {
-        let want = model.longest_match(addr, 8 * n as u32).map(|e| (e.1, e.2.clone()));
+    for addr in probes
+        .iter()
+        .chain(&inserted)
+        .chain(model.entries.iter().map(|e| &e.0))
+    {
+        let want = model
+            .longest_match(addr, 8 * n as u32)
+            .map(|e| (e.1, e.2.clone()));
         let got = t.longest_match(addr, &guard).map(|(l, v)| (l, v.to_vec()));
         prop_assert_eq!(got, want, "addr {:?}", addr);
         // Limited-length lookups through the byte contract.
         let limit = (addr[0] as u32) % (8 * n as u32 + 1);
         let mut out = [0u8; 4];
-        let got = Map::lookup(&t, &encode_key(limit, addr), &mut out).map(|()| out.to_vec()).ok();
+        let got = Map::lookup(&t, &encode_key(limit, addr), &mut out)
+            .map(|()| out.to_vec())
+            .ok();
         prop_assert_eq!(got, model.longest_match(addr, limit).map(|e| e.2.clone()));
     }
     // Pre-order iteration: address, then length.
@@ -261,21 +362,47 @@ fn check_against_model(n: usize, ops: Vec<Op>, probes: Vec<Vec<u8>>) -> Result<(
     let mut cursor: Option<Vec<u8>> = None;
     let mut next = vec![0u8; 4 + n];
     while Map::get_next_key(&t, cursor.as_deref(), &mut next).is_ok() {
-        got.push((next[4..].to_vec(), u32::from_ne_bytes(next[..4].try_into().unwrap())));
+        got.push((
+            next[4..].to_vec(),
+            u32::from_ne_bytes(next[..4].try_into().unwrap()),
+        ));
         cursor = Some(next.clone());
     }
     prop_assert_eq!(&got, &want);
     // Covering / covered against filters of the model.
-    for (d, l) in probes.iter().map(|p| (p.clone(), (p[0] as u32) % (8 * n as u32 + 1))) {
+    for (d, l) in probes
+        .iter()
+        .map(|p| (p.clone(), (p[0] as u32) % (8 * n as u32 + 1)))
+    {
         let mut d = d;
         mask_host_bits(&mut d, l);
-        let mut cov: Vec<_> = model.entries.iter().filter(|e| e.1 <= l && prefix_contains(&e.0, e.1, &d)).map(|e| (e.0.clone(), e.1)).collect();
+        let mut cov: Vec<_> = model
+            .entries
+            .iter()
+            .filter(|e| e.1 <= l && prefix_contains(&e.0, e.1, &d))
+            .map(|e| (e.0.clone(), e.1))
+            .collect();
         cov.sort_by_key(|e| e.1);
-        let got: Vec<_> = t.covering(&d, l, &guard).unwrap().into_iter().map(|f| (f.data, f.prefixlen)).collect();
+        let got: Vec<_> = t
+            .covering(&d, l, &guard)
+            .unwrap()
+            .into_iter()
+            .map(|f| (f.data, f.prefixlen))
+            .collect();
         prop_assert_eq!(got, cov);
-        let mut inside: Vec<_> = model.entries.iter().filter(|e| e.1 >= l && prefix_contains(&d, l, &e.0)).map(|e| (e.0.clone(), e.1)).collect();
+        let mut inside: Vec<_> = model
+            .entries
+            .iter()
+            .filter(|e| e.1 >= l && prefix_contains(&d, l, &e.0))
+            .map(|e| (e.0.clone(), e.1))
+            .collect();
         inside.sort();
-        let got: Vec<_> = t.covered(&d, l, &guard).unwrap().into_iter().map(|f| (f.data, f.prefixlen)).collect();
+        let got: Vec<_> = t
+            .covered(&d, l, &guard)
+            .unwrap()
+            .into_iter()
+            .map(|f| (f.data, f.prefixlen))
+            .collect();
         prop_assert_eq!(got, inside);
     }
     Ok(())
@@ -314,9 +441,13 @@ proptest! {
 fn matches_brute_force_256_bytes() {
     let mut runner = proptest::test_runner::TestRunner::new(ProptestConfig::with_cases(8));
     runner
-        .run(&(ops(256), prop::collection::vec(prop::collection::vec(any::<u8>(), 256), 4)), |(o, p)| {
-            check_against_model(256, o, p)
-        })
+        .run(
+            &(
+                ops(256),
+                prop::collection::vec(prop::collection::vec(any::<u8>(), 256), 4),
+            ),
+            |(o, p)| check_against_model(256, o, p),
+        )
         .unwrap();
 }
 
@@ -333,7 +464,10 @@ fn concurrent_readers_never_miss_a_stable_route() {
         out[4..].copy_from_slice(&l.to_ne_bytes());
         out
     };
-    let stable: Vec<([u8; 4], u32)> = (0..64u8).map(|i| ([i * 4, 0, 0, 0], 6)).chain((0..64u8).map(|i| ([i * 4, i, 0, 0], 16))).collect();
+    let stable: Vec<([u8; 4], u32)> = (0..64u8)
+        .map(|i| ([i * 4, 0, 0, 0], 6))
+        .chain((0..64u8).map(|i| ([i * 4, i, 0, 0], 16)))
+        .collect();
     for (d, l) in &stable {
         t.insert(d, *l, &encode(d, *l), BPF_ANY).unwrap();
     }
@@ -360,13 +494,23 @@ fn concurrent_readers_never_miss_a_stable_route() {
                     x ^= x >> 17;
                     x ^= x << 5;
                     let addr = x.to_be_bytes();
-                    let floor = stable.iter().filter(|(d, l)| prefix_contains(d, *l, &addr)).map(|e| e.1).max();
+                    let floor = stable
+                        .iter()
+                        .filter(|(d, l)| prefix_contains(d, *l, &addr))
+                        .map(|e| e.1)
+                        .max();
                     let guard = pin();
                     match t.get(&addr, &guard) {
                         Some(value) => {
                             let l = u32::from_ne_bytes(value[4..].try_into().unwrap());
-                            assert!(prefix_contains(&value[..4], l, &addr), "answer does not contain the address");
-                            assert!(Some(l) >= floor, "answer /{l} shorter than stable /{floor:?}");
+                            assert!(
+                                prefix_contains(&value[..4], l, &addr),
+                                "answer does not contain the address"
+                            );
+                            assert!(
+                                Some(l) >= floor,
+                                "answer /{l} shorter than stable /{floor:?}"
+                            );
                         }
                         None => assert_eq!(floor, None, "stable route missing for {addr:?}"),
                     }

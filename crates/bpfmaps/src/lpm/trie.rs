@@ -30,7 +30,7 @@ use parking_lot::Mutex;
 
 use super::bits::Bits;
 use super::key::{self, KeyRef, mask_host_bits};
-use super::node::{ChildBlock, DataBlock, NONE, Node, free_subtree, index_range, prefix_index};
+use super::node::{ChildBlock, DataBlock, Leaf, Node, free_subtree, index_range, prefix_index};
 use super::routes::{RouteAlloc, RouteStore};
 use crate::core::contract::{Map, MapKind, MapSpec, check_value};
 use crate::core::error::{Error, Result};
@@ -79,7 +79,7 @@ pub struct Found {
     pub data: Vec<u8>,
     /// Prefix length in bits.
     pub prefixlen: u32,
-    route: u32,
+    payload: [u8; 4],
 }
 
 /// `BPF_MAP_TYPE_LPM_TRIE` over byte strings of `data_size` bytes.
@@ -101,6 +101,8 @@ pub struct LpmTrie {
     value_size: usize,
     max_entries: u32,
     root: Node,
+    /// Values of up to 4 bytes live in the leaves; larger ones in `routes`.
+    inline_values: bool,
     routes: Arc<RouteStore>,
     writer: Mutex<RouteAlloc>,
     len: AtomicUsize,
@@ -115,20 +117,25 @@ fn position(data: &[u8], prefixlen: u32) -> (usize, usize) {
         (0, 1)
     } else {
         let depth = ((prefixlen - 1) / 8) as usize;
-        (depth, prefix_index(prefixlen - 8 * depth as u32, data[depth]))
+        (
+            depth,
+            prefix_index(prefixlen - 8 * depth as u32, data[depth]),
+        )
     }
 }
 
 fn child_bits(node: &Node) -> Bits<4> {
     // SAFETY: writer-side read.
-    unsafe { node.children() }.map(|c| c.bits).unwrap_or_default()
+    unsafe { node.children() }
+        .map(|c| c.bits)
+        .unwrap_or_default()
 }
 
 impl LpmTrie {
     /// A trie for `data_size`-byte keys (4 for IPv4, 16 for IPv6, 1..=256).
     pub fn new(data_size: usize, value_size: usize, max_entries: u32) -> Result<Self> {
         key::check_sizes(key::KEY_HEADER + data_size, value_size, max_entries)?;
-        let root_data = DataBlock::empty(NONE);
+        let root_data = DataBlock::empty(Leaf::NONE);
         // SAFETY: just built.
         let root_bytes = unsafe { root_data.as_ref() }.size();
         Ok(LpmTrie {
@@ -136,7 +143,11 @@ impl LpmTrie {
             value_size,
             max_entries,
             root: Node::new(root_data),
-            routes: Arc::new(RouteStore::new(value_size, max_entries)),
+            inline_values: value_size <= 4,
+            routes: Arc::new(RouteStore::new(
+                value_size,
+                if value_size <= 4 { 0 } else { max_entries },
+            )),
             writer: Mutex::new(RouteAlloc::default()),
             len: AtomicUsize::new(0),
             block_bytes: AtomicUsize::new(root_bytes),
@@ -148,7 +159,11 @@ impl LpmTrie {
     /// changes nothing).
     pub fn from_spec(spec: &MapSpec) -> Result<Self> {
         check_map_flags(spec.flags, BPF_F_NO_PREALLOC)?;
-        let data_size = key::check_sizes(spec.key_size as usize, spec.value_size as usize, spec.max_entries)?;
+        let data_size = key::check_sizes(
+            spec.key_size as usize,
+            spec.value_size as usize,
+            spec.max_entries,
+        )?;
         Self::new(data_size, spec.value_size as usize, spec.max_entries)
     }
 
@@ -157,9 +172,9 @@ impl LpmTrie {
         self.data_size
     }
 
-    /// The route id of the longest prefix matching `addr` (full length).
+    /// The leaf of the longest prefix matching `addr` (full length).
     #[inline(always)]
-    fn lookup_route(&self, addr: &[u8], _guard: &Guard) -> u32 {
+    fn lookup_leaf<'g>(&self, addr: &[u8], _guard: &'g Guard) -> &'g Leaf {
         let mut node = &self.root;
         let mut depth = 0;
         loop {
@@ -170,9 +185,21 @@ impl LpmTrie {
                     node = child;
                     depth += 1;
                 }
-                // SAFETY: as above.
+                // SAFETY: as above; the block outlives the guard.
                 None => return unsafe { node.data() }.leaf(b),
             }
+        }
+    }
+
+    /// The value bytes a payload stands for.
+    #[inline(always)]
+    fn value_bytes<'g>(&self, payload: &'g [u8; 4], _guard: &'g Guard) -> &'g [u8] {
+        if self.inline_values {
+            &payload[..self.value_size]
+        } else {
+            // SAFETY: a route id reached under the guard stays readable
+            // until a grace period after it is replaced.
+            unsafe { self.routes.value(u32::from_ne_bytes(*payload)) }
         }
     }
 
@@ -184,28 +211,35 @@ impl LpmTrie {
         if addr.len() != self.data_size {
             return None;
         }
-        let route = self.lookup_route(addr, guard);
-        // SAFETY: a route reachable from a leaf under the guard.
-        (route != NONE).then(|| unsafe { self.routes.value(route) })
+        let leaf = self.lookup_leaf(addr, guard);
+        (!leaf.is_none()).then(|| self.value_bytes(&leaf.payload, guard))
     }
 
     /// The longest prefix matching `addr`: its length and value.
+    #[inline]
     pub fn longest_match<'g>(&self, addr: &[u8], guard: &'g Guard) -> Option<(u32, &'g [u8])> {
         if addr.len() != self.data_size {
             return None;
         }
-        let route = self.lookup_route(addr, guard);
-        // SAFETY: as in `get`.
-        (route != NONE).then(|| unsafe { (self.routes.prefixlen(route), self.routes.value(route)) })
+        let leaf = self.lookup_leaf(addr, guard);
+        (!leaf.is_none()).then(|| (leaf.prefixlen, self.value_bytes(&leaf.payload, guard)))
     }
 
-    /// The value of route `found`, borrowed under `guard`.
-    pub fn value_of<'g>(&self, found: &Found, _guard: &'g Guard) -> &'g [u8] {
-        // SAFETY: `found` came from a query under a guard; routes stay
-        // readable until a grace period after removal, and the caller holds
-        // a guard now. A stale `Found` from an older guard could name a
-        // recycled slot: the value is then some valid route's bytes.
-        unsafe { self.routes.value(found.route) }
+    /// The value of a prefix returned by a query, read under `guard`. (For
+    /// values over 4 bytes, a `Found` kept past the guard it came from may
+    /// name a recycled slot; the bytes are then those of another route.)
+    pub fn value_of<'g>(&self, found: &'g Found, guard: &'g Guard) -> &'g [u8] {
+        self.value_bytes(&found.payload, guard)
+    }
+
+    fn payload_of(&self, alloc: &mut RouteAlloc, value: &[u8]) -> Result<[u8; 4]> {
+        if self.inline_values {
+            let mut payload = [0u8; 4];
+            payload[..value.len()].copy_from_slice(value);
+            Ok(payload)
+        } else {
+            Ok(self.routes.alloc(alloc, value)?.to_ne_bytes())
+        }
     }
 
     fn node_at(&self, path: &[u8]) -> Option<&Node> {
@@ -249,16 +283,18 @@ impl LpmTrie {
         let (depth, idx) = position(data, prefixlen);
         let path = &data[..depth];
         // SAFETY: writer.
-        let old = self.node_at(path).and_then(|n| unsafe { n.data() }.prefix(idx));
+        let old = self
+            .node_at(path)
+            .and_then(|n| unsafe { n.data() }.prefix(idx));
         flag.check(old.is_some())?;
         if old.is_none() && self.len.load(Ordering::Relaxed) >= self.max_entries as usize {
             return Err(Error::Full);
         }
-        let route = self.routes.alloc(&mut alloc, prefixlen, value)?;
+        let payload = self.payload_of(&mut alloc, value)?;
         let node = self.ensure_path(path, &guard);
-        self.set_prefix(node, idx, Some(route), &guard);
+        self.set_prefix(node, depth, idx, Some(payload), &guard);
         match old {
-            Some(old) => self.retire_route(old, &guard),
+            Some(old) => self.retire_payload(old, &guard),
             None => {
                 self.len.fetch_add(1, Ordering::Relaxed);
             }
@@ -279,14 +315,13 @@ impl LpmTrie {
         let (depth, idx) = position(data, prefixlen);
         let node = self.node_at(&data[..depth]).ok_or(Error::NotFound)?;
         // SAFETY: writer.
-        let route = unsafe { node.data() }.prefix(idx).ok_or(Error::NotFound)?;
+        let payload = unsafe { node.data() }.prefix(idx).ok_or(Error::NotFound)?;
         if let Some(out) = out {
-            // SAFETY: live route, writer.
-            out.copy_from_slice(unsafe { self.routes.value(route) });
+            out.copy_from_slice(self.value_bytes(&payload, &guard));
         }
-        self.set_prefix(node, idx, None, &guard);
+        self.set_prefix(node, depth, idx, None, &guard);
         self.prune(&data[..depth], &guard);
-        self.retire_route(route, &guard);
+        self.retire_payload(payload, &guard);
         self.len.fetch_sub(1, Ordering::Relaxed);
         Ok(())
     }
@@ -297,8 +332,10 @@ impl LpmTrie {
         let guard = pin();
         let _writer = self.writer.lock();
         let mut routes = Vec::new();
-        self.for_each_route(&guard, |_, _, route| routes.push(route));
-        let empty = DataBlock::empty(NONE);
+        if !self.inline_values {
+            self.for_each_payload(&guard, |_, _, p| routes.push(u32::from_ne_bytes(p)));
+        }
+        let empty = DataBlock::empty(Leaf::NONE);
         // SAFETY: just built.
         let empty_bytes = unsafe { empty.as_ref() }.size();
         let tree = DetachedTree {
@@ -307,25 +344,29 @@ impl LpmTrie {
         };
         self.block_bytes.store(empty_bytes, Ordering::Relaxed);
         self.len.store(0, Ordering::Relaxed);
-        let job = ClearJob { _tree: tree, routes, store: Arc::clone(&self.routes) };
+        let job = ClearJob {
+            _tree: tree,
+            routes,
+            store: Arc::clone(&self.routes),
+        };
         guard.defer(move || drop_in_background(job));
     }
 
     fn ensure_path(&self, path: &[u8], guard: &Guard) -> &Node {
         let mut node = &self.root;
-        for &b in path {
+        for (depth, &b) in path.iter().enumerate() {
             // SAFETY: writer.
             node = match unsafe { node.child(b) } {
                 Some(child) => child,
-                None => self.add_child(node, b, guard),
+                None => self.add_child(node, depth, b, guard),
             };
         }
         node
     }
 
-    fn add_child<'a>(&self, node: &'a Node, b: u8, guard: &Guard) -> &'a Node {
+    fn add_child<'a>(&self, node: &'a Node, depth: usize, b: u8, guard: &Guard) -> &'a Node {
         // SAFETY: writer.
-        let inherit = unsafe { node.data() }.best_for(b);
+        let inherit = unsafe { node.data() }.best_for(depth, b);
         let data = DataBlock::empty(inherit);
         let old = node.children.load(Ordering::Relaxed);
         // SAFETY: writer.
@@ -348,8 +389,8 @@ impl LpmTrie {
         unsafe { &*ptr::from_ref(block.as_ref().node(at)) }
     }
 
-    /// Removes the (empty) child at `b` of `parent`.
-    fn remove_child(&self, parent: &Node, b: u8, guard: &Guard) {
+    /// Removes the (empty) child at `b` of `parent` (at `depth`).
+    fn remove_child(&self, parent: &Node, depth: usize, b: u8, guard: &Guard) {
         let old = parent.children.load(Ordering::Relaxed);
         // SAFETY: writer; the caller saw the child.
         let block = unsafe { &*old };
@@ -360,15 +401,20 @@ impl LpmTrie {
         // 1. Leaves first: byte b must answer correctly without the child.
         // SAFETY: writer.
         let pd = unsafe { parent.data() };
-        let rebuilt = DataBlock::build(pd.prefix_bits, pd.prefix_routes(), pd.default, &bits);
+        let rebuilt = DataBlock::build(depth, pd.prefix_bits(), pd.payloads(), pd.default, &bits);
         self.publish_data(parent, rebuilt, guard);
         // 2. Then unlink the child.
         let mut entries = block.entries();
         let (_, child_data) = entries.remove(at);
-        let new = if entries.is_empty() { ptr::null_mut() } else { ChildBlock::alloc(bits, &entries).as_ptr() };
+        let new = if entries.is_empty() {
+            ptr::null_mut()
+        } else {
+            ChildBlock::alloc(bits, &entries).as_ptr()
+        };
         if let Some(new) = NonNull::new(new) {
             // SAFETY: just built.
-            self.block_bytes.fetch_add(unsafe { new.as_ref() }.size(), Ordering::Relaxed);
+            self.block_bytes
+                .fetch_add(unsafe { new.as_ref() }.size(), Ordering::Relaxed);
         }
         parent.children.store(new, Ordering::Release);
         self.retire_child_block(old, guard);
@@ -385,36 +431,52 @@ impl LpmTrie {
             if unsafe { child.children().is_some() || !child.data().has_no_prefixes() } {
                 return;
             }
-            self.remove_child(parent, path[depth - 1], guard);
+            self.remove_child(parent, depth - 1, path[depth - 1], guard);
         }
     }
 
-    /// Sets (`Some`) or clears (`None`) the prefix at `idx` of `node`, then
-    /// pushes the change down to the children below it.
-    fn set_prefix(&self, node: &Node, idx: usize, route: Option<u32>, guard: &Guard) {
+    /// Sets (`Some`) or clears (`None`) the prefix at `idx` of `node` (at
+    /// `depth`), then pushes the change down to the children below it.
+    fn set_prefix(
+        &self,
+        node: &Node,
+        depth: usize,
+        idx: usize,
+        payload: Option<[u8; 4]>,
+        guard: &Guard,
+    ) {
         // SAFETY: writer.
         let old = unsafe { node.data() };
-        let mut bits = old.prefix_bits;
-        match route {
+        let mut bits = *old.prefix_bits();
+        match payload {
             Some(_) => bits.set_raw(idx),
             None => bits.clear_raw(idx),
         }
         bits.fix_ranks();
-        let routes: Vec<u32> = bits
+        let payloads: Vec<[u8; 4]> = bits
             .ones()
-            .map(|i| if i == idx { route.expect("set") } else { old.prefix(i).expect("kept prefix") })
+            .map(|i| {
+                if i == idx {
+                    payload.expect("set")
+                } else {
+                    old.prefix(i).expect("kept prefix")
+                }
+            })
             .collect();
-        let new = DataBlock::build(bits, &routes, old.default, &child_bits(node));
+        let new = DataBlock::build(depth, &bits, &payloads, old.default, &child_bits(node));
         self.publish_data(node, new, guard);
         let (_, lo, hi) = index_range(idx);
-        self.push_down(node, lo, hi, guard);
+        self.push_down(node, depth, lo, hi, guard);
     }
 
-    /// Children in bytes `lo..hi` of `node` re-inherit their default from
-    /// `node`'s current data; changed ones are rebuilt, recursively.
-    fn push_down(&self, node: &Node, lo: usize, hi: usize, guard: &Guard) {
+    /// Children in bytes `lo..hi` of `node` (at `depth`) re-inherit their
+    /// default from `node`'s current data; changed ones are rebuilt,
+    /// recursively.
+    fn push_down(&self, node: &Node, depth: usize, lo: usize, hi: usize, guard: &Guard) {
         // SAFETY: writer.
-        let Some(block) = (unsafe { node.children() }) else { return };
+        let Some(block) = (unsafe { node.children() }) else {
+            return;
+        };
         // SAFETY: writer.
         let data = unsafe { node.data() };
         for b in lo..hi {
@@ -423,27 +485,35 @@ impl LpmTrie {
             }
             // SAFETY: the bit is set.
             let child = unsafe { block.node(block.bits.rank(b)) };
-            let inherit = data.best_for(b as u8);
+            let inherit = data.best_for(depth, b as u8);
             // SAFETY: writer.
             let cd = unsafe { child.data() };
             if cd.default != inherit {
-                let rebuilt = DataBlock::build(cd.prefix_bits, cd.prefix_routes(), inherit, &child_bits(child));
+                let rebuilt = DataBlock::build(
+                    depth + 1,
+                    cd.prefix_bits(),
+                    cd.payloads(),
+                    inherit,
+                    &child_bits(child),
+                );
                 self.publish_data(child, rebuilt, guard);
-                self.push_down(child, 0, 256, guard);
+                self.push_down(child, depth + 1, 0, 256, guard);
             }
         }
     }
 
     fn publish_data(&self, node: &Node, new: NonNull<DataBlock>, guard: &Guard) {
         // SAFETY: just built.
-        self.block_bytes.fetch_add(unsafe { new.as_ref() }.size(), Ordering::Relaxed);
+        self.block_bytes
+            .fetch_add(unsafe { new.as_ref() }.size(), Ordering::Relaxed);
         let old = node.data.swap(new.as_ptr(), Ordering::AcqRel);
         self.retire_data(old, guard);
     }
 
     fn retire_data(&self, old: *mut DataBlock, guard: &Guard) {
         // SAFETY: `old` was just unlinked by the writer; still allocated.
-        self.block_bytes.fetch_sub(unsafe { (*old).size() }, Ordering::Relaxed);
+        self.block_bytes
+            .fetch_sub(unsafe { (*old).size() }, Ordering::Relaxed);
         let old = Owned(old);
         // SAFETY: unreachable for new readers; freed after the grace period.
         unsafe { guard.defer_unchecked(move || DataBlock::free({ old }.0)) };
@@ -455,15 +525,20 @@ impl LpmTrie {
         }
         // SAFETY: as in retire_data; frees the block only (its nodes' blocks
         // live on in the replacement).
-        self.block_bytes.fetch_sub(unsafe { (*old).size() }, Ordering::Relaxed);
+        self.block_bytes
+            .fetch_sub(unsafe { (*old).size() }, Ordering::Relaxed);
         let old = Owned(old);
         // SAFETY: as above.
         unsafe { guard.defer_unchecked(move || ChildBlock::free({ old }.0)) };
     }
 
-    fn retire_route(&self, route: u32, guard: &Guard) {
-        let store = Arc::clone(&self.routes);
-        guard.defer(move || store.release(route));
+    /// A replaced payload: its route slot (if any) is reused after the
+    /// grace period.
+    fn retire_payload(&self, payload: [u8; 4], guard: &Guard) {
+        if !self.inline_values {
+            let store = Arc::clone(&self.routes);
+            guard.defer(move || store.release(u32::from_ne_bytes(payload)));
+        }
     }
 
     /// Every stored prefix containing `data/prefixlen` (itself included),
@@ -482,10 +557,14 @@ impl LpmTrie {
                 if plen > prefixlen {
                     break;
                 }
-                if let Some(route) = nd.prefix(prefix_index(l, data[depth])) {
+                if let Some(payload) = nd.prefix(prefix_index(l, data[depth])) {
                     let mut d = data.to_vec();
                     mask_host_bits(&mut d, plen);
-                    out.push(Found { data: d, prefixlen: plen, route });
+                    out.push(Found {
+                        data: d,
+                        prefixlen: plen,
+                        payload,
+                    });
                 }
             }
             if prefixlen <= 8 * (depth as u32 + 1) {
@@ -502,15 +581,19 @@ impl LpmTrie {
 
     /// Every stored prefix inside `data/prefixlen` (itself included), in
     /// prefix order (address, then length).
-    pub fn covered(&self, data: &[u8], prefixlen: u32, guard: &Guard) -> Result<Vec<Found>> {
+    pub fn covered(&self, data: &[u8], prefixlen: u32, _guard: &Guard) -> Result<Vec<Found>> {
         let (buf, prefixlen) = self.masked(data, prefixlen)?;
         let data = &buf[..self.data_size];
         let (depth, idx) = position(data, prefixlen);
         let mut out = Vec::new();
         if let Some(node) = self.node_at(&data[..depth]) {
             let mut path = data[..depth].to_vec();
-            self.walk_pre(node, &mut path, idx, guard, &mut |d, l, r| {
-                out.push(Found { data: d.to_vec(), prefixlen: l, route: r })
+            self.walk_pre(node, &mut path, idx, &mut |d, l, r| {
+                out.push(Found {
+                    data: d.to_vec(),
+                    prefixlen: l,
+                    payload: r,
+                })
             });
         }
         Ok(out)
@@ -519,52 +602,50 @@ impl LpmTrie {
     /// Calls `f(data, prefixlen, value)` for every prefix in prefix order
     /// (address ascending, then length ascending). Weakly consistent under
     /// concurrent updates.
-    pub fn for_each<'g>(&self, guard: &'g Guard, mut f: impl FnMut(&[u8], u32, &'g [u8])) {
-        let routes = &self.routes;
-        // SAFETY: routes reached under the guard.
-        self.for_each_route(guard, |d, l, r| f(d, l, unsafe { routes.value(r) }));
+    pub fn for_each(&self, guard: &Guard, mut f: impl FnMut(&[u8], u32, &[u8])) {
+        self.for_each_payload(guard, |d, l, p| f(d, l, self.value_bytes(&p, guard)));
     }
 
-    fn for_each_route(&self, guard: &Guard, mut f: impl FnMut(&[u8], u32, u32)) {
+    fn for_each_payload(&self, _guard: &Guard, mut f: impl FnMut(&[u8], u32, [u8; 4])) {
         let mut path = Vec::with_capacity(self.data_size);
-        self.walk_pre(&self.root, &mut path, 1, guard, &mut f);
+        self.walk_pre(&self.root, &mut path, 1, &mut f);
     }
 
     /// Pre-order walk of the prefixes under index `idx` of `node`.
-    fn walk_pre(&self, node: &Node, path: &mut Vec<u8>, idx: usize, guard: &Guard, f: &mut dyn FnMut(&[u8], u32, u32)) {
+    fn walk_pre(&self, node: &Node, path: &mut Vec<u8>, idx: usize, f: Visit<'_>) {
         // SAFETY: pinned.
         let (nd, children) = unsafe { (node.data(), node.children()) };
         if subtree_empty(nd, children, idx) {
             return;
         }
         let (l, lo, _) = index_range(idx);
-        if let Some(route) = nd.prefix(idx) {
-            self.emit(path, lo as u8, l, route, f);
+        if let Some(payload) = nd.prefix(idx) {
+            self.emit(path, lo as u8, l, payload, f);
         }
         if l < 8 {
-            self.walk_pre(node, path, 2 * idx, guard, f);
-            self.walk_pre(node, path, 2 * idx + 1, guard, f);
+            self.walk_pre(node, path, 2 * idx, f);
+            self.walk_pre(node, path, 2 * idx + 1, f);
         } else if let Some(child) = children.filter(|c| c.bits.get(lo)) {
             path.push(lo as u8);
             // SAFETY: bit set.
-            self.walk_pre(unsafe { child.node(child.bits.rank(lo)) }, path, 1, guard, f);
+            self.walk_pre(unsafe { child.node(child.bits.rank(lo)) }, path, 1, f);
             path.pop();
         }
     }
 
-    fn emit(&self, path: &[u8], byte: u8, l: u32, route: u32, f: &mut dyn FnMut(&[u8], u32, u32)) {
+    fn emit(&self, path: &[u8], byte: u8, l: u32, payload: [u8; 4], f: Visit<'_>) {
         let mut data = [0u8; key::DATA_SIZE_MAX];
         data[..path.len()].copy_from_slice(path);
         if path.len() < self.data_size {
             data[path.len()] = byte;
         }
-        f(&data[..self.data_size], 8 * path.len() as u32 + l, route);
+        f(&data[..self.data_size], 8 * path.len() as u32 + l, payload);
     }
 
     /// The first prefix after `after` in post-order (children before their
     /// parents: ascending last address, then longer first); the first of all
     /// for `None`.
-    pub fn next_after(&self, after: Option<(&[u8], u32)>, guard: &Guard) -> Result<Option<Found>> {
+    pub fn next_after(&self, after: Option<(&[u8], u32)>, _guard: &Guard) -> Result<Option<Found>> {
         let bound = match after {
             Some((data, len)) => {
                 let (mut buf, len) = self.masked(data, len)?;
@@ -576,7 +657,7 @@ impl LpmTrie {
         let bound = bound.as_ref().map(|(b, l)| (&b[..self.data_size], *l));
         let mut path = Vec::with_capacity(self.data_size);
         let mut found = None;
-        self.next_post(&self.root, &mut path, 1, bound, guard, &mut found);
+        self.next_post(&self.root, &mut path, 1, bound, &mut found);
         Ok(found)
     }
 
@@ -588,7 +669,6 @@ impl LpmTrie {
         path: &mut Vec<u8>,
         idx: usize,
         bound: Option<(&[u8], u32)>,
-        guard: &Guard,
         found: &mut Option<Found>,
     ) -> bool {
         // SAFETY: pinned.
@@ -612,23 +692,33 @@ impl LpmTrie {
             return false;
         }
         if l < 8 {
-            if self.next_post(node, path, 2 * idx, bound, guard, found)
-                || self.next_post(node, path, 2 * idx + 1, bound, guard, found)
+            if self.next_post(node, path, 2 * idx, bound, found)
+                || self.next_post(node, path, 2 * idx + 1, bound, found)
             {
                 return true;
             }
         } else if let Some(child) = children.filter(|c| c.bits.get(lo)) {
             path.push(lo as u8);
             // SAFETY: bit set.
-            let hit = self.next_post(unsafe { child.node(child.bits.rank(lo)) }, path, 1, bound, guard, found);
+            let hit = self.next_post(
+                unsafe { child.node(child.bits.rank(lo)) },
+                path,
+                1,
+                bound,
+                found,
+            );
             path.pop();
             if hit {
                 return true;
             }
         }
-        if let Some(route) = nd.prefix(idx) {
-            self.emit(path, lo as u8, l, route, &mut |d, l, r| {
-                *found = Some(Found { data: d.to_vec(), prefixlen: l, route: r })
+        if let Some(payload) = nd.prefix(idx) {
+            self.emit(path, lo as u8, l, payload, &mut |d, l, p| {
+                *found = Some(Found {
+                    data: d.to_vec(),
+                    prefixlen: l,
+                    payload: p,
+                })
             });
             return true;
         }
@@ -644,6 +734,9 @@ impl LpmTrie {
         size_of::<Self>() + self.block_bytes.load(Ordering::Relaxed) + self.routes.bytes()
     }
 }
+
+/// A visitor of (prefix data, prefix length, payload).
+type Visit<'a> = &'a mut dyn FnMut(&[u8], u32, [u8; 4]);
 
 /// Sets every bit from `prefixlen` on: the last address of the prefix.
 fn set_host_bits(data: &mut [u8], prefixlen: u32) {
@@ -664,7 +757,11 @@ fn cmp_last(path: &[u8], last_byte: u8, last: &[u8]) -> Cmp {
             return Cmp::Equal;
         }
         last_byte.cmp(&last[depth]).then_with(|| {
-            if last[depth + 1..].iter().all(|&b| b == 0xff) { Cmp::Equal } else { Cmp::Greater }
+            if last[depth + 1..].iter().all(|&b| b == 0xff) {
+                Cmp::Equal
+            } else {
+                Cmp::Greater
+            }
         })
     })
 }
@@ -677,7 +774,7 @@ fn subtree_empty(nd: &DataBlock, children: Option<&ChildBlock>, idx: usize) -> b
     }
     (l..=8).all(|level| {
         let shift = level - l;
-        !nd.prefix_bits.any_in(idx << shift, (idx + 1) << shift)
+        !nd.prefix_bits().any_in(idx << shift, (idx + 1) << shift)
     })
 }
 
@@ -714,7 +811,10 @@ impl Map for LpmTrie {
         if k.prefixlen as usize == 8 * self.data_size {
             value.copy_from_slice(self.get(k.data, &guard).ok_or(Error::NotFound)?);
         } else {
-            let best = self.covering(k.data, k.prefixlen, &guard)?.pop().ok_or(Error::NotFound)?;
+            let best = self
+                .covering(k.data, k.prefixlen, &guard)?
+                .pop()
+                .ok_or(Error::NotFound)?;
             value.copy_from_slice(self.value_of(&best, &guard));
         }
         Ok(())
