@@ -301,8 +301,23 @@ fn ops(n: usize) -> impl Strategy<Value = Vec<Op>> {
     )
 }
 
-fn check_against_model(n: usize, ops: Vec<Op>, probes: Vec<Vec<u8>>) -> Result<(), TestCaseError> {
-    let t = LpmTrie::new(n, 4, 64).unwrap();
+/// Values of `value_size` bytes: 4 or less live in the leaves, more in
+/// route slots; both paths are checked.
+fn check_against_model(
+    n: usize,
+    value_size: usize,
+    ops: Vec<Op>,
+    probes: Vec<Vec<u8>>,
+) -> Result<(), TestCaseError> {
+    let t = LpmTrie::new(n, value_size, 64).unwrap();
+    let v = |x: u32| -> Vec<u8> {
+        x.to_ne_bytes()
+            .iter()
+            .cycle()
+            .take(value_size)
+            .copied()
+            .collect()
+    };
     let mut model = BruteForce::default();
     let mut inserted = vec![];
     for op in ops {
@@ -344,9 +359,9 @@ fn check_against_model(n: usize, ops: Vec<Op>, probes: Vec<Vec<u8>>) -> Result<(
         prop_assert_eq!(got, want, "addr {:?}", addr);
         // Limited-length lookups through the byte contract.
         let limit = (addr[0] as u32) % (8 * n as u32 + 1);
-        let mut out = [0u8; 4];
+        let mut out = vec![0u8; value_size];
         let got = Map::lookup(&t, &encode_key(limit, addr), &mut out)
-            .map(|()| out.to_vec())
+            .map(|()| out.clone())
             .ok();
         prop_assert_eq!(got, model.longest_match(addr, limit).map(|e| e.2.clone()));
     }
@@ -413,27 +428,27 @@ proptest! {
 
     #[test]
     fn matches_brute_force_1_byte(ops in ops(1), probes in prop::collection::vec(prop::collection::vec(any::<u8>(), 1), 16)) {
-        check_against_model(1, ops, probes)?;
+        check_against_model(1, 1, ops, probes)?;
     }
 
     #[test]
     fn matches_brute_force_3_bytes(ops in ops(3), probes in prop::collection::vec(prop::collection::vec(any::<u8>(), 3), 16)) {
-        check_against_model(3, ops, probes)?;
+        check_against_model(3, 6, ops, probes)?;
     }
 
     #[test]
     fn matches_brute_force_ipv4(ops in ops(4), probes in prop::collection::vec(prop::collection::vec(any::<u8>(), 4), 16)) {
-        check_against_model(4, ops, probes)?;
+        check_against_model(4, 4, ops, probes)?;
     }
 
     #[test]
     fn matches_brute_force_6_bytes(ops in ops(6), probes in prop::collection::vec(prop::collection::vec(any::<u8>(), 6), 16)) {
-        check_against_model(6, ops, probes)?;
+        check_against_model(6, 3, ops, probes)?;
     }
 
     #[test]
     fn matches_brute_force_ipv6(ops in ops(16), probes in prop::collection::vec(prop::collection::vec(any::<u8>(), 16), 16)) {
-        check_against_model(16, ops, probes)?;
+        check_against_model(16, 12, ops, probes)?;
     }
 }
 
@@ -446,7 +461,7 @@ fn matches_brute_force_256_bytes() {
                 ops(256),
                 prop::collection::vec(prop::collection::vec(any::<u8>(), 256), 4),
             ),
-            |(o, p)| check_against_model(256, o, p),
+            |(o, p)| check_against_model(256, 8, o, p),
         )
         .unwrap();
 }
