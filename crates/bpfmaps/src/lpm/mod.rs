@@ -7,6 +7,7 @@
 //! See `node.rs` for the layout and `trie.rs` for the algorithms.
 
 mod bits;
+mod ip;
 pub mod key;
 #[cfg(test)]
 pub(crate) mod model;
@@ -16,4 +17,5 @@ mod routes;
 mod tests;
 mod trie;
 
+pub use ip::{IpLpm, IpPrefix, Ipv4Lpm, Ipv6Lpm};
 pub use trie::{Found, LpmTrie};
