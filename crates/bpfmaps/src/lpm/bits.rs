@@ -81,17 +81,37 @@ impl<const W: usize> Bits<W> {
     }
 
     /// Set bits in increasing order.
-    pub fn ones(&self) -> impl Iterator<Item = usize> + '_ {
-        self.words.iter().enumerate().flat_map(|(w, &word)| {
-            let mut rest = word;
-            std::iter::from_fn(move || {
-                (rest != 0).then(|| {
-                    let bit = rest.trailing_zeros() as usize;
-                    rest &= rest - 1;
-                    w * 64 + bit
-                })
-            })
-        })
+    pub fn ones(&self) -> Ones<'_, W> {
+        Ones {
+            words: &self.words,
+            w: 0,
+            rest: self.words[0],
+        }
+    }
+}
+
+/// Iterator over the set bits of a [`Bits`].
+pub(super) struct Ones<'a, const W: usize> {
+    words: &'a [u64; W],
+    w: usize,
+    rest: u64,
+}
+
+impl<const W: usize> Iterator for Ones<'_, W> {
+    type Item = usize;
+
+    #[inline]
+    fn next(&mut self) -> Option<usize> {
+        while self.rest == 0 {
+            self.w += 1;
+            if self.w == W {
+                return None;
+            }
+            self.rest = self.words[self.w];
+        }
+        let bit = self.rest.trailing_zeros() as usize;
+        self.rest &= self.rest - 1;
+        Some(self.w * 64 + bit)
     }
 }
 

@@ -203,6 +203,48 @@ impl Leaf {
     }
 }
 
+/// Run-length encoder for leaves.
+struct Runs<'a> {
+    child_bits: &'a Bits<4>,
+    bits: Bits<4>,
+    leaves: [Leaf; 256],
+    n: usize,
+}
+
+impl<'a> Runs<'a> {
+    fn new(child_bits: &'a Bits<4>) -> Self {
+        Runs {
+            child_bits,
+            bits: Bits::default(),
+            leaves: [Leaf::NONE; 256],
+            n: 0,
+        }
+    }
+
+    /// Bytes `start..end` hold `leaf`. A run starts at the first of them
+    /// without a child, unless the previous run already holds `leaf`.
+    fn push(&mut self, start: usize, end: usize, leaf: Leaf) {
+        if self.n > 0 && self.leaves[self.n - 1] == leaf {
+            return;
+        }
+        let first = if self.n == 0 || !self.child_bits.get(start) {
+            Some(start)
+        } else {
+            (start + 1..end).find(|&b| !self.child_bits.get(b))
+        };
+        if let Some(first) = first {
+            self.bits.set_raw(first);
+            self.leaves[self.n] = leaf;
+            self.n += 1;
+        }
+    }
+
+    fn finish(&mut self) -> (Bits<4>, &[Leaf]) {
+        self.bits.fix_ranks();
+        (self.bits, &self.leaves[..self.n])
+    }
+}
+
 /// Header of a data block. Then, in order: `n_leaves` leaves (8 B each, so
 /// the leaves a lookup reads sit right after the bits it just read), the
 /// prefix bits (80 B) and `n_prefixes` payloads (4 B each).
@@ -245,37 +287,89 @@ impl DataBlock {
         (l.pad_to_align(), [leaves, bits, payloads])
     }
 
-    /// Builds the block of a node at `depth`: paints `default`, then each
-    /// prefix (shorter first) over the 256 byte values, and run-length
-    /// encodes the result, letting positions in `child_bits` extend the
-    /// previous run.
+    /// Builds the block of a node at `depth` for `prefix_bits`/`payloads`
+    /// and `default`. Leaves are computed only for bytes in `changed`
+    /// (`lo..hi`); the others are copied, run by run, from `old` (pass
+    /// `None` and `0..256` for a full build). Positions in `child_bits`
+    /// never start a run: they extend the previous one, so runs stay few.
     pub fn build(
         depth: usize,
         prefix_bits: &Bits<8>,
         payloads: &[[u8; 4]],
         default: Leaf,
         child_bits: &Bits<4>,
+        old: Option<&DataBlock>,
+        (lo, hi): (usize, usize),
     ) -> NonNull<DataBlock> {
         debug_assert_eq!(prefix_bits.count(), payloads.len());
-        let mut paint = [default; 256];
-        // Indices increase with prefix length, so longer prefixes paint last.
-        for (idx, &payload) in prefix_bits.ones().zip(payloads) {
-            let (l, lo, hi) = index_range(idx);
-            paint[lo..hi].fill(Leaf {
-                payload,
-                prefixlen: 8 * depth as u32 + l,
-            });
-        }
-        let mut leaf_bits = Bits::<4>::default();
-        let mut leaves: Vec<Leaf> = Vec::with_capacity(8);
-        for (b, leaf) in paint.iter().enumerate() {
-            let run_goes_on = b > 0 && (child_bits.get(b) || leaves.last() == Some(leaf));
-            if !run_goes_on {
-                leaf_bits.set_raw(b);
-                leaves.push(*leaf);
+        debug_assert!(old.is_some() || (lo, hi) == (0, 256));
+        let mut runs = Runs::new(child_bits);
+
+        // 1. Old runs before `lo`, each ending where the next one starts.
+        let mut old_runs = old.map(|o| (o, o.leaf_bits.ones().peekable()));
+        if let Some((o, starts)) = &mut old_runs {
+            let mut i = 0;
+            while let Some(&start) = starts.peek() {
+                if start >= lo {
+                    break;
+                }
+                starts.next();
+                let end = starts.peek().copied().unwrap_or(256).min(lo);
+                runs.push(start, end, *o.leaf_at_run(i));
+                i += 1;
             }
         }
-        leaf_bits.fix_ranks();
+
+        // 2. Fresh leaves for `lo..hi`: the value can change only where a
+        // prefix inside the range starts or ends, so cut there and give each
+        // segment the longest prefix covering its first byte.
+        let mut cut_bits = Bits::<5>::default();
+        cut_bits.set_raw(lo);
+        cut_bits.set_raw(hi);
+        for idx in prefix_bits.ones() {
+            let (_, plo, phi) = index_range(idx);
+            if lo <= plo && phi <= hi {
+                cut_bits.set_raw(plo);
+                cut_bits.set_raw(phi);
+            }
+        }
+        let best = |b: usize| {
+            (0..=8u32)
+                .rev()
+                .map(|l| prefix_index(l, b as u8))
+                .find(|&idx| prefix_bits.get(idx))
+                .map(|idx| Leaf {
+                    payload: payloads[prefix_bits.rank(idx)],
+                    prefixlen: 8 * depth as u32 + index_range(idx).0,
+                })
+                .unwrap_or(default)
+        };
+        let mut cuts = cut_bits.ones().peekable();
+        while let Some(start) = cuts.next() {
+            match cuts.peek() {
+                Some(&end) if start < hi => runs.push(start, end, best(start)),
+                _ => break,
+            }
+        }
+
+        // 3. Old leaves from `hi` on: the old value at `hi`, then old runs.
+        if let Some((o, starts)) = &mut old_runs
+            && hi < 256
+        {
+            // Index of the first old run starting after `hi`.
+            let mut i = o.leaf_bits.rank_incl(hi);
+            while starts.peek().is_some_and(|&s| s <= hi) {
+                starts.next();
+            }
+            let first_end = starts.peek().copied().unwrap_or(256);
+            runs.push(hi, first_end, *o.leaf(hi as u8));
+            while let Some(start) = starts.next() {
+                let end = starts.peek().copied().unwrap_or(256);
+                runs.push(start, end, *o.leaf_at_run(i));
+                i += 1;
+            }
+        }
+        let (leaf_bits, leaves) = runs.finish();
 
         let (layout, [at_leaves, at_bits, at_payloads]) =
             Self::layout(leaves.len(), payloads.len());
@@ -309,13 +403,30 @@ impl DataBlock {
 
     /// A block with no prefixes: every byte maps to `default`.
     pub fn empty(default: Leaf) -> NonNull<DataBlock> {
-        Self::build(0, &Bits::default(), &[], default, &Bits::default())
+        Self::build(
+            0,
+            &Bits::default(),
+            &[],
+            default,
+            &Bits::default(),
+            None,
+            (0, 256),
+        )
     }
 
     #[inline(always)]
     fn at(&self, offset: usize) -> *const u8 {
         // SAFETY: offsets come from `layout` for this block's counts.
         unsafe { ptr::from_ref(self).cast::<u8>().add(offset) }
+    }
+
+    /// Leaf run `i`.
+    #[inline(always)]
+    fn leaf_at_run(&self, i: usize) -> &Leaf {
+        debug_assert!(i < self.n_leaves as usize);
+        let (_, [at_leaves, ..]) = Self::layout(0, 0);
+        // SAFETY: i < n_leaves; leaves start right after the header.
+        unsafe { &*self.at(at_leaves).cast::<Leaf>().add(i) }
     }
 
     /// The leaf for byte `b`. Only meaningful where there is no child.
@@ -439,7 +550,15 @@ mod tests {
             payload: [x; 4],
             prefixlen,
         };
-        let block = DataBlock::build(1, &bits, &[[7; 4], [9; 4]], leaf(3, 4), &Bits::default());
+        let block = DataBlock::build(
+            1,
+            &bits,
+            &[[7; 4], [9; 4]],
+            leaf(3, 4),
+            &Bits::default(),
+            None,
+            (0, 256),
+        );
         // SAFETY: just built, private.
         let d = unsafe { block.as_ref() };
         let got: Vec<Leaf> = [0, 0x10, 0x11, 0x7f, 0x80, 0xff]
@@ -471,5 +590,64 @@ mod tests {
         );
         // SAFETY: private.
         unsafe { DataBlock::free(block.as_ptr()) };
+    }
+
+    use proptest::prelude::*;
+
+    /// (prefix indices, child bytes)
+    fn node_contents() -> impl Strategy<Value = (Vec<usize>, Vec<u8>)> {
+        (
+            prop::collection::vec(2usize..512, 0..40),
+            prop::collection::vec(any::<u8>(), 0..12),
+        )
+    }
+
+    fn block_for(
+        idxs: &[usize],
+        children: &[u8],
+        old: Option<&DataBlock>,
+        range: (usize, usize),
+    ) -> NonNull<DataBlock> {
+        let mut bits = Bits::<8>::default();
+        idxs.iter().for_each(|&i| bits.set_raw(i));
+        bits.fix_ranks();
+        let mut child_bits = Bits::<4>::default();
+        children
+            .iter()
+            .for_each(|&b| child_bits.set_raw(b as usize));
+        child_bits.fix_ranks();
+        let payloads: Vec<[u8; 4]> = bits.ones().map(|i| (i as u32).to_ne_bytes()).collect();
+        let default = Leaf {
+            payload: [1; 4],
+            prefixlen: 3,
+        };
+        DataBlock::build(2, &bits, &payloads, default, &child_bits, old, range)
+    }
+
+    proptest! {
+        /// Changing one prefix and rebuilding only its byte range gives the
+        /// same leaves as a full rebuild, at every byte without a child.
+        #[test]
+        fn incremental_build_matches_full((idxs, children) in node_contents(), changed in 2usize..512, new_children in prop::collection::vec(any::<u8>(), 0..4)) {
+            let before = block_for(&idxs, &children, None, (0, 256));
+            let mut after_idxs = idxs.clone();
+            if let Some(pos) = after_idxs.iter().position(|&i| i == changed) { after_idxs.remove(pos); } else { after_idxs.push(changed); }
+            let mut after_children = children.clone();
+            after_children.extend(&new_children); // children added since `before` was built
+            let (_, lo, hi) = index_range(changed);
+            // SAFETY: private blocks.
+            let incremental = block_for(&after_idxs, &after_children, Some(unsafe { before.as_ref() }), (lo, hi));
+            let full = block_for(&after_idxs, &after_children, None, (0, 256));
+            // SAFETY: private blocks.
+            let (inc, full_ref) = unsafe { (incremental.as_ref(), full.as_ref()) };
+            for b in 0..=255u8 {
+                if !after_children.contains(&b) {
+                    prop_assert_eq!(inc.leaf(b), full_ref.leaf(b), "byte {}", b);
+                }
+            }
+            prop_assert_eq!(inc.n_leaves, full_ref.n_leaves);
+            // SAFETY: private blocks.
+            unsafe { [before, incremental, full].iter().for_each(|p| DataBlock::free(p.as_ptr())) };
+        }
     }
 }

@@ -401,7 +401,16 @@ impl LpmTrie {
         // 1. Leaves first: byte b must answer correctly without the child.
         // SAFETY: writer.
         let pd = unsafe { parent.data() };
-        let rebuilt = DataBlock::build(depth, pd.prefix_bits(), pd.payloads(), pd.default, &bits);
+        let b = b as usize;
+        let rebuilt = DataBlock::build(
+            depth,
+            pd.prefix_bits(),
+            pd.payloads(),
+            pd.default,
+            &bits,
+            Some(pd),
+            (b, b + 1),
+        );
         self.publish_data(parent, rebuilt, guard);
         // 2. Then unlink the child.
         let mut entries = block.entries();
@@ -453,19 +462,26 @@ impl LpmTrie {
             None => bits.clear_raw(idx),
         }
         bits.fix_ranks();
-        let payloads: Vec<[u8; 4]> = bits
-            .ones()
-            .map(|i| {
-                if i == idx {
-                    payload.expect("set")
-                } else {
-                    old.prefix(i).expect("kept prefix")
-                }
-            })
-            .collect();
-        let new = DataBlock::build(depth, &bits, &payloads, old.default, &child_bits(node));
-        self.publish_data(node, new, guard);
+        // The old payloads (in index order) with the one at `idx` inserted,
+        // replaced or removed.
+        let at = bits.rank(idx);
+        let kept = old.payloads();
+        let mut payloads = Vec::with_capacity(kept.len() + 1);
+        payloads.extend_from_slice(&kept[..at]);
+        payloads.extend(payload);
+        let skip = usize::from(old.prefix_bits().get(idx));
+        payloads.extend_from_slice(&kept[at + skip..]);
         let (_, lo, hi) = index_range(idx);
+        let new = DataBlock::build(
+            depth,
+            &bits,
+            &payloads,
+            old.default,
+            &child_bits(node),
+            Some(old),
+            (lo, hi),
+        );
+        self.publish_data(node, new, guard);
         self.push_down(node, depth, lo, hi, guard);
     }
 
@@ -495,6 +511,8 @@ impl LpmTrie {
                     cd.payloads(),
                     inherit,
                     &child_bits(child),
+                    None,
+                    (0, 256),
                 );
                 self.publish_data(child, rebuilt, guard);
                 self.push_down(child, depth + 1, 0, 256, guard);
