@@ -9,8 +9,8 @@
 //!   reclamation.
 //! - [`hash`]: jhash/jhash2 (as the kernel), xxh3, and the hash policies.
 //! - [`hashtab`]: `BPF_MAP_TYPE_HASH` and `BPF_MAP_TYPE_LRU_HASH`.
-//! - [`bloom`]: `BPF_MAP_TYPE_BLOOM_FILTER`.
-//! - [`stackmap`]: `BPF_MAP_TYPE_STACK_TRACE`.
+//! - [`bloom`][]: `BPF_MAP_TYPE_BLOOM_FILTER`.
+//! - [`stackmap`][]: `BPF_MAP_TYPE_STACK_TRACE`.
 //!
 //! ## Concurrency model
 //! Every lookup is lock-free: it pins an epoch ([`pin`]), reads, and

@@ -273,7 +273,7 @@ fn batch_room(keys_len: usize, values_len: usize, ks: usize, vs: usize) -> Resul
             "batch buffers are not a whole number of keys and values",
         ));
     }
-    let by_values = if vs == 0 { usize::MAX } else { values_len / vs };
+    let by_values = values_len.checked_div(vs).unwrap_or(usize::MAX);
     Ok((keys_len / ks).min(by_values))
 }
 

@@ -347,6 +347,7 @@ impl LruHashMap {
 
 #[cfg(test)]
 impl HashMap {
+    #[allow(dead_code, private_interfaces)] // for white-box tests, none yet
     pub(crate) fn table_for_tests(&self) -> &RawTable {
         &self.table
     }

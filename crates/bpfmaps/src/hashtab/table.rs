@@ -123,7 +123,7 @@ impl RawTable {
 
     /// Finds the element holding `key`. Lock-free: never waits for a writer.
     #[inline]
-    pub fn find<'g>(&self, key: &[u8], hash: u32, _guard: &'g Guard) -> Option<ElemPtr> {
+    pub fn find(&self, key: &[u8], hash: u32, _guard: &Guard) -> Option<ElemPtr> {
         let layout = self.layout();
         let mut p = self.bucket(hash).head.load(Ordering::Acquire);
         while let Some(e) = ptr::NonNull::new(p) {
