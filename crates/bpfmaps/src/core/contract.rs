@@ -91,7 +91,8 @@ pub fn create(spec: &MapSpec) -> Result<Box<dyn Map>> {
     Ok(match spec.kind {
         MapKind::Hash => Box::new(crate::hashtab::HashMap::from_spec(spec)?),
         MapKind::LruHash => Box::new(crate::hashtab::LruHashMap::from_spec(spec)?),
-        MapKind::BloomFilter | MapKind::StackTrace => return Err(Error::Unsupported),
+        MapKind::BloomFilter => Box::new(crate::bloom::BloomFilter::from_spec(spec)?),
+        MapKind::StackTrace => Box::new(crate::stackmap::StackTraceMap::from_spec(spec)?),
         MapKind::LpmTrie => Box::new(crate::lpm::LpmTrie::from_spec(spec)?),
     })
 }
