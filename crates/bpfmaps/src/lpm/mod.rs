@@ -5,9 +5,16 @@
 //! longest match, so lookups never backtrack), blocks replaced whole
 //! (copy-on-write) with epoch reclamation so lookups are lock-free.
 //! See `node.rs` for the layout and `trie.rs` for the algorithms.
+//!
+//! [`KernelLpmTrie`] is a faithful port of the kernel's
+//! `kernel/bpf/lpm_trie.c` (binary nodes, one lock, one allocation per
+//! node): the baseline every LPM benchmark shows, and a second test oracle.
 
 mod bits;
 mod ip;
+pub mod kernel;
+#[cfg(test)]
+mod kernel_tests;
 pub mod key;
 #[cfg(test)]
 pub(crate) mod model;
@@ -18,4 +25,5 @@ mod tests;
 mod trie;
 
 pub use ip::{IpLpm, IpPrefix, Ipv4Lpm, Ipv6Lpm};
+pub use kernel::KernelLpmTrie;
 pub use trie::{Found, LpmTrie};
