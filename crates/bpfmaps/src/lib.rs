@@ -54,3 +54,8 @@ pub use crate::core::error::{Error, Result};
 pub use crate::core::flags::*;
 pub use crate::core::reclaim::{Guard, pin};
 pub use crate::hash::HashPolicy;
+
+/// The README's examples, compiled and run as doctests.
+#[cfg(doctest)]
+#[doc = include_str!("../../../README.md")]
+struct ReadmeDoctests;

@@ -550,3 +550,80 @@ fn concurrent_readers_never_miss_a_stable_route() {
     }
     assert_eq!(t.len(), stable.len());
 }
+
+/// Reads a shared prefix table (`../shared/data/lpm/...`) if this checkout
+/// has it next door; the tests below skip (saying so) when it is absent.
+fn shared_prefixes(file: &str) -> Option<Vec<(Vec<u8>, u32)>> {
+    use std::io::BufRead;
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../../shared/data/lpm")
+        .join(file);
+    let Ok(f) = std::fs::File::open(&path) else {
+        eprintln!("skipping: {} not found", path.display());
+        return None;
+    };
+    let lines = std::io::BufReader::new(flate2::read::GzDecoder::new(f)).lines();
+    Some(
+        lines
+            .map(|l| {
+                let net: ipnet::IpNet = l.unwrap().trim().parse().unwrap();
+                let data = match net.addr() {
+                    std::net::IpAddr::V4(a) => a.octets().to_vec(),
+                    std::net::IpAddr::V6(a) => a.octets().to_vec(),
+                };
+                (data, net.prefix_len() as u32)
+            })
+            .collect(),
+    )
+}
+
+/// The fast trie and the kernel's algorithm give the same answer for every
+/// prefix's first and last address and for random addresses, on the real
+/// full table.
+#[test]
+fn agrees_with_the_kernel_port_on_the_real_table() {
+    for (file, n) in [
+        ("prefixes_ipv4.txt.gz", 4usize),
+        ("prefixes_ipv6.txt.gz", 16),
+    ] {
+        let Some(prefixes) = shared_prefixes(file) else {
+            return;
+        };
+        let fast = LpmTrie::new(n, 4, prefixes.len() as u32).unwrap();
+        let kernel = super::KernelLpmTrie::new(n, 4, prefixes.len() as u32).unwrap();
+        for (i, (d, l)) in prefixes.iter().enumerate() {
+            fast.insert(d, *l, &(i as u32).to_ne_bytes(), BPF_ANY)
+                .unwrap();
+            kernel
+                .insert_data(d, *l, &(i as u32).to_ne_bytes(), BPF_ANY)
+                .unwrap();
+        }
+        let guard = pin();
+        let mut x = 0x9e37_79b9_7f4a_7c15u64;
+        let mut random = || {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x
+        };
+        let mut checked = 0;
+        for (d, l) in &prefixes {
+            let mut last = d.clone();
+            for i in *l as usize..8 * n {
+                last[i / 8] |= 0x80 >> (i % 8);
+            }
+            let mut rnd = d.clone();
+            rnd.iter_mut().for_each(|b| *b = random() as u8);
+            for addr in [d, &last, &rnd] {
+                assert_eq!(
+                    fast.get(addr, &guard),
+                    kernel.lookup_data(addr, &guard),
+                    "{file}: {addr:?}"
+                );
+                checked += 1;
+            }
+        }
+        assert_eq!(fast.len(), kernel.len());
+        eprintln!("{file}: {checked} lookups agree");
+    }
+}
