@@ -10,6 +10,7 @@
 //! `kernel/bpf/lpm_trie.c` (binary nodes, one lock, one allocation per
 //! node): the baseline every LPM benchmark shows, and a second test oracle.
 
+mod arena;
 mod bits;
 mod ip;
 pub mod kernel;

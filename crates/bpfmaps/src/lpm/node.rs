@@ -31,10 +31,11 @@
 //! Children are stored inline in their block, so a lookup moves down one
 //! level with one pointer load plus one `popcnt`.
 
-use std::alloc::{Layout, alloc, dealloc};
+use std::alloc::Layout;
 use std::ptr::{self, NonNull};
 use std::sync::atomic::{AtomicPtr, Ordering};
 
+use super::arena::Arena;
 use super::bits::Bits;
 
 /// One trie node: pointers to its current child and data blocks.
@@ -107,16 +108,14 @@ impl ChildBlock {
     /// Allocates a block for `bits` whose nodes are `(children, data)`
     /// pointer pairs, in byte order.
     pub fn alloc(
+        arena: &Arena,
         bits: Bits<4>,
         nodes: &[(*mut ChildBlock, *mut DataBlock)],
     ) -> NonNull<ChildBlock> {
         debug_assert_eq!(bits.count(), nodes.len());
         let (layout, offset) = Self::layout(nodes.len());
-        // SAFETY: non-zero size (the header alone is 44 bytes).
-        let p = unsafe { alloc(layout) };
-        let Some(block) = NonNull::new(p.cast::<ChildBlock>()) else {
-            std::alloc::handle_alloc_error(layout)
-        };
+        let p = arena.alloc(layout).as_ptr();
+        let block = NonNull::new(p.cast::<ChildBlock>()).expect("arena block");
         // SAFETY: fresh allocation of the right layout.
         unsafe {
             block.as_ptr().write(ChildBlock {
@@ -165,18 +164,14 @@ impl ChildBlock {
             .collect()
     }
 
-    /// Bytes this block occupies.
-    pub fn size(&self) -> usize {
-        Self::layout(self.len as usize).0.size()
-    }
-
-    /// Frees the block itself (not the blocks its nodes point to).
+    /// Gives the block itself (not the blocks its nodes point to) back to
+    /// the arena.
     ///
     /// # Safety
     /// No one can reach the block any more.
-    pub unsafe fn free(block: *mut ChildBlock) {
-        // SAFETY: allocated by `alloc` with this length.
-        unsafe { dealloc(block.cast(), Self::layout((*block).len as usize).0) }
+    pub unsafe fn free(arena: &Arena, block: *mut ChildBlock) {
+        // SAFETY: allocated by `alloc` from this arena with this length.
+        unsafe { arena.release(block.cast(), Self::layout((*block).len as usize).0.size()) }
     }
 }
 
@@ -292,7 +287,9 @@ impl DataBlock {
     /// (`lo..hi`); the others are copied, run by run, from `old` (pass
     /// `None` and `0..256` for a full build). Positions in `child_bits`
     /// never start a run: they extend the previous one, so runs stay few.
+    #[allow(clippy::too_many_arguments)]
     pub fn build(
+        arena: &Arena,
         depth: usize,
         prefix_bits: &Bits<8>,
         payloads: &[[u8; 4]],
@@ -373,11 +370,8 @@ impl DataBlock {
 
         let (layout, [at_leaves, at_bits, at_payloads]) =
             Self::layout(leaves.len(), payloads.len());
-        // SAFETY: non-zero size.
-        let p = unsafe { alloc(layout) };
-        let Some(block) = NonNull::new(p.cast::<DataBlock>()) else {
-            std::alloc::handle_alloc_error(layout)
-        };
+        let p = arena.alloc(layout).as_ptr();
+        let block = NonNull::new(p.cast::<DataBlock>()).expect("arena block");
         // SAFETY: fresh allocation of the right layout; offsets from `layout`.
         unsafe {
             block.as_ptr().write(DataBlock {
@@ -402,8 +396,9 @@ impl DataBlock {
     }
 
     /// A block with no prefixes: every byte maps to `default`.
-    pub fn empty(default: Leaf) -> NonNull<DataBlock> {
+    pub fn empty(arena: &Arena, default: Leaf) -> NonNull<DataBlock> {
         Self::build(
+            arena,
             0,
             &Bits::default(),
             &[],
@@ -483,41 +478,35 @@ impl DataBlock {
         self.n_prefixes == 0
     }
 
-    /// Bytes this block occupies.
-    pub fn size(&self) -> usize {
-        Self::layout(self.n_leaves as usize, self.n_prefixes as usize)
-            .0
-            .size()
-    }
-
-    /// Frees the block.
+    /// Gives the block back to the arena.
     ///
     /// # Safety
     /// No one can reach the block any more.
-    pub unsafe fn free(block: *mut DataBlock) {
-        // SAFETY: allocated by `build` with these counts.
+    pub unsafe fn free(arena: &Arena, block: *mut DataBlock) {
+        // SAFETY: allocated by `build` from this arena with these counts.
         unsafe {
             let (n, m) = ((*block).n_leaves as usize, (*block).n_prefixes as usize);
-            dealloc(block.cast(), Self::layout(n, m).0)
+            arena.release(block.cast(), Self::layout(n, m).0.size())
         }
     }
 }
 
-/// Frees a whole subtree: every block reachable from `children`/`data`.
+/// Gives a whole subtree back to the arena: every block reachable from
+/// `children`/`data`.
 ///
 /// # Safety
 /// No one can reach the subtree any more.
-pub(super) unsafe fn free_subtree(children: *mut ChildBlock, data: *mut DataBlock) {
+pub(super) unsafe fn free_subtree(arena: &Arena, children: *mut ChildBlock, data: *mut DataBlock) {
     // SAFETY: the caller owns the subtree.
     unsafe {
         if !children.is_null() {
             for (c, d) in (*children).entries() {
-                free_subtree(c, d);
+                free_subtree(arena, c, d);
             }
-            ChildBlock::free(children);
+            ChildBlock::free(arena, children);
         }
         if !data.is_null() {
-            DataBlock::free(data);
+            DataBlock::free(arena, data);
         }
     }
 }
@@ -550,7 +539,9 @@ mod tests {
             payload: [x; 4],
             prefixlen,
         };
+        let arena = Arena::new();
         let block = DataBlock::build(
+            &arena,
             1,
             &bits,
             &[[7; 4], [9; 4]],
@@ -589,7 +580,7 @@ mod tests {
             (4, Some([9; 4]), None)
         );
         // SAFETY: private.
-        unsafe { DataBlock::free(block.as_ptr()) };
+        unsafe { DataBlock::free(&arena, block.as_ptr()) };
     }
 
     use proptest::prelude::*;
@@ -603,6 +594,7 @@ mod tests {
     }
 
     fn block_for(
+        arena: &Arena,
         idxs: &[usize],
         children: &[u8],
         old: Option<&DataBlock>,
@@ -621,7 +613,7 @@ mod tests {
             payload: [1; 4],
             prefixlen: 3,
         };
-        DataBlock::build(2, &bits, &payloads, default, &child_bits, old, range)
+        DataBlock::build(arena, 2, &bits, &payloads, default, &child_bits, old, range)
     }
 
     proptest! {
@@ -629,15 +621,16 @@ mod tests {
         /// same leaves as a full rebuild, at every byte without a child.
         #[test]
         fn incremental_build_matches_full((idxs, children) in node_contents(), changed in 2usize..512, new_children in prop::collection::vec(any::<u8>(), 0..4)) {
-            let before = block_for(&idxs, &children, None, (0, 256));
+            let arena = Arena::new();
+            let before = block_for(&arena, &idxs, &children, None, (0, 256));
             let mut after_idxs = idxs.clone();
             if let Some(pos) = after_idxs.iter().position(|&i| i == changed) { after_idxs.remove(pos); } else { after_idxs.push(changed); }
             let mut after_children = children.clone();
             after_children.extend(&new_children); // children added since `before` was built
             let (_, lo, hi) = index_range(changed);
             // SAFETY: private blocks.
-            let incremental = block_for(&after_idxs, &after_children, Some(unsafe { before.as_ref() }), (lo, hi));
-            let full = block_for(&after_idxs, &after_children, None, (0, 256));
+            let incremental = block_for(&arena, &after_idxs, &after_children, Some(unsafe { before.as_ref() }), (lo, hi));
+            let full = block_for(&arena, &after_idxs, &after_children, None, (0, 256));
             // SAFETY: private blocks.
             let (inc, full_ref) = unsafe { (incremental.as_ref(), full.as_ref()) };
             for b in 0..=255u8 {
@@ -647,7 +640,7 @@ mod tests {
             }
             prop_assert_eq!(inc.n_leaves, full_ref.n_leaves);
             // SAFETY: private blocks.
-            unsafe { [before, incremental, full].iter().for_each(|p| DataBlock::free(p.as_ptr())) };
+            unsafe { [before, incremental, full].iter().for_each(|p| DataBlock::free(&arena, p.as_ptr())) };
         }
     }
 }

@@ -28,6 +28,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 
 use parking_lot::Mutex;
 
+use super::arena::Arena;
 use super::bits::Bits;
 use super::key::{self, KeyRef, mask_host_bits};
 use super::node::{ChildBlock, DataBlock, Leaf, Node, free_subtree, index_range, prefix_index};
@@ -42,32 +43,22 @@ struct Owned<T>(*mut T);
 // SAFETY: the pointee is unreachable and owned by the closure that frees it.
 unsafe impl<T> Send for Owned<T> {}
 
-/// A whole detached tree, freed (with its routes) when dropped: sent to the
-/// reaper thread so no reader or writer pays for it.
-struct DetachedTree {
+/// What `clear` leaves behind: the old tree and its routes, given back to
+/// the arena and the route store on the reaper thread once the grace period
+/// is over, so no reader or writer pays for walking it.
+struct ClearJob {
+    arena: Arc<Arena>,
     children: *mut ChildBlock,
     data: *mut DataBlock,
-}
-// SAFETY: nobody else can reach a detached tree.
-unsafe impl Send for DetachedTree {}
-impl Drop for DetachedTree {
-    fn drop(&mut self) {
-        // SAFETY: detached and past its grace period (or the trie is gone).
-        unsafe { free_subtree(self.children, self.data) }
-    }
-}
-
-/// What `clear` leaves behind: the old tree and its routes, released on
-/// the reaper thread.
-struct ClearJob {
-    _tree: DetachedTree,
     routes: Vec<u32>,
     store: Arc<RouteStore>,
 }
+// SAFETY: nobody else can reach a detached tree.
+unsafe impl Send for ClearJob {}
 impl Drop for ClearJob {
     fn drop(&mut self) {
-        // Past the grace period: the routes can be reused; `tree` frees
-        // itself when this job's fields drop.
+        // SAFETY: detached and past its grace period.
+        unsafe { free_subtree(&self.arena, self.children, self.data) };
         self.routes.drain(..).for_each(|r| self.store.release(r));
     }
 }
@@ -101,13 +92,13 @@ pub struct LpmTrie {
     value_size: usize,
     max_entries: u32,
     root: Node,
+    /// Every node block lives here; dropping the trie frees its chunks.
+    arena: Arc<Arena>,
     /// Values of up to 4 bytes live in the leaves; larger ones in `routes`.
     inline_values: bool,
     routes: Arc<RouteStore>,
     writer: Mutex<RouteAlloc>,
     len: AtomicUsize,
-    /// Bytes of live node blocks.
-    block_bytes: AtomicUsize,
 }
 
 /// Where a prefix lives: the node at `depth` (reached by the first `depth`
@@ -135,14 +126,14 @@ impl LpmTrie {
     /// A trie for `data_size`-byte keys (4 for IPv4, 16 for IPv6, 1..=256).
     pub fn new(data_size: usize, value_size: usize, max_entries: u32) -> Result<Self> {
         key::check_sizes(key::KEY_HEADER + data_size, value_size, max_entries)?;
-        let root_data = DataBlock::empty(Leaf::NONE);
-        // SAFETY: just built.
-        let root_bytes = unsafe { root_data.as_ref() }.size();
+        let arena = Arc::new(Arena::new());
+        let root_data = DataBlock::empty(&arena, Leaf::NONE);
         Ok(LpmTrie {
             data_size,
             value_size,
             max_entries,
             root: Node::new(root_data),
+            arena,
             inline_values: value_size <= 4,
             routes: Arc::new(RouteStore::new(
                 value_size,
@@ -150,7 +141,6 @@ impl LpmTrie {
             )),
             writer: Mutex::new(RouteAlloc::default()),
             len: AtomicUsize::new(0),
-            block_bytes: AtomicUsize::new(root_bytes),
         })
     }
 
@@ -335,20 +325,15 @@ impl LpmTrie {
         if !self.inline_values {
             self.for_each_payload(&guard, |_, _, p| routes.push(u32::from_ne_bytes(p)));
         }
-        let empty = DataBlock::empty(Leaf::NONE);
-        // SAFETY: just built.
-        let empty_bytes = unsafe { empty.as_ref() }.size();
-        let tree = DetachedTree {
+        let empty = DataBlock::empty(&self.arena, Leaf::NONE);
+        let job = ClearJob {
+            arena: Arc::clone(&self.arena),
             children: self.root.children.swap(ptr::null_mut(), Ordering::AcqRel),
             data: self.root.data.swap(empty.as_ptr(), Ordering::AcqRel),
-        };
-        self.block_bytes.store(empty_bytes, Ordering::Relaxed);
-        self.len.store(0, Ordering::Relaxed);
-        let job = ClearJob {
-            _tree: tree,
             routes,
             store: Arc::clone(&self.routes),
         };
+        self.len.store(0, Ordering::Relaxed);
         guard.defer(move || drop_in_background(job));
     }
 
@@ -367,7 +352,7 @@ impl LpmTrie {
     fn add_child<'a>(&self, node: &'a Node, depth: usize, b: u8, guard: &Guard) -> &'a Node {
         // SAFETY: writer.
         let inherit = unsafe { node.data() }.best_for(depth, b);
-        let data = DataBlock::empty(inherit);
+        let data = DataBlock::empty(&self.arena, inherit);
         let old = node.children.load(Ordering::Relaxed);
         // SAFETY: writer.
         let (mut bits, mut entries) = match unsafe { old.as_ref() } {
@@ -378,10 +363,7 @@ impl LpmTrie {
         bits.set_raw(b as usize);
         bits.fix_ranks();
         entries.insert(at, (ptr::null_mut(), data.as_ptr()));
-        let block = ChildBlock::alloc(bits, &entries);
-        // SAFETY: just built.
-        let added = unsafe { block.as_ref().size() + data.as_ref().size() };
-        self.block_bytes.fetch_add(added, Ordering::Relaxed);
+        let block = ChildBlock::alloc(&self.arena, bits, &entries);
         node.children.store(block.as_ptr(), Ordering::Release);
         self.retire_child_block(old, guard);
         // SAFETY: `at` < len of the new block; it lives until the writer
@@ -403,6 +385,7 @@ impl LpmTrie {
         let pd = unsafe { parent.data() };
         let b = b as usize;
         let rebuilt = DataBlock::build(
+            &self.arena,
             depth,
             pd.prefix_bits(),
             pd.payloads(),
@@ -418,13 +401,8 @@ impl LpmTrie {
         let new = if entries.is_empty() {
             ptr::null_mut()
         } else {
-            ChildBlock::alloc(bits, &entries).as_ptr()
+            ChildBlock::alloc(&self.arena, bits, &entries).as_ptr()
         };
-        if let Some(new) = NonNull::new(new) {
-            // SAFETY: just built.
-            self.block_bytes
-                .fetch_add(unsafe { new.as_ref() }.size(), Ordering::Relaxed);
-        }
         parent.children.store(new, Ordering::Release);
         self.retire_child_block(old, guard);
         self.retire_data(child_data, guard);
@@ -473,6 +451,7 @@ impl LpmTrie {
         payloads.extend_from_slice(&kept[at + skip..]);
         let (_, lo, hi) = index_range(idx);
         let new = DataBlock::build(
+            &self.arena,
             depth,
             &bits,
             &payloads,
@@ -506,6 +485,7 @@ impl LpmTrie {
             let cd = unsafe { child.data() };
             if cd.default != inherit {
                 let rebuilt = DataBlock::build(
+                    &self.arena,
                     depth + 1,
                     cd.prefix_bits(),
                     cd.payloads(),
@@ -521,33 +501,24 @@ impl LpmTrie {
     }
 
     fn publish_data(&self, node: &Node, new: NonNull<DataBlock>, guard: &Guard) {
-        // SAFETY: just built.
-        self.block_bytes
-            .fetch_add(unsafe { new.as_ref() }.size(), Ordering::Relaxed);
         let old = node.data.swap(new.as_ptr(), Ordering::AcqRel);
         self.retire_data(old, guard);
     }
 
     fn retire_data(&self, old: *mut DataBlock, guard: &Guard) {
-        // SAFETY: `old` was just unlinked by the writer; still allocated.
-        self.block_bytes
-            .fetch_sub(unsafe { (*old).size() }, Ordering::Relaxed);
-        let old = Owned(old);
+        let (arena, old) = (Arc::clone(&self.arena), Owned(old));
         // SAFETY: unreachable for new readers; freed after the grace period.
-        unsafe { guard.defer_unchecked(move || DataBlock::free({ old }.0)) };
+        guard.defer(move || unsafe { DataBlock::free(&arena, { old }.0) });
     }
 
     fn retire_child_block(&self, old: *mut ChildBlock, guard: &Guard) {
         if old.is_null() {
             return;
         }
-        // SAFETY: as in retire_data; frees the block only (its nodes' blocks
-        // live on in the replacement).
-        self.block_bytes
-            .fetch_sub(unsafe { (*old).size() }, Ordering::Relaxed);
-        let old = Owned(old);
-        // SAFETY: as above.
-        unsafe { guard.defer_unchecked(move || ChildBlock::free({ old }.0)) };
+        // Frees the block only: its nodes' blocks live on in the replacement.
+        let (arena, old) = (Arc::clone(&self.arena), Owned(old));
+        // SAFETY: as in retire_data.
+        guard.defer(move || unsafe { ChildBlock::free(&arena, { old }.0) });
     }
 
     /// A replaced payload: its route slot (if any) is reused after the
@@ -749,7 +720,7 @@ impl LpmTrie {
 
     /// Bytes held: node blocks, route slots, the struct.
     pub fn memory_usage(&self) -> usize {
-        size_of::<Self>() + self.block_bytes.load(Ordering::Relaxed) + self.routes.bytes()
+        size_of::<Self>() + self.arena.bytes() + self.routes.bytes()
     }
 }
 
@@ -794,16 +765,6 @@ fn subtree_empty(nd: &DataBlock, children: Option<&ChildBlock>, idx: usize) -> b
         let shift = level - l;
         !nd.prefix_bits().any_in(idx << shift, (idx + 1) << shift)
     })
-}
-
-impl Drop for LpmTrie {
-    fn drop(&mut self) {
-        // Freeing a million prefixes must not stall the dropping thread.
-        drop_in_background(DetachedTree {
-            children: self.root.children.swap(ptr::null_mut(), Ordering::Relaxed),
-            data: self.root.data.swap(ptr::null_mut(), Ordering::Relaxed),
-        });
-    }
 }
 
 impl Map for LpmTrie {

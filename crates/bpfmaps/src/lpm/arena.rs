@@ -1,0 +1,191 @@
+//! Block arena for the LPM trie: node blocks are carved from large chunks
+//! instead of one heap allocation each, so a lookup's few blocks share
+//! pages (the kernel trie's dTLB problem), big chunks are backed by huge
+//! pages where the kernel allows (`MADV_HUGEPAGE`), and dropping a trie of
+//! a million prefixes frees a few dozen chunks instead of walking it.
+//!
+//! Sizes are rounded up to 16-byte classes. The writer (one at a time,
+//! under the trie's lock) allocates from a private free list per class, then
+//! from blocks returned after their grace period, then from the current
+//! chunk. Returns arrive from epoch-deferred closures on any thread, so they
+//! go onto a lock-free push-only stack per class (linked through the dead
+//! block's first word), which the writer drains whole.
+
+use std::alloc::{Layout, alloc, dealloc};
+use std::ptr::{self, NonNull};
+use std::sync::atomic::{AtomicPtr, AtomicUsize, Ordering};
+
+use parking_lot::Mutex;
+
+const GRANULE: usize = 16;
+/// Largest block: a data block with 256 runs and 511 prefixes, or a child
+/// block of 256 nodes, is under 5 KiB.
+const MAX_BLOCK: usize = 8 << 10;
+const CLASSES: usize = MAX_BLOCK / GRANULE + 1;
+const FIRST_CHUNK: usize = 64 << 10;
+const HUGE_PAGE: usize = 2 << 20;
+
+/// A block arena. `alloc` is for the (single) writer; `release` may run
+/// anywhere.
+pub(super) struct Arena {
+    writer: Mutex<ArenaWriter>,
+    returned: [AtomicPtr<u8>; CLASSES],
+    chunks: Mutex<Vec<(NonNull<u8>, Layout)>>,
+    chunk_bytes: AtomicUsize,
+}
+
+// SAFETY: chunks are plain memory owned by the arena; the block protocol
+// (writer-only allocation, returns after grace periods) governs access.
+unsafe impl Send for Arena {}
+// SAFETY: as above.
+unsafe impl Sync for Arena {}
+
+/// The writer's side: private free lists and the chunk being carved.
+struct ArenaWriter {
+    free: [*mut u8; CLASSES],
+    cursor: *mut u8,
+    end: *mut u8,
+    next_chunk: usize,
+}
+
+// SAFETY: used only under the trie's writer lock.
+unsafe impl Send for ArenaWriter {}
+
+impl Default for ArenaWriter {
+    fn default() -> Self {
+        ArenaWriter {
+            free: [ptr::null_mut(); CLASSES],
+            cursor: ptr::null_mut(),
+            end: ptr::null_mut(),
+            next_chunk: FIRST_CHUNK,
+        }
+    }
+}
+
+fn class_of(size: usize) -> usize {
+    assert!(
+        size <= MAX_BLOCK,
+        "LPM block of {size} bytes exceeds the arena's largest class"
+    );
+    size.div_ceil(GRANULE)
+}
+
+impl Arena {
+    pub fn new() -> Self {
+        Arena {
+            writer: Mutex::new(ArenaWriter::default()),
+            returned: std::array::from_fn(|_| AtomicPtr::new(ptr::null_mut())),
+            chunks: Mutex::new(Vec::new()),
+            chunk_bytes: AtomicUsize::new(0),
+        }
+    }
+
+    /// Allocates a block for `layout` (align at most 16). Meant for the
+    /// trie's single writer, so the lock is uncontended.
+    pub fn alloc(&self, layout: Layout) -> NonNull<u8> {
+        debug_assert!(layout.align() <= GRANULE);
+        let mut w = self.writer.lock();
+        let w = &mut *w;
+        let class = class_of(layout.size());
+        if w.free[class].is_null() {
+            w.free[class] = self.returned[class].swap(ptr::null_mut(), Ordering::Acquire);
+        }
+        let block = w.free[class];
+        if let Some(block) = NonNull::new(block) {
+            // SAFETY: a free block's first word links to the next free one.
+            w.free[class] = unsafe { block.as_ptr().cast::<*mut u8>().read() };
+            return block;
+        }
+        let size = class * GRANULE;
+        if (w.end as usize) - (w.cursor as usize) < size {
+            self.new_chunk(w);
+        }
+        let block = w.cursor;
+        // SAFETY: the chunk has room for `size` more bytes.
+        w.cursor = unsafe { w.cursor.add(size) };
+        NonNull::new(block).expect("chunk memory")
+    }
+
+    fn new_chunk(&self, w: &mut ArenaWriter) {
+        let size = w.next_chunk;
+        w.next_chunk = (size * 2).min(HUGE_PAGE);
+        let align = if size >= HUGE_PAGE { HUGE_PAGE } else { 4096 };
+        let layout = Layout::from_size_align(size, align).expect("chunk layout");
+        // SAFETY: non-zero size.
+        let p = unsafe { alloc(layout) };
+        let Some(chunk) = NonNull::new(p) else {
+            std::alloc::handle_alloc_error(layout)
+        };
+        #[cfg(target_os = "linux")]
+        if size >= HUGE_PAGE {
+            // SAFETY: advice on memory we own; failure only loses the hint.
+            unsafe { libc::madvise(p.cast(), size, libc::MADV_HUGEPAGE) };
+        }
+        self.chunks.lock().push((chunk, layout));
+        self.chunk_bytes.fetch_add(size, Ordering::Relaxed);
+        // The tail of the previous chunk is abandoned (at most one block).
+        w.cursor = p;
+        // SAFETY: one past the end of the chunk.
+        w.end = unsafe { p.add(size) };
+    }
+
+    /// Returns a block nobody can reach any more (lock-free; any thread).
+    ///
+    /// # Safety
+    /// `block` came from `alloc` with a layout of `size` bytes and is
+    /// unreachable.
+    pub unsafe fn release(&self, block: *mut u8, size: usize) {
+        let class = class_of(size);
+        let mut head = self.returned[class].load(Ordering::Relaxed);
+        loop {
+            // SAFETY: the block is dead; its first word becomes the link.
+            unsafe { block.cast::<*mut u8>().write(head) };
+            match self.returned[class].compare_exchange_weak(
+                head,
+                block,
+                Ordering::Release,
+                Ordering::Relaxed,
+            ) {
+                Ok(_) => return,
+                Err(now) => head = now,
+            }
+        }
+    }
+
+    /// Bytes of chunk memory held.
+    pub fn bytes(&self) -> usize {
+        self.chunk_bytes.load(Ordering::Relaxed)
+    }
+}
+
+impl Drop for Arena {
+    fn drop(&mut self) {
+        for (chunk, layout) in self.chunks.get_mut().drain(..) {
+            // SAFETY: allocated in new_chunk with this layout; the arena is
+            // the last owner.
+            unsafe { dealloc(chunk.as_ptr(), layout) };
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn blocks_are_reused_after_release_and_chunks_grow() {
+        let arena = Arena::new();
+        let l = Layout::from_size_align(100, 8).unwrap();
+        let a = arena.alloc(l);
+        let b = arena.alloc(l);
+        assert_eq!(b.as_ptr() as usize - a.as_ptr() as usize, 112);
+        // SAFETY: a is unused.
+        unsafe { arena.release(a.as_ptr(), 100) };
+        assert_eq!(arena.alloc(l), a, "a returned block is reused first");
+        assert_eq!(arena.bytes(), FIRST_CHUNK);
+        for _ in 0..2000 {
+            arena.alloc(Layout::from_size_align(MAX_BLOCK, 16).unwrap());
+        }
+        assert!(arena.bytes() >= 2000 * MAX_BLOCK);
+    }
+}
