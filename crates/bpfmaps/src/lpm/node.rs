@@ -114,6 +114,10 @@ impl ChildBlock {
     ) -> NonNull<ChildBlock> {
         debug_assert_eq!(bits.count(), nodes.len());
         let (layout, offset) = Self::layout(nodes.len());
+        debug_assert_eq!(
+            offset,
+            size_of::<ChildBlock>().next_multiple_of(align_of::<Node>())
+        );
         let p = arena.alloc(layout).as_ptr();
         let block = NonNull::new(p.cast::<ChildBlock>()).expect("arena block");
         // SAFETY: fresh allocation of the right layout.
@@ -139,12 +143,12 @@ impl ChildBlock {
     /// `i < len`.
     #[inline(always)]
     pub unsafe fn node(&self, i: usize) -> &Node {
-        let (_, offset) = Self::layout(0);
+        const OFFSET: usize = size_of::<ChildBlock>().next_multiple_of(align_of::<Node>());
         // SAFETY: the nodes follow the header at `offset`; i < len.
         unsafe {
             &*ptr::from_ref(self)
                 .cast::<u8>()
-                .add(offset)
+                .add(OFFSET)
                 .cast::<Node>()
                 .add(i)
         }
@@ -269,6 +273,9 @@ pub(super) fn index_range(idx: usize) -> (u32, usize, usize) {
     (l, p << (8 - l), (p + 1) << (8 - l))
 }
 
+/// Where the leaves start in a data block (what `DataBlock::layout` gives).
+const LEAVES_OFFSET: usize = size_of::<DataBlock>().next_multiple_of(align_of::<Leaf>());
+
 impl DataBlock {
     /// Layout and the offsets of (leaves, prefix bits, payloads).
     fn layout(n_leaves: usize, n_prefixes: usize) -> (Layout, [usize; 3]) {
@@ -370,6 +377,7 @@ impl DataBlock {
 
         let (layout, [at_leaves, at_bits, at_payloads]) =
             Self::layout(leaves.len(), payloads.len());
+        debug_assert_eq!(at_leaves, LEAVES_OFFSET);
         let p = arena.alloc(layout).as_ptr();
         let block = NonNull::new(p.cast::<DataBlock>()).expect("arena block");
         // SAFETY: fresh allocation of the right layout; offsets from `layout`.
@@ -419,7 +427,7 @@ impl DataBlock {
     #[inline(always)]
     fn leaf_at_run(&self, i: usize) -> &Leaf {
         debug_assert!(i < self.n_leaves as usize);
-        let (_, [at_leaves, ..]) = Self::layout(0, 0);
+        let at_leaves = LEAVES_OFFSET;
         // SAFETY: i < n_leaves; leaves start right after the header.
         unsafe { &*self.at(at_leaves).cast::<Leaf>().add(i) }
     }
@@ -428,7 +436,7 @@ impl DataBlock {
     #[inline(always)]
     pub fn leaf(&self, b: u8) -> &Leaf {
         let run = self.leaf_bits.rank_incl(b as usize) - 1;
-        let (_, [at_leaves, ..]) = Self::layout(0, 0);
+        let at_leaves = LEAVES_OFFSET;
         // SAFETY: bit 0 is always set, so 0 <= run < n_leaves; leaves start
         // right after the header.
         unsafe { &*self.at(at_leaves).cast::<Leaf>().add(run) }
