@@ -640,3 +640,109 @@ fn agrees_with_the_kernel_port_on_the_real_table() {
         eprintln!("{file}: {checked} lookups agree");
     }
 }
+
+/// Readers look up addresses while a writer replays the real BGP update
+/// trace (`../shared/data/lpm/ris/`; skipped when absent) over the real
+/// initial table. Every answer must contain the address, be a prefix that
+/// was announced at some point, and be at least as long as the longest
+/// covering prefix that the trace never touches (those are present from
+/// start to end, so no table state can answer with less).
+#[test]
+fn concurrent_readers_during_a_real_bgp_trace() {
+    use std::collections::HashMap;
+    use std::io::BufRead;
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../../shared/data/lpm/ris");
+    let read = |name: &str| -> Option<Vec<String>> {
+        let f = std::fs::File::open(dir.join(name)).ok()?;
+        Some(
+            std::io::BufReader::new(flate2::read::GzDecoder::new(f))
+                .lines()
+                .map(Result::unwrap)
+                .collect(),
+        )
+    };
+    let (Some(initial), Some(mutations)) = (
+        read("ris_as3333_initial_ipv4.txt.gz"),
+        read("ris_as3333_mutations_ipv4.txt.gz"),
+    ) else {
+        eprintln!("skipping: {} not found", dir.display());
+        return;
+    };
+    let parse = |s: &str| -> ([u8; 4], u32) {
+        let net: ipnet::Ipv4Net = s.trim().parse().unwrap();
+        (net.network().octets(), net.prefix_len() as u32)
+    };
+    // Every prefix gets an id; values are ids, so readers can check answers.
+    let mut ids: HashMap<([u8; 4], u32), u32> = HashMap::new();
+    let mut prefixes: Vec<([u8; 4], u32)> = Vec::new();
+    let mut id_of = |p: ([u8; 4], u32)| {
+        *ids.entry(p).or_insert_with(|| {
+            prefixes.push(p);
+            prefixes.len() as u32 - 1
+        })
+    };
+    let initial: Vec<u32> = initial.iter().map(|l| id_of(parse(l))).collect();
+    let ops: Vec<(bool, u32)> = mutations
+        .iter()
+        .take(300_000)
+        .map(|l| (l.starts_with('A'), id_of(parse(&l[2..]))))
+        .collect();
+    let mut touched = vec![false; prefixes.len()];
+    ops.iter().for_each(|&(_, id)| touched[id as usize] = true);
+    let stable = Arc::new(LpmTrie::new(4, 4, 2_000_000).unwrap());
+    let trie = Arc::new(LpmTrie::new(4, 4, 2_000_000).unwrap());
+    for &id in &initial {
+        let (d, l) = prefixes[id as usize];
+        trie.insert(&d, l, &id.to_ne_bytes(), BPF_ANY).unwrap();
+        if !touched[id as usize] {
+            stable.insert(&d, l, &id.to_ne_bytes(), BPF_ANY).unwrap();
+        }
+    }
+    let prefixes = Arc::new(prefixes);
+    let stop = Arc::new(AtomicBool::new(false));
+    let readers: Vec<_> = (0..2u32)
+        .map(|r| {
+            let (trie, stable, prefixes, stop) =
+                (trie.clone(), stable.clone(), prefixes.clone(), stop.clone());
+            std::thread::spawn(move || {
+                let (mut x, mut n) = (0x1234_5678u32 ^ r, 0u64);
+                while !stop.load(Ordering::Relaxed) {
+                    x ^= x << 13;
+                    x ^= x >> 17;
+                    x ^= x << 5;
+                    let addr = x.to_be_bytes();
+                    let guard = pin();
+                    let floor = stable.longest_match(&addr, &guard).map(|(l, _)| l);
+                    match trie.longest_match(&addr, &guard) {
+                        Some((l, v)) => {
+                            let (d, pl) =
+                                prefixes[u32::from_ne_bytes(v.try_into().unwrap()) as usize];
+                            assert_eq!(l, pl, "leaf length and value disagree");
+                            assert!(
+                                prefix_contains(&d, pl, &addr),
+                                "answer does not contain the address"
+                            );
+                            assert!(Some(pl) >= floor, "/{pl} shorter than untouched /{floor:?}");
+                        }
+                        None => assert_eq!(floor, None, "untouched route missing for {addr:?}"),
+                    }
+                    n += 1;
+                }
+                n
+            })
+        })
+        .collect();
+    for &(announce, id) in &ops {
+        let (d, l) = prefixes[id as usize];
+        if announce {
+            trie.insert(&d, l, &id.to_ne_bytes(), BPF_ANY).unwrap();
+        } else {
+            // Withdrawals of prefixes not in the table are ENOENT, as in BGP.
+            let _ = trie.remove(&d, l, None);
+        }
+    }
+    stop.store(true, Ordering::Relaxed);
+    for r in readers {
+        assert!(r.join().unwrap() > 0);
+    }
+}
