@@ -53,6 +53,32 @@ impl<const W: usize> Bits<W> {
         self.words[i >> 6] &= !(1 << (i & 63));
     }
 
+    /// The bits in `lo..hi`, as words.
+    pub fn words_in(&self, lo: usize, hi: usize) -> [u64; W] {
+        let mut out = self.words;
+        for (w, word) in out.iter_mut().enumerate() {
+            let (base, top) = (64 * w, 64 * w + 64);
+            let from = lo.clamp(base, top) - base;
+            let to = hi.clamp(base, top) - base;
+            *word &= if from >= to {
+                0
+            } else {
+                low_bits(to) & !low_bits(from)
+            };
+        }
+        out
+    }
+
+    /// Sets every bit set in `words` (call `fix_ranks` after).
+    pub fn or_words(&mut self, words: &[u64; W]) {
+        self.words.iter_mut().zip(words).for_each(|(a, b)| *a |= b);
+    }
+
+    /// The words, for word-at-a-time checks.
+    pub fn words(&self) -> &[u64; W] {
+        &self.words
+    }
+
     /// Recomputes the rank cache.
     pub fn fix_ranks(&mut self) {
         let mut acc = 0u16;
@@ -88,6 +114,11 @@ impl<const W: usize> Bits<W> {
             rest: self.words[0],
         }
     }
+}
+
+/// A word with the low `n` bits set (`n` <= 64).
+fn low_bits(n: usize) -> u64 {
+    if n >= 64 { u64::MAX } else { (1u64 << n) - 1 }
 }
 
 /// Iterator over the set bits of a [`Bits`].
@@ -134,6 +165,11 @@ mod tests {
         assert!(b.get(100) && !b.get(101));
         assert_eq!(b.ones().collect::<Vec<_>>(), vec![0, 5, 63, 64, 100, 255]);
         assert!(b.any_in(6, 64) && !b.any_in(6, 63) && b.any_in(255, 256));
+        let mut only = Bits::<4>::default();
+        only.or_words(&b.words_in(5, 101));
+        only.fix_ranks();
+        assert_eq!(only.ones().collect::<Vec<_>>(), vec![5, 63, 64, 100]);
+        assert_eq!(b.words_in(7, 7), [0; 4]);
         b.clear_raw(5);
         b.fix_ranks();
         assert_eq!(b.rank(64), 2);

@@ -202,6 +202,27 @@ impl Leaf {
     }
 }
 
+/// Set bits of `W` words, in increasing order.
+struct OnesOfW<const W: usize> {
+    words: [u64; W],
+    w: usize,
+}
+type OnesOf = OnesOfW<4>;
+type OnesOf8 = OnesOfW<8>;
+
+impl<const W: usize> Iterator for OnesOfW<W> {
+    type Item = usize;
+    fn next(&mut self) -> Option<usize> {
+        while self.w < W && self.words[self.w] == 0 {
+            self.w += 1;
+        }
+        let word = self.words.get_mut(self.w)?;
+        let bit = word.trailing_zeros() as usize;
+        *word &= *word - 1;
+        Some(64 * self.w + bit)
+    }
+}
+
 /// Run-length encoder for leaves.
 struct Runs<'a> {
     child_bits: &'a Bits<4>,
@@ -236,6 +257,53 @@ impl<'a> Runs<'a> {
             self.leaves[self.n] = leaf;
             self.n += 1;
         }
+    }
+
+    /// Copies the old runs that start in `a..b` (each ending at the next
+    /// start, or `b`). Word at a time when no start has since become a child
+    /// position; the first run folds into ours if it holds the same leaf.
+    fn copy_old(&mut self, old: &DataBlock, a: usize, b: usize) {
+        if a >= b {
+            return;
+        }
+        let mut starts = old.leaf_bits.words_in(a, b);
+        let mut first = old.leaf_bits.rank(a);
+        let count: usize = starts.iter().map(|w| w.count_ones() as usize).sum();
+        if count == 0 {
+            return;
+        }
+        let clash = starts
+            .iter()
+            .zip(self.child_bits.words())
+            .enumerate()
+            .any(|(i, (s, c))| {
+                let bit0 = if i == 0 { !1u64 } else { u64::MAX };
+                s & c & bit0 != 0
+            });
+        if clash {
+            let mut it = OnesOf {
+                words: starts,
+                w: 0,
+            }
+            .peekable();
+            while let Some(start) = it.next() {
+                let end = it.peek().copied().unwrap_or(b);
+                self.push(start, end, *old.leaf_at_run(first));
+                first += 1;
+            }
+            return;
+        }
+        let mut count = count;
+        if self.n > 0 && self.leaves[self.n - 1] == *old.leaf_at_run(first) {
+            // The first old run continues our last one: drop its start.
+            let w = starts.iter().position(|w| *w != 0).expect("count > 0");
+            starts[w] &= starts[w] - 1;
+            first += 1;
+            count -= 1;
+        }
+        self.bits.or_words(&starts);
+        self.leaves[self.n..self.n + count].copy_from_slice(&old.leaves()[first..first + count]);
+        self.n += count;
     }
 
     fn finish(&mut self) -> (Bits<4>, &[Leaf]) {
@@ -309,19 +377,9 @@ impl DataBlock {
         debug_assert!(old.is_some() || (lo, hi) == (0, 256));
         let mut runs = Runs::new(child_bits);
 
-        // 1. Old runs before `lo`, each ending where the next one starts.
-        let mut old_runs = old.map(|o| (o, o.leaf_bits.ones().peekable()));
-        if let Some((o, starts)) = &mut old_runs {
-            let mut i = 0;
-            while let Some(&start) = starts.peek() {
-                if start >= lo {
-                    break;
-                }
-                starts.next();
-                let end = starts.peek().copied().unwrap_or(256).min(lo);
-                runs.push(start, end, *o.leaf_at_run(i));
-                i += 1;
-            }
+        // 1. Old runs starting before `lo`.
+        if let Some(o) = old {
+            runs.copy_old(o, 0, lo);
         }
 
         // 2. Fresh leaves for `lo..hi`: the value can change only where a
@@ -330,9 +388,21 @@ impl DataBlock {
         let mut cut_bits = Bits::<5>::default();
         cut_bits.set_raw(lo);
         cut_bits.set_raw(hi);
-        for idx in prefix_bits.ones() {
-            let (_, plo, phi) = index_range(idx);
-            if lo <= plo && phi <= hi {
+        // Only prefixes inside lo..hi: at each level, the indices whose
+        // byte ranges fall within it.
+        for l in 0..=8u32 {
+            let shift = 8 - l;
+            let (first, end) = (lo.div_ceil(1 << shift), hi >> shift);
+            if first >= end {
+                continue;
+            }
+            let base = 1usize << l;
+            let inside = prefix_bits.words_in(base + first, base + end);
+            for idx in (OnesOf8 {
+                words: inside,
+                w: 0,
+            }) {
+                let (_, plo, phi) = index_range(idx);
                 cut_bits.set_raw(plo);
                 cut_bits.set_raw(phi);
             }
@@ -356,22 +426,19 @@ impl DataBlock {
             }
         }
 
-        // 3. Old leaves from `hi` on: the old value at `hi`, then old runs.
-        if let Some((o, starts)) = &mut old_runs
+        // 3. Old leaves from `hi` on: the old value at `hi` up to the next
+        // old run, then the old runs.
+        if let Some(o) = old
             && hi < 256
         {
-            // Index of the first old run starting after `hi`.
-            let mut i = o.leaf_bits.rank_incl(hi);
-            while starts.peek().is_some_and(|&s| s <= hi) {
-                starts.next();
-            }
-            let first_end = starts.peek().copied().unwrap_or(256);
-            runs.push(hi, first_end, *o.leaf(hi as u8));
-            while let Some(start) = starts.next() {
-                let end = starts.peek().copied().unwrap_or(256);
-                runs.push(start, end, *o.leaf_at_run(i));
-                i += 1;
-            }
+            let next = o.leaf_bits.words_in(hi + 1, 256);
+            let next_start = next
+                .iter()
+                .enumerate()
+                .find(|(_, w)| **w != 0)
+                .map_or(256, |(i, w)| 64 * i + w.trailing_zeros() as usize);
+            runs.push(hi, next_start, *o.leaf(hi as u8));
+            runs.copy_old(o, hi + 1, 256);
         }
         let (leaf_bits, leaves) = runs.finish();
 
@@ -426,10 +493,18 @@ impl DataBlock {
     /// Leaf run `i`.
     #[inline(always)]
     fn leaf_at_run(&self, i: usize) -> &Leaf {
-        debug_assert!(i < self.n_leaves as usize);
-        let at_leaves = LEAVES_OFFSET;
-        // SAFETY: i < n_leaves; leaves start right after the header.
-        unsafe { &*self.at(at_leaves).cast::<Leaf>().add(i) }
+        &self.leaves()[i]
+    }
+
+    /// All leaf runs.
+    fn leaves(&self) -> &[Leaf] {
+        // SAFETY: n_leaves leaves start right after the header.
+        unsafe {
+            std::slice::from_raw_parts(
+                self.at(LEAVES_OFFSET).cast::<Leaf>(),
+                self.n_leaves as usize,
+            )
+        }
     }
 
     /// The leaf for byte `b`. Only meaningful where there is no child.

@@ -444,17 +444,22 @@ impl LpmTrie {
         // replaced or removed.
         let at = bits.rank(idx);
         let kept = old.payloads();
-        let mut payloads = Vec::with_capacity(kept.len() + 1);
-        payloads.extend_from_slice(&kept[..at]);
-        payloads.extend(payload);
         let skip = usize::from(old.prefix_bits().get(idx));
-        payloads.extend_from_slice(&kept[at + skip..]);
+        let mut buf = [[0u8; 4]; 512];
+        let n = kept.len() + usize::from(payload.is_some()) - skip;
+        buf[..at].copy_from_slice(&kept[..at]);
+        if let Some(p) = payload {
+            buf[at] = p;
+        }
+        let after = at + usize::from(payload.is_some());
+        buf[after..n].copy_from_slice(&kept[at + skip..]);
+        let payloads = &buf[..n];
         let (_, lo, hi) = index_range(idx);
         let new = DataBlock::build(
             &self.arena,
             depth,
             &bits,
-            &payloads,
+            payloads,
             old.default,
             &child_bits(node),
             Some(old),
