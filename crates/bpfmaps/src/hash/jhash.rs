@@ -48,7 +48,7 @@ fn final_mix(mut a: u32, mut b: u32, mut c: u32) -> u32 {
 
 #[inline(always)]
 fn word(bytes: &[u8], at: usize) -> u32 {
-    u32::from_ne_bytes([bytes[at], bytes[at + 1], bytes[at + 2], bytes[at + 3]])
+    u32::from_ne_bytes(bytes[at..at + 4].try_into().expect("4 bytes"))
 }
 
 /// `jhash(key, length, initval)`: hashes an arbitrary byte string.
@@ -58,26 +58,31 @@ pub fn jhash(key: &[u8], initval: u32) -> u32 {
         .wrapping_add(key.len() as u32)
         .wrapping_add(initval);
     let (mut a, mut b, mut c) = (init, init, init);
-    let mut k = key;
-    while k.len() > 12 {
-        a = a.wrapping_add(word(k, 0));
-        b = b.wrapping_add(word(k, 4));
-        c = c.wrapping_add(word(k, 8));
+    // The kernel mixes while more than 12 bytes remain.
+    let full = if key.is_empty() {
+        0
+    } else {
+        (key.len() - 1) / 12
+    };
+    for block in key.chunks_exact(12).take(full) {
+        a = a.wrapping_add(word(block, 0));
+        b = b.wrapping_add(word(block, 4));
+        c = c.wrapping_add(word(block, 8));
         mix(&mut a, &mut b, &mut c);
-        k = &k[12..];
     }
+    let k = &key[12 * full..];
     if k.is_empty() {
         return c;
     }
-    // The kernel's fall-through switch: byte i goes into word i/4 at bits 8*(i%4).
-    let mut tail = [0u32; 3];
-    for (i, &byte) in k.iter().enumerate() {
-        tail[i / 4] = tail[i / 4].wrapping_add((byte as u32) << (8 * (i % 4)));
-    }
+    // The kernel's fall-through switch: byte i goes into word i/4 at bits
+    // 8*(i%4), i.e. the tail read as little-endian words, zero-padded.
+    let mut tail = [0u8; 12];
+    tail[..k.len()].copy_from_slice(k);
+    let le = |i: usize| u32::from_le_bytes([tail[i], tail[i + 1], tail[i + 2], tail[i + 3]]);
     final_mix(
-        a.wrapping_add(tail[0]),
-        b.wrapping_add(tail[1]),
-        c.wrapping_add(tail[2]),
+        a.wrapping_add(le(0)),
+        b.wrapping_add(le(4)),
+        c.wrapping_add(le(8)),
     )
 }
 
@@ -95,9 +100,43 @@ pub fn jhash2(key: &[u32], initval: u32) -> u32 {
 #[inline]
 pub fn jhash2_bytes(key: &[u8], initval: u32) -> u32 {
     assert!(key.len() % 4 == 0, "jhash2 needs whole 32-bit words");
-    jhash2_words(key.len() / 4, |i| word(key, 4 * i), initval)
+    let init = JHASH_INITVAL
+        .wrapping_add(key.len() as u32)
+        .wrapping_add(initval);
+    let (mut a, mut b, mut c) = (init, init, init);
+    let mut blocks = key.chunks_exact(12);
+    // The kernel mixes while more than 3 words remain, so a key of exactly
+    // 3k words keeps its last block for the final mix.
+    let n_blocks = blocks.len();
+    let full = if key.len() % 12 == 0 && n_blocks > 0 {
+        n_blocks - 1
+    } else {
+        n_blocks
+    };
+    for block in blocks.by_ref().take(full) {
+        a = a.wrapping_add(word(block, 0));
+        b = b.wrapping_add(word(block, 4));
+        c = c.wrapping_add(word(block, 8));
+        mix(&mut a, &mut b, &mut c);
+    }
+    let tail = &key[12 * full..];
+    match tail.len() {
+        12 => final_mix(
+            a.wrapping_add(word(tail, 0)),
+            b.wrapping_add(word(tail, 4)),
+            c.wrapping_add(word(tail, 8)),
+        ),
+        8 => final_mix(
+            a.wrapping_add(word(tail, 0)),
+            b.wrapping_add(word(tail, 4)),
+            c,
+        ),
+        4 => final_mix(a.wrapping_add(word(tail, 0)), b, c),
+        _ => c,
+    }
 }
 
+/// `jhash2` over `length` words given by `k`.
 #[inline(always)]
 fn jhash2_words(length: usize, k: impl Fn(usize) -> u32, initval: u32) -> u32 {
     let init = JHASH_INITVAL
@@ -142,6 +181,41 @@ mod tests {
         assert_eq!(jhash(&bytes[..1], 0x12345678), 0xed59d193);
         assert_eq!(jhash(&bytes[..4], 0x12345678), 0x16d1d0c0);
         assert_eq!(jhash(&bytes[..13], 0x12345678), 0x7866d225);
+    }
+
+    #[test]
+    fn jhash_matches_a_literal_port_at_every_length() {
+        // The kernel's loop, written out byte by byte.
+        fn reference(key: &[u8], initval: u32) -> u32 {
+            let init = JHASH_INITVAL
+                .wrapping_add(key.len() as u32)
+                .wrapping_add(initval);
+            let (mut a, mut b, mut c) = (init, init, init);
+            let mut k = key;
+            while k.len() > 12 {
+                a = a.wrapping_add(word(k, 0));
+                b = b.wrapping_add(word(k, 4));
+                c = c.wrapping_add(word(k, 8));
+                mix(&mut a, &mut b, &mut c);
+                k = &k[12..];
+            }
+            if k.is_empty() {
+                return c;
+            }
+            let mut t = [0u32; 3];
+            for (i, &byte) in k.iter().enumerate() {
+                t[i / 4] = t[i / 4].wrapping_add((byte as u32) << (8 * (i % 4)));
+            }
+            final_mix(
+                a.wrapping_add(t[0]),
+                b.wrapping_add(t[1]),
+                c.wrapping_add(t[2]),
+            )
+        }
+        let bytes: Vec<u8> = (0..100u32).map(|i| (i * 37 + 11) as u8).collect();
+        for n in 0..=bytes.len() {
+            assert_eq!(jhash(&bytes[..n], 99), reference(&bytes[..n], 99), "n={n}");
+        }
     }
 
     #[test]

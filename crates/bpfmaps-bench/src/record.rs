@@ -1,0 +1,277 @@
+//! The result record every suite emits, the stable metric names, and the
+//! case naming convention.
+//!
+//! # JSON
+//! `--json FILE` and `report` write an array of records:
+//!
+//! ```json
+//! {"suite": "hash-sweep", "case": "n=100000,ks=64,fill=16/16",
+//!  "impl": "bpfmaps(xxh3)", "metric": "lookups_per_sec",
+//!  "value": 12345678.9, "unit": "ops/s", "stddev": 123456.7}
+//! ```
+//!
+//! `stddev` is `null` for single observations (memory, counts).
+//!
+//! # Cases
+//! A case is a comma-separated list of `key=value` parameters, e.g.
+//! `n=100000,ks=64,fill=16/16`; [`case`] builds one and [`case_param`]
+//! reads one back, so summaries and plots can be rebuilt from JSON alone.
+//!
+//! # Metrics
+//! The names in [`METRICS`] are stable: tools and later reports compare
+//! them across commits. Add new names rather than changing old ones; each is
+//! documented in `METRICS.md` (a test keeps the two in step).
+
+use std::fmt::Display;
+
+use serde::{Deserialize, Serialize};
+
+use crate::stats::Stats;
+
+/// A named quantity with a fixed unit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Metric {
+    /// Stable machine name, as written to JSON.
+    pub name: &'static str,
+    /// Unit, as written to JSON: `ops/s`, `ns`, `bytes` or `count`.
+    pub unit: &'static str,
+    /// Short label for the human table.
+    pub label: &'static str,
+    /// Whether a larger value is better (decides the direction of speed
+    /// ratios).
+    pub higher_is_better: bool,
+    /// One-line meaning.
+    pub doc: &'static str,
+}
+
+/// Nanoseconds per hash call (throughput: independent calls back to back).
+pub const NS_PER_HASH: Metric = Metric {
+    name: "ns_per_hash",
+    unit: "ns",
+    label: "hash",
+    higher_is_better: false,
+    doc: "mean time per hash call, independent calls back to back",
+};
+
+/// Successful lookups per second (all threads together).
+pub const LOOKUPS_PER_SEC: Metric = Metric {
+    name: "lookups_per_sec",
+    unit: "ops/s",
+    label: "lookups",
+    higher_is_better: true,
+    doc: "lookups completed per second, summed over reader threads",
+};
+
+/// Writer operations per second (updates, deletes, inserts).
+pub const WRITER_OPS_PER_SEC: Metric = Metric {
+    name: "writer_ops_per_sec",
+    unit: "ops/s",
+    label: "writer",
+    higher_is_better: true,
+    doc: "update + delete + insert operations per second of the one writer",
+};
+
+/// Bytes the building thread holds after building the structure.
+pub const MEM_BYTES_HELD: Metric = Metric {
+    name: "mem_bytes_held",
+    unit: "bytes",
+    label: "mem",
+    higher_is_better: false,
+    doc: "bytes allocated and not freed while building (counting allocator)",
+};
+
+/// The structure's own account of its memory (`Map::memory_usage`).
+pub const MEM_REPORTED: Metric = Metric {
+    name: "mem_reported",
+    unit: "bytes",
+    label: "reported",
+    higher_is_better: false,
+    doc: "what the map says it holds (`Map::memory_usage()`)",
+};
+
+/// Reads that returned a value not written for that key (must be 0).
+pub const MISMATCHES: Metric = Metric {
+    name: "mismatches",
+    unit: "count",
+    label: "mismatches",
+    higher_is_better: false,
+    doc: "reads that returned a value never written for that key; must be 0",
+};
+
+/// Reads that found no entry (a key between delete and reinsert).
+pub const READ_MISSES: Metric = Metric {
+    name: "read_misses",
+    unit: "count",
+    label: "misses",
+    higher_is_better: false,
+    doc: "reads that found no entry (the key was between delete and reinsert)",
+};
+
+/// Every metric a suite may emit.
+pub const METRICS: &[Metric] = &[
+    NS_PER_HASH,
+    LOOKUPS_PER_SEC,
+    WRITER_OPS_PER_SEC,
+    MEM_BYTES_HELD,
+    MEM_REPORTED,
+    MISMATCHES,
+    READ_MISSES,
+];
+
+/// Looks a metric up by name.
+pub fn metric(name: &str) -> Option<&'static Metric> {
+    METRICS.iter().find(|m| m.name == name)
+}
+
+/// One measured value.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Record {
+    /// Suite name (`hashfn`, `hash-sweep`, ...).
+    pub suite: String,
+    /// Parameters, `key=value,...` (see [`case`]).
+    pub case: String,
+    /// Which implementation, e.g. `bpfmaps(xxh3)` or `std(jhash)`.
+    #[serde(rename = "impl")]
+    pub impl_name: String,
+    /// Metric name from [`METRICS`].
+    pub metric: String,
+    /// Mean over repetitions, or the single observation.
+    pub value: f64,
+    /// The metric's unit.
+    pub unit: String,
+    /// Sample standard deviation over repetitions; `None` for single
+    /// observations.
+    pub stddev: Option<f64>,
+}
+
+impl Record {
+    /// A record of repeated measurements.
+    pub fn stats(suite: &str, case: &str, impl_name: &str, metric: &Metric, s: Stats) -> Record {
+        Record {
+            suite: suite.into(),
+            case: case.into(),
+            impl_name: impl_name.into(),
+            metric: metric.name.into(),
+            value: s.mean,
+            unit: metric.unit.into(),
+            stddev: Some(s.stddev),
+        }
+    }
+
+    /// A record of one observation (memory, a count).
+    pub fn single(suite: &str, case: &str, impl_name: &str, metric: &Metric, value: f64) -> Record {
+        Record {
+            suite: suite.into(),
+            case: case.into(),
+            impl_name: impl_name.into(),
+            metric: metric.name.into(),
+            value,
+            unit: metric.unit.into(),
+            stddev: None,
+        }
+    }
+
+    /// The parameter `key` of this record's case.
+    pub fn param(&self, key: &str) -> Option<&str> {
+        case_param(&self.case, key)
+    }
+}
+
+/// Builds a case name from parameters: `case(&[("n", &100), ("ks", &8)])`
+/// is `"n=100,ks=8"`.
+pub fn case(params: &[(&str, &dyn Display)]) -> String {
+    params
+        .iter()
+        .map(|(k, v)| format!("{k}={v}"))
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
+/// Reads parameter `key` back from a case name.
+pub fn case_param<'a>(case: &'a str, key: &str) -> Option<&'a str> {
+    case.split(',')
+        .filter_map(|kv| kv.split_once('='))
+        .find(|(k, _)| *k == key)
+        .map(|(_, v)| v)
+}
+
+/// The first record matching case, implementation and metric.
+pub fn find<'a>(
+    records: &'a [Record],
+    case: &str,
+    impl_name: &str,
+    metric: &str,
+) -> Option<&'a Record> {
+    records
+        .iter()
+        .find(|r| r.case == case && r.impl_name == impl_name && r.metric == metric)
+}
+
+/// `num / den` of the values of two records, if both exist and `den > 0`.
+pub fn ratio(num: Option<&Record>, den: Option<&Record>) -> Option<f64> {
+    match (num, den) {
+        (Some(n), Some(d)) if d.value > 0.0 => Some(n.value / d.value),
+        _ => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn json_shape_is_the_documented_one() {
+        let r = Record::stats(
+            "hash-sweep",
+            "n=100,ks=8",
+            "bpfmaps(xxh3)",
+            &LOOKUPS_PER_SEC,
+            Stats::from_samples(&[1.0, 3.0]),
+        );
+        let v: serde_json::Value = serde_json::to_value(&r).unwrap();
+        let obj = v.as_object().unwrap();
+        let mut keys: Vec<&str> = obj.keys().map(String::as_str).collect();
+        keys.sort_unstable();
+        assert_eq!(
+            keys,
+            ["case", "impl", "metric", "stddev", "suite", "unit", "value"]
+        );
+        assert_eq!(obj["impl"], "bpfmaps(xxh3)");
+        assert_eq!(obj["metric"], "lookups_per_sec");
+        assert_eq!(obj["unit"], "ops/s");
+        assert_eq!(obj["value"], 2.0);
+        assert!(obj["stddev"].as_f64().unwrap() > 1.4);
+
+        let single = Record::single("s", "c", "i", &MEM_BYTES_HELD, 42.0);
+        let v = serde_json::to_value(&single).unwrap();
+        assert!(v["stddev"].is_null());
+        assert_eq!(v["unit"], "bytes");
+
+        let back: Vec<Record> =
+            serde_json::from_str(&serde_json::to_string(&[r.clone()]).unwrap()).unwrap();
+        assert_eq!(back, [r]);
+    }
+
+    #[test]
+    fn cases_round_trip() {
+        let c = case(&[("n", &100_000), ("ks", &64), ("fill", &"16/16")]);
+        assert_eq!(c, "n=100000,ks=64,fill=16/16");
+        assert_eq!(case_param(&c, "ks"), Some("64"));
+        assert_eq!(case_param(&c, "fill"), Some("16/16"));
+        assert_eq!(case_param(&c, "k"), None);
+    }
+
+    #[test]
+    fn metric_names_are_unique_and_documented() {
+        let doc = include_str!("../METRICS.md");
+        for (i, m) in METRICS.iter().enumerate() {
+            assert!(METRICS[..i].iter().all(|o| o.name != m.name), "{}", m.name);
+            assert!(
+                doc.contains(&format!("`{}`", m.name)),
+                "METRICS.md lacks {}",
+                m.name
+            );
+            assert_eq!(metric(m.name), Some(m));
+        }
+    }
+}

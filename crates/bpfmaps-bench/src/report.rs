@@ -1,0 +1,208 @@
+//! `bpfmaps-bench report`: Markdown, JSON and SVG from a set of suite runs.
+//!
+//! Layout of the output directory:
+//! - `report.md`: machine, method, then per suite: what it varies, the
+//!   summary tables (ratios), the charts, and every result in a pivot
+//!   table (case × implementation) with speed relative to the baseline;
+//! - `results.json`: every record (see [`crate::record`]);
+//! - `*.svg`: the charts.
+
+use std::fmt::Write as _;
+use std::io;
+use std::path::Path;
+use std::time::Duration;
+
+use crate::machine::Machine;
+use crate::plot::render_svg;
+use crate::record::{Record, find, metric};
+use crate::suite::{Suite, SuiteRun, fmt_bytes, speed_vs};
+
+/// Everything a report is made from.
+pub struct ReportInput<'a> {
+    /// Suites in run order with what they produced.
+    pub runs: Vec<(&'a dyn Suite, SuiteRun)>,
+    /// Where and when.
+    pub machine: Machine,
+    /// Whether suites ran in quick mode.
+    pub quick: bool,
+    /// The `--data` directory and whether it existed.
+    pub data_dir: (String, bool),
+    /// Total wall time.
+    pub elapsed: Duration,
+}
+
+/// Writes `report.md`, `results.json` and the charts into `dir`.
+pub fn write(dir: &Path, input: &ReportInput<'_>) -> io::Result<()> {
+    std::fs::create_dir_all(dir)?;
+    let records: Vec<&Record> = input.runs.iter().flat_map(|(_, r)| &r.records).collect();
+    let json = serde_json::to_string_pretty(&records).map_err(io::Error::other)?;
+    std::fs::write(dir.join("results.json"), json + "\n")?;
+
+    let mut md = String::new();
+    let mode = if input.quick { "quick" } else { "full" };
+    let _ = write!(
+        md,
+        "# bpfmaps benchmark report\n\n\
+         Generated {} by `bpfmaps-bench report{}` ({mode} mode, {:.0} s in all). \
+         Every number below was measured in this run; `results.json` holds them all.\n\n\
+         ## Machine\n\n{}\n\
+         ## Method\n\n\
+         - Rates: `std::time::Instant` around batches of operations, {} repetitions after a short warm-up; \
+         `mean ± stddev` is over repetitions (sample standard deviation).\n\
+         - Speed ratios: above 1 means faster than the baseline named in the section, whichever way the metric points.\n\
+         - Memory: bytes requested from the allocator and still held by the building thread after building \
+         (a counting global allocator); `reported` is the map's own `memory_usage()`.\n\
+         - Peers hash with the same policy and seed as bpfmaps (a `BuildHasher` per policy), so they differ from \
+         bpfmaps only in table design.\n\
+         - Data directory: `{}` ({}). The suites in this report use generated kernel-bench keys.\n\n",
+        input.machine.date,
+        if input.quick { " --quick" } else { "" },
+        input.elapsed.as_secs_f64(),
+        input.machine.to_markdown(),
+        if input.quick { 3 } else { 5 },
+        input.data_dir.0,
+        if input.data_dir.1 {
+            "present"
+        } else {
+            "absent"
+        },
+    );
+
+    for (suite, run) in &input.runs {
+        let _ = write!(
+            md,
+            "## {}\n\n{}\n\n{}\n\nBaseline: `{}`. Ran in {:.1} s.\n\n",
+            suite.name(),
+            suite.about(),
+            suite.describe(),
+            suite.baseline(),
+            run.elapsed.as_secs_f64()
+        );
+        for t in suite.summaries(&run.records) {
+            md += &t.to_markdown();
+            md.push('\n');
+        }
+        for plot in suite.plots(&run.records) {
+            let file = format!("{}.svg", plot.name);
+            match render_svg(&plot, &dir.join(&file)) {
+                Ok(()) => {
+                    let _ = writeln!(md, "![{}]({file})\n", plot.title);
+                }
+                Err(e) => {
+                    let _ = writeln!(md, "_chart {file} failed: {e}_\n");
+                }
+            }
+        }
+        md += &all_results(*suite, &run.records);
+    }
+    std::fs::write(dir.join("report.md"), md)
+}
+
+/// One pivot table per metric, inside a collapsible block.
+fn all_results(suite: &dyn Suite, records: &[Record]) -> String {
+    let mut out = format!(
+        "<details><summary>All {} results of {}</summary>\n\n",
+        records.len(),
+        suite.name()
+    );
+    let mut metrics: Vec<&str> = Vec::new();
+    for r in records {
+        if !metrics.contains(&r.metric.as_str()) {
+            metrics.push(&r.metric);
+        }
+    }
+    for m in metrics {
+        let rows: Vec<&Record> = records.iter().filter(|r| r.metric == m).collect();
+        let mut cases: Vec<&str> = Vec::new();
+        let mut impls: Vec<&str> = Vec::new();
+        for r in &rows {
+            if !cases.contains(&r.case.as_str()) {
+                cases.push(&r.case);
+            }
+            if !impls.contains(&r.impl_name.as_str()) {
+                impls.push(&r.impl_name);
+            }
+        }
+        let unit = rows.first().map_or("", |r| r.unit.as_str());
+        let shown_unit = match unit {
+            "ops/s" => "M ops/s",
+            "bytes" => "",
+            u => u,
+        };
+        let _ = write!(
+            out,
+            "**{m}** {}\n\n| case |",
+            if shown_unit.is_empty() {
+                String::new()
+            } else {
+                format!("({shown_unit})")
+            }
+        );
+        for i in &impls {
+            let _ = write!(out, " {i} |");
+        }
+        out += "\n| --- |";
+        out += &" ---: |".repeat(impls.len());
+        out.push('\n');
+        for c in cases {
+            let _ = write!(out, "| {c} |");
+            for i in &impls {
+                let cell = find(records, c, i, m).map_or("".into(), |r| {
+                    let mut cell = cell_value(r);
+                    if *i != suite.baseline() && r.stddev.is_some() {
+                        if let Some(s) =
+                            find(records, c, suite.baseline(), m).and_then(|b| speed_vs(r, b))
+                        {
+                            let _ = write!(cell, " ({s:.2}x)");
+                        }
+                    }
+                    cell
+                });
+                let _ = write!(out, " {cell} |");
+            }
+            out.push('\n');
+        }
+        if let Some(info) = metric(m) {
+            let _ = write!(out, "\n_{}_: {}.\n", info.name, info.doc);
+        }
+        out.push('\n');
+    }
+    out + "</details>\n\n"
+}
+
+/// A compact cell: `12.35 ± 0.12` (M ops/s), `3.21 ± 0.02` (ns), `4.2 MiB`.
+fn cell_value(r: &Record) -> String {
+    let (v, sd) = match r.unit.as_str() {
+        "ops/s" => (r.value / 1e6, r.stddev.map(|s| s / 1e6)),
+        "bytes" => return fmt_bytes(r.value),
+        "count" => return format!("{:.0}", r.value),
+        _ => (r.value, r.stddev),
+    };
+    match sd {
+        Some(sd) => format!("{v:.2} ± {sd:.2}"),
+        None => format!("{v:.2}"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::record::LOOKUPS_PER_SEC;
+    use crate::stats::Stats;
+
+    #[test]
+    fn cells_are_compact() {
+        let r = Record::stats(
+            "s",
+            "c",
+            "i",
+            &LOOKUPS_PER_SEC,
+            Stats {
+                mean: 12.345e6,
+                stddev: 0.12e6,
+                n: 3,
+            },
+        );
+        assert_eq!(cell_value(&r), "12.35 ± 0.12");
+    }
+}

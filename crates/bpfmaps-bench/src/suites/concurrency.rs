@@ -1,0 +1,431 @@
+//! `concurrency`: lookups per second with 1 and 2 reader threads while one
+//! writer updates, deletes and reinserts, for bpfmaps `HashMap` vs dashmap.
+//!
+//! Varies: the number of readers and the map. Holds fixed: 100K entries,
+//! 16-byte kernel-bench keys, 8-byte values, the same hash (policy and
+//! seed) for both maps, a fixed duration per repetition.
+//!
+//! The writer walks the keys in a shuffled order; seven of every eight
+//! operations are an update (`BPF_ANY`) to a new value, the eighth a delete
+//! followed by a reinsert. Every value written for key `id` is
+//! `id << 32 | generation`, so a reader checks that what it read belongs to
+//! the key it asked for: `mismatches` counts values that do not, and must
+//! be 0. `read_misses` counts reads that fell between a delete and its
+//! reinsert, which is allowed.
+
+use std::hint::black_box;
+use std::sync::Barrier;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use bpfmaps::hashtab::{HashMap, HashOptions};
+use bpfmaps::{BPF_ANY, BPF_NOEXIST, HashPolicy, Map};
+use clap::{Args, Command};
+use dashmap::DashMap;
+
+use crate::alloc::MemProbe;
+use crate::hasher::PolicyBuildHasher;
+use crate::keys::{KeySet, shuffled_indices};
+use crate::plot::LinePlot;
+use crate::record::{
+    LOOKUPS_PER_SEC, MEM_BYTES_HELD, MISMATCHES, READ_MISSES, Record, WRITER_OPS_PER_SEC, case,
+    find, ratio,
+};
+use crate::stats::Stats;
+use crate::suite::{Ctx, Suite};
+use crate::suites::parse_policy;
+use crate::table::{Table, fmt_mops, fmt_ratio};
+
+/// The suite.
+pub struct Concurrency;
+
+/// `concurrency` options.
+#[derive(Debug, Args)]
+struct Opts {
+    /// Entries in the map (all present at the start).
+    #[arg(long, default_value_t = 100_000)]
+    entries: u32,
+    /// Key size in bytes.
+    #[arg(long, default_value_t = 16)]
+    key_size: usize,
+    /// Reader thread counts to run (comma-separated).
+    #[arg(long, value_delimiter = ',', default_values_t = [1usize, 2])]
+    readers: Vec<usize>,
+    /// Milliseconds per repetition [quick: 500; full: 2000].
+    #[arg(long)]
+    duration_ms: Option<u64>,
+    /// Hash policy of both maps.
+    #[arg(long, value_parser = parse_policy, default_value = "xxh3")]
+    policy: HashPolicy,
+}
+
+/// Lookups per pinned guard and per stop check.
+const BATCH: usize = 256;
+/// Writer operations per stop check.
+const WRITER_BATCH: usize = 64;
+
+/// What a batch of reads saw.
+#[derive(Debug, Default, Clone, Copy)]
+struct ReadCounts {
+    found: u64,
+    missing: u64,
+    bad: u64,
+}
+
+impl std::ops::AddAssign for ReadCounts {
+    fn add_assign(&mut self, o: ReadCounts) {
+        self.found += o.found;
+        self.missing += o.missing;
+        self.bad += o.bad;
+    }
+}
+
+#[inline]
+fn check(id: u32, value: u64, c: &mut ReadCounts) {
+    if value >> 32 == u64::from(id) {
+        c.found += 1;
+    } else {
+        c.bad += 1;
+    }
+}
+
+/// A concurrent map under test.
+trait Target: Sync {
+    const NAME: &'static str;
+    /// Looks up `keys[id]` for each id, checking the values.
+    fn read_batch(&self, keys: &KeySet, ids: &[u32]) -> ReadCounts;
+    /// Inserts or replaces (`BPF_ANY`).
+    fn write(&self, key: &[u8], value: u64);
+    /// Deletes a present key.
+    fn remove(&self, key: &[u8]);
+    /// Entry count.
+    fn count(&self) -> usize;
+}
+
+impl Target for HashMap {
+    const NAME: &'static str = "bpfmaps";
+    fn read_batch(&self, keys: &KeySet, ids: &[u32]) -> ReadCounts {
+        let guard = bpfmaps::pin();
+        let mut c = ReadCounts::default();
+        for &id in ids {
+            match self.get(black_box(keys.key(id as usize)), &guard) {
+                Some(v) => check(
+                    id,
+                    u64::from_ne_bytes(v.try_into().expect("8-byte values")),
+                    &mut c,
+                ),
+                None => c.missing += 1,
+            }
+        }
+        c
+    }
+    fn write(&self, key: &[u8], value: u64) {
+        self.update(key, &value.to_ne_bytes(), BPF_ANY)
+            .expect("update");
+    }
+    fn remove(&self, key: &[u8]) {
+        self.delete(key).expect("delete of a present key");
+    }
+    fn count(&self) -> usize {
+        self.len()
+    }
+}
+
+impl Target for DashMap<Box<[u8]>, u64, PolicyBuildHasher> {
+    const NAME: &'static str = "dashmap";
+    fn read_batch(&self, keys: &KeySet, ids: &[u32]) -> ReadCounts {
+        let mut c = ReadCounts::default();
+        for &id in ids {
+            match self.get(black_box(keys.key(id as usize))) {
+                Some(v) => check(id, *v, &mut c),
+                None => c.missing += 1,
+            }
+        }
+        c
+    }
+    fn write(&self, key: &[u8], value: u64) {
+        // BPF_ANY without allocating a key when it is present.
+        match self.get_mut(key) {
+            Some(mut v) => *v = value,
+            None => {
+                self.insert(key.into(), value);
+            }
+        }
+    }
+    fn remove(&self, key: &[u8]) {
+        assert!(
+            DashMap::remove(self, key).is_some(),
+            "delete of a present key"
+        );
+    }
+    fn count(&self) -> usize {
+        self.len()
+    }
+}
+
+/// One timed repetition.
+struct Once {
+    lookups_per_sec: f64,
+    writer_ops_per_sec: f64,
+    reads: ReadCounts,
+}
+
+fn run_once<T: Target>(
+    map: &T,
+    keys: &KeySet,
+    readers: usize,
+    duration: Duration,
+    rep: u64,
+) -> Once {
+    let n = keys.len();
+    let stop = AtomicBool::new(false);
+    let barrier = Barrier::new(readers + 2);
+    std::thread::scope(|s| {
+        let reader_threads: Vec<_> = (0..readers)
+            .map(|r| {
+                let (stop, barrier) = (&stop, &barrier);
+                s.spawn(move || {
+                    let ids = shuffled_indices(n, rep * 100 + r as u64);
+                    let mut counts = ReadCounts::default();
+                    let mut pos = 0;
+                    barrier.wait();
+                    let start = Instant::now();
+                    while !stop.load(Ordering::Relaxed) {
+                        let end = (pos + BATCH).min(n);
+                        counts += map.read_batch(keys, &ids[pos..end]);
+                        pos = if end == n { 0 } else { end };
+                    }
+                    (counts, start.elapsed())
+                })
+            })
+            .collect();
+        let writer = {
+            let (stop, barrier) = (&stop, &barrier);
+            s.spawn(move || {
+                let ids = shuffled_indices(n, rep * 100 + 99);
+                let (mut ops, mut generation, mut pos) = (0u64, 0u32, 0usize);
+                barrier.wait();
+                let start = Instant::now();
+                while !stop.load(Ordering::Relaxed) {
+                    for _ in 0..WRITER_BATCH {
+                        let id = ids[pos];
+                        pos = (pos + 1) % n;
+                        generation = generation.wrapping_add(1);
+                        let key = keys.key(id as usize);
+                        let value = u64::from(id) << 32 | u64::from(generation);
+                        if generation % 8 == 0 {
+                            map.remove(key);
+                            map.write(key, value);
+                            ops += 2;
+                        } else {
+                            map.write(key, value);
+                            ops += 1;
+                        }
+                    }
+                }
+                ops as f64 / start.elapsed().as_secs_f64()
+            })
+        };
+        barrier.wait();
+        std::thread::sleep(duration);
+        stop.store(true, Ordering::Relaxed);
+        let mut once = Once {
+            lookups_per_sec: 0.0,
+            writer_ops_per_sec: writer.join().expect("writer thread"),
+            reads: ReadCounts::default(),
+        };
+        for t in reader_threads {
+            let (counts, elapsed) = t.join().expect("reader thread");
+            once.lookups_per_sec +=
+                (counts.found + counts.missing + counts.bad) as f64 / elapsed.as_secs_f64();
+            once.reads += counts;
+        }
+        once
+    })
+}
+
+/// Runs every reader count against one map; records in reader order.
+fn measure<T: Target>(
+    ctx: &Ctx,
+    map: &T,
+    keys: &KeySet,
+    held: usize,
+    readers: usize,
+    duration: Duration,
+    base: &str,
+) -> Vec<Record> {
+    let c = format!("readers={readers},{base}");
+    let (mut lookups, mut writes, mut reads) = (Vec::new(), Vec::new(), ReadCounts::default());
+    for rep in 0..ctx.reps() {
+        let once = run_once(map, keys, readers, duration, rep as u64);
+        assert_eq!(map.count(), keys.len(), "{}: entries lost", T::NAME);
+        lookups.push(once.lookups_per_sec);
+        writes.push(once.writer_ops_per_sec);
+        reads += once.reads;
+        ctx.step();
+    }
+    let s = ctx.suite();
+    vec![
+        Record::stats(
+            s,
+            &c,
+            T::NAME,
+            &LOOKUPS_PER_SEC,
+            Stats::from_samples(&lookups),
+        ),
+        Record::stats(
+            s,
+            &c,
+            T::NAME,
+            &WRITER_OPS_PER_SEC,
+            Stats::from_samples(&writes),
+        ),
+        Record::single(s, &c, T::NAME, &MISMATCHES, reads.bad as f64),
+        Record::single(s, &c, T::NAME, &READ_MISSES, reads.missing as f64),
+        Record::single(s, &c, T::NAME, &MEM_BYTES_HELD, held as f64),
+    ]
+}
+
+impl Suite for Concurrency {
+    fn name(&self) -> &'static str {
+        "concurrency"
+    }
+
+    fn about(&self) -> &'static str {
+        "lookups/s with 1-2 readers under a busy writer, bpfmaps HashMap vs dashmap"
+    }
+
+    fn describe(&self) -> &'static str {
+        "100K entries, 16-byte kernel-bench keys, 8-byte values, both maps \
+         hashing with the same policy and seed. One writer thread loops over \
+         the keys: 7 of 8 operations are updates (`BPF_ANY`) to a new value, \
+         the 8th a delete and a reinsert. Readers look up every key in a \
+         shuffled order (bpfmaps pins one guard per 256 lookups) and check \
+         that each value was written for that key (`mismatches`, must be 0). \
+         `lookups_per_sec` is summed over readers; with 2 readers and the \
+         writer there are 3 busy threads, more than a 2-core machine has."
+    }
+
+    fn baseline(&self) -> &'static str {
+        "dashmap"
+    }
+
+    fn args(&self, cmd: Command) -> Command {
+        Opts::augment_args(cmd)
+    }
+
+    fn run(&self, ctx: &Ctx) -> Vec<Record> {
+        let opts: Opts = ctx.options();
+        let duration =
+            Duration::from_millis(
+                opts.duration_ms
+                    .unwrap_or(if ctx.quick() { 500 } else { 2000 }),
+            );
+        let n = opts.entries as usize;
+        let keys = KeySet::kernel(n, opts.key_size);
+        let seed: u32 = rand::random();
+        let base = case(&[
+            ("n", &n),
+            ("ks", &opts.key_size),
+            ("hash", &opts.policy.name()),
+        ]);
+        ctx.set_steps((opts.readers.len() * 2 * ctx.reps()) as u64);
+
+        let probe = MemProbe::start();
+        let dash: DashMap<Box<[u8]>, u64, PolicyBuildHasher> =
+            DashMap::with_capacity_and_hasher(n, PolicyBuildHasher::new(opts.policy, seed));
+        for (id, key) in keys.iter().enumerate() {
+            dash.insert(key.into(), (id as u64) << 32);
+        }
+        let dash_held = probe.held();
+
+        let probe = MemProbe::start();
+        let options = HashOptions {
+            prealloc: true,
+            policy: opts.policy,
+            seed: Some(seed),
+        };
+        let ours = HashMap::with_options(opts.key_size, 8, opts.entries, options)
+            .expect("creating the map");
+        for (id, key) in keys.iter().enumerate() {
+            ours.update(key, &((id as u64) << 32).to_ne_bytes(), BPF_NOEXIST)
+                .expect("insert");
+        }
+        let ours_held = probe.held();
+
+        let mut all = Vec::new();
+        for &readers in &opts.readers {
+            let mut recs = measure(ctx, &dash, &keys, dash_held, readers, duration, &base);
+            recs.extend(measure(
+                ctx, &ours, &keys, ours_held, readers, duration, &base,
+            ));
+            ctx.print(&recs);
+            all.extend(recs);
+        }
+        all
+    }
+
+    fn summaries(&self, records: &[Record]) -> Vec<Table> {
+        let mut t = Table::new(
+            "concurrency: readers under one writer",
+            &[
+                "readers",
+                "bpfmaps lookups M/s",
+                "dashmap lookups M/s",
+                "bpfmaps/dashmap",
+                "bpfmaps writer M/s",
+                "dashmap writer M/s",
+                "writer bpfmaps/dashmap",
+                "mismatches (bpfmaps, dashmap)",
+            ],
+        )
+        .with_note("Lookups summed over reader threads; mismatches must be 0.");
+        let mut cases: Vec<&str> = records.iter().map(|r| r.case.as_str()).collect();
+        cases.dedup();
+        for c in cases {
+            let get = |imp: &str, m: &str| find(records, c, imp, m);
+            let count = |imp: &str| {
+                get(imp, MISMATCHES.name).map_or("-".into(), |r| format!("{:.0}", r.value))
+            };
+            t.push(vec![
+                crate::record::case_param(c, "readers")
+                    .unwrap_or("?")
+                    .to_string(),
+                fmt_mops(get("bpfmaps", LOOKUPS_PER_SEC.name).map(|r| r.value)),
+                fmt_mops(get("dashmap", LOOKUPS_PER_SEC.name).map(|r| r.value)),
+                fmt_ratio(ratio(
+                    get("bpfmaps", LOOKUPS_PER_SEC.name),
+                    get("dashmap", LOOKUPS_PER_SEC.name),
+                )),
+                fmt_mops(get("bpfmaps", WRITER_OPS_PER_SEC.name).map(|r| r.value)),
+                fmt_mops(get("dashmap", WRITER_OPS_PER_SEC.name).map(|r| r.value)),
+                fmt_ratio(ratio(
+                    get("bpfmaps", WRITER_OPS_PER_SEC.name),
+                    get("dashmap", WRITER_OPS_PER_SEC.name),
+                )),
+                format!("{}, {}", count("bpfmaps"), count("dashmap")),
+            ]);
+        }
+        vec![t]
+    }
+
+    fn plots(&self, records: &[Record]) -> Vec<LinePlot> {
+        let mut p = LinePlot::new(
+            "concurrency",
+            "Lookups/s (all readers) and writer ops/s vs reader threads",
+            "reader threads",
+            "million operations per second",
+        );
+        for imp in ["bpfmaps", "dashmap"] {
+            for (m, what) in [(LOOKUPS_PER_SEC, "lookups"), (WRITER_OPS_PER_SEC, "writer")] {
+                let pts = records
+                    .iter()
+                    .filter(|r| r.impl_name == imp && r.metric == m.name)
+                    .filter_map(|r| Some((r.param("readers")?.parse().ok()?, r.value / 1e6)))
+                    .collect();
+                p.add(format!("{imp} {what}"), pts);
+            }
+        }
+        if p.is_empty() { Vec::new() } else { vec![p] }
+    }
+}
