@@ -149,12 +149,12 @@ fn all_results(suite: &dyn Suite, records: &[Record]) -> String {
             for i in &impls {
                 let cell = find(records, c, i, m).map_or("".into(), |r| {
                     let mut cell = cell_value(r);
-                    if *i != suite.baseline() && r.stddev.is_some() {
-                        if let Some(s) =
+                    if *i != suite.baseline()
+                        && r.stddev.is_some()
+                        && let Some(s) =
                             find(records, c, suite.baseline(), m).and_then(|b| speed_vs(r, b))
-                        {
-                            let _ = write!(cell, " ({s:.2}x)");
-                        }
+                    {
+                        let _ = write!(cell, " ({s:.2}x)");
                     }
                     cell
                 });
