@@ -248,7 +248,8 @@ mod tests {
         assert_eq!(v["unit"], "bytes");
 
         let back: Vec<Record> =
-            serde_json::from_str(&serde_json::to_string(&[r.clone()]).unwrap()).unwrap();
+            serde_json::from_str(&serde_json::to_string(std::slice::from_ref(&r)).unwrap())
+                .unwrap();
         assert_eq!(back, [r]);
     }
 
