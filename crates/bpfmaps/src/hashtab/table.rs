@@ -24,11 +24,17 @@ use crate::core::error::{Error, Result};
 use crate::core::flags::UpdateFlag;
 use crate::hash::HashPolicy;
 
-/// One hash bucket: the chain head and the lock its writers take.
-struct Bucket {
-    head: AtomicPtr<ElemHeader>,
-    lock: Mutex<()>,
+/// One hash bucket: its chain head and the lock its writers take. Heads
+/// are a dense array of pointers (8 bytes a bucket, all a reader touches);
+/// locks are striped over at most `MAX_LOCKS`.
+#[derive(Clone, Copy)]
+struct Bucket<'a> {
+    head: &'a AtomicPtr<ElemHeader>,
+    lock: &'a Mutex<()>,
 }
+
+/// Lock stripes: enough that writers on two cores rarely meet.
+const MAX_LOCKS: usize = 4096;
 
 /// Construction options for a raw table.
 #[derive(Debug, Clone, Copy)]
@@ -50,7 +56,8 @@ pub(super) enum Replaced {
 }
 
 pub(super) struct RawTable {
-    buckets: Box<[Bucket]>,
+    heads: Box<[AtomicPtr<ElemHeader>]>,
+    locks: Box<[Mutex<()>]>,
     mask: usize,
     slab: Arc<Slab>,
     len: AtomicUsize,
@@ -77,11 +84,11 @@ impl RawTable {
             .max_entries
             .checked_next_power_of_two()
             .ok_or(Error::NoMemory)?;
-        let buckets = (0..n_buckets)
-            .map(|_| Bucket {
-                head: AtomicPtr::new(ptr::null_mut()),
-                lock: Mutex::new(()),
-            })
+        let heads = (0..n_buckets)
+            .map(|_| AtomicPtr::new(ptr::null_mut()))
+            .collect();
+        let locks = (0..n_buckets.min(MAX_LOCKS))
+            .map(|_| Mutex::new(()))
             .collect();
         let layout = ElemLayout::new(opts.key_size, opts.value_size);
         let (prealloc, grow_by) = if opts.prealloc {
@@ -91,7 +98,8 @@ impl RawTable {
             (0, (opts.max_entries / 64).clamp(16, 4096))
         };
         Ok(RawTable {
-            buckets,
+            heads,
+            locks,
             mask: n_buckets - 1,
             slab: Arc::new(Slab::new(layout, prealloc, grow_by)?),
             len: AtomicUsize::new(0),
@@ -112,9 +120,13 @@ impl RawTable {
     }
 
     #[inline]
-    fn bucket(&self, hash: u32) -> &Bucket {
-        // SAFETY-free: mask < buckets.len() by construction.
-        &self.buckets[hash as usize & self.mask]
+    fn bucket(&self, hash: u32) -> Bucket<'_> {
+        let i = hash as usize & self.mask;
+        // The lock count is a power of two no larger than the bucket count.
+        Bucket {
+            head: &self.heads[i],
+            lock: &self.locks[i & (self.locks.len() - 1)],
+        }
     }
 
     pub fn len(&self) -> usize {
@@ -122,6 +134,10 @@ impl RawTable {
     }
 
     /// Finds the element holding `key`. Lock-free: never waits for a writer.
+    ///
+    /// Keys are compared after the stored hash matches, so the comparison
+    /// almost always succeeds: `keys_equal` avoids a `memcmp` call for the
+    /// common small sizes.
     #[inline]
     pub fn find(&self, key: &[u8], hash: u32, _guard: &Guard) -> Option<ElemPtr> {
         let layout = self.layout();
@@ -131,7 +147,7 @@ impl RawTable {
             // SAFETY: reachable under the pinned guard (invariant 3).
             let h = unsafe { e.header() };
             // SAFETY: as above; keys of reachable elements are immutable.
-            if h.hash.load(Ordering::Relaxed) == hash && unsafe { e.key(layout) } == key {
+            if h.hash.load(Ordering::Relaxed) == hash && keys_equal(unsafe { e.key(layout) }, key) {
                 return Some(e);
             }
             p = h.next.load(Ordering::Acquire);
@@ -150,13 +166,13 @@ impl RawTable {
     /// Walks a locked bucket for `key`; returns the link that points at it.
     fn find_locked<'b>(
         &self,
-        bucket: &'b Bucket,
+        bucket: Bucket<'b>,
         _lock: &MutexGuard<'b, ()>,
         key: &[u8],
         hash: u32,
     ) -> Option<(&'b AtomicPtr<ElemHeader>, ElemPtr)> {
         let layout = self.layout();
-        let mut link = &bucket.head;
+        let mut link = bucket.head;
         loop {
             let e = ElemPtr(ptr::NonNull::new(link.load(Ordering::Relaxed))?);
             // SAFETY: under the bucket lock the chain cannot change, and
@@ -279,7 +295,7 @@ impl RawTable {
         let hash = unsafe { victim.header() }.hash.load(Ordering::Relaxed);
         let bucket = self.bucket(hash);
         let _lock = bucket.lock.lock();
-        let mut link = &bucket.head;
+        let mut link = bucket.head;
         loop {
             let Some(e) = ptr::NonNull::new(link.load(Ordering::Relaxed)) else {
                 return false;
@@ -311,8 +327,8 @@ impl RawTable {
                 start_bucket = (hash as usize & self.mask) + 1;
             }
         }
-        for bucket in &self.buckets[start_bucket..] {
-            if let Some(first) = ptr::NonNull::new(bucket.head.load(Ordering::Acquire)) {
+        for head in &self.heads[start_bucket..] {
+            if let Some(first) = ptr::NonNull::new(head.load(Ordering::Acquire)) {
                 // SAFETY: reachable under the guard.
                 out.copy_from_slice(unsafe { ElemPtr(first).key(&layout) });
                 return Ok(());
@@ -325,8 +341,8 @@ impl RawTable {
     pub fn for_each<'g>(&self, guard: &'g Guard, mut f: impl FnMut(&'g [u8], &'g [u8])) {
         let layout = *self.layout();
         let _ = guard;
-        for bucket in self.buckets.iter() {
-            let mut p = bucket.head.load(Ordering::Acquire);
+        for head in self.heads.iter() {
+            let mut p = head.load(Ordering::Acquire);
             while let Some(e) = ptr::NonNull::new(p) {
                 let e = ElemPtr(e);
                 // SAFETY: reachable under the guard.
@@ -343,7 +359,28 @@ impl RawTable {
     }
 
     pub fn memory_usage(&self) -> usize {
-        size_of::<Self>() + self.buckets.len() * size_of::<Bucket>() + self.slab.bytes()
+        size_of::<Self>()
+            + self.heads.len() * size_of::<AtomicPtr<ElemHeader>>()
+            + self.locks.len() * size_of::<Mutex<()>>()
+            + self.slab.bytes()
+    }
+}
+
+/// `a == b` for equal-length keys, without a `memcmp` call for keys of
+/// up to 16 bytes.
+#[inline(always)]
+fn keys_equal(a: &[u8], b: &[u8]) -> bool {
+    if a.len() != b.len() {
+        return false;
+    }
+    let n = a.len();
+    let word = |s: &[u8], at: usize| u64::from_ne_bytes(s[at..at + 8].try_into().expect("8 bytes"));
+    let half = |s: &[u8], at: usize| u32::from_ne_bytes(s[at..at + 4].try_into().expect("4 bytes"));
+    match n {
+        // Two overlapping loads cover 8..=16 and 4..=8 bytes.
+        8..=16 => word(a, 0) == word(b, 0) && word(a, n - 8) == word(b, n - 8),
+        4..=7 => half(a, 0) == half(b, 0) && half(a, n - 4) == half(b, n - 4),
+        _ => a == b,
     }
 }
 
@@ -351,6 +388,25 @@ impl Drop for RawTable {
     fn drop(&mut self) {
         // Elements live in the slab (freed in the background when the last
         // deferred release lets go of it); the bucket array goes too.
-        crate::core::reclaim::drop_in_background(std::mem::take(&mut self.buckets));
+        crate::core::reclaim::drop_in_background(std::mem::take(&mut self.heads));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::keys_equal;
+
+    #[test]
+    fn keys_equal_sees_every_differing_byte() {
+        for n in 0..40usize {
+            let a: Vec<u8> = (0..n as u8).collect();
+            assert!(keys_equal(&a, &a.clone()));
+            for i in 0..n {
+                let mut b = a.clone();
+                b[i] ^= 0x40;
+                assert!(!keys_equal(&a, &b), "n={n} i={i}");
+            }
+        }
+        assert!(!keys_equal(&[1, 2], &[1, 2, 3]));
     }
 }

@@ -357,7 +357,7 @@ fn memory_usage_counts_preallocation() {
     )
     .unwrap();
     // 10K elements of 32 bytes are held up front only when preallocated.
-    assert!(pre.memory_usage() >= 10_000 * 32 + 16_384 * 16);
+    assert!(pre.memory_usage() >= 10_000 * 32 + 16_384 * 8);
     assert!(lazy.memory_usage() < pre.memory_usage() / 2);
 }
 
