@@ -468,10 +468,15 @@ fn concurrent_readers_see_whole_fresh_values() {
             map.update(&k(key), &encode(key, 0), BPF_ANY).unwrap();
         }
         let stop = Arc::new(AtomicBool::new(false));
+        // Readers are running before the writer starts (a fast writer could
+        // otherwise finish before any read overlaps it).
+        let start = Arc::new(std::sync::Barrier::new(3));
         let readers: Vec<_> = (0..2)
             .map(|r| {
-                let (map, published, stop) = (map.clone(), published.clone(), stop.clone());
+                let (map, published, stop, start) =
+                    (map.clone(), published.clone(), stop.clone(), start.clone());
                 std::thread::spawn(move || {
+                    start.wait();
                     let mut out = vec![0u8; 8 * VALUE_WORDS];
                     let mut reads = 0u64;
                     let mut i = r as u32;
@@ -497,6 +502,7 @@ fn concurrent_readers_see_whole_fresh_values() {
                 })
             })
             .collect();
+        start.wait();
         let writer = {
             let (map, published) = (map.clone(), published.clone());
             std::thread::spawn(move || {

@@ -152,6 +152,14 @@ impl Arena {
         }
     }
 
+    /// Whether some released block is waiting to be reused (for tests).
+    #[cfg(test)]
+    pub fn has_returned(&self) -> bool {
+        self.returned
+            .iter()
+            .any(|r| !r.load(Ordering::Relaxed).is_null())
+    }
+
     /// Bytes of chunk memory held.
     pub fn bytes(&self) -> usize {
         self.chunk_bytes.load(Ordering::Relaxed)

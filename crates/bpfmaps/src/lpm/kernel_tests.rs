@@ -1303,12 +1303,14 @@ fn readers_see_only_stored_values_while_a_writer_churns() {
 
     let done = AtomicBool::new(false);
     let lookups = AtomicUsize::new(0);
+    let started = AtomicUsize::new(0);
     std::thread::scope(|s| {
         for r in 0..2u64 {
-            let (trie, done, lookups, known) = (&trie, &done, &lookups, &known);
+            let (trie, done, lookups, known, started) = (&trie, &done, &lookups, &known, &started);
             s.spawn(move || {
                 let mut rng = StdRng::seed_from_u64(r);
                 let mut n = 0;
+                started.fetch_add(1, Ordering::Relaxed);
                 while !done.load(Ordering::Relaxed) {
                     let guard = pin();
                     for _ in 0..64 {
@@ -1364,6 +1366,11 @@ fn readers_see_only_stored_values_while_a_writer_churns() {
             }
         }
         let stop = StopOnDrop(&done);
+        // Readers must be running before the writer starts, or a fast
+        // writer could finish before any read overlaps it.
+        while started.load(Ordering::Relaxed) < 2 {
+            std::thread::yield_now();
+        }
         let mut rng = StdRng::seed_from_u64(99);
         let mut present = vec![false; churn.len()];
         for _ in 0..20_000 {

@@ -723,6 +723,12 @@ impl LpmTrie {
         KeyRef::parse(key, self.data_size)
     }
 
+    /// Whether the arena holds released blocks (for tests).
+    #[cfg(test)]
+    pub(crate) fn arena_has_returned(&self) -> bool {
+        self.arena.has_returned()
+    }
+
     /// Bytes held: node blocks, route slots, the struct.
     pub fn memory_usage(&self) -> usize {
         size_of::<Self>() + self.arena.bytes() + self.routes.bytes()
