@@ -52,6 +52,17 @@ impl KeySet {
         KeySet { key_size, bytes }
     }
 
+    /// Keys numbered `indices`, in that order: e.g. a probe sequence that
+    /// mixes keys a map holds (`i < n`) with keys it does not (`i >= n`).
+    pub fn kernel_indices(indices: &[u32], key_size: usize) -> KeySet {
+        assert!(key_size > 0, "zero-sized keys");
+        let mut bytes = vec![0u8; indices.len() * key_size];
+        for (&i, key) in indices.iter().zip(bytes.chunks_exact_mut(key_size)) {
+            kernel_key(i, key);
+        }
+        KeySet { key_size, bytes }
+    }
+
     /// The first `count` keys of `self` in a shuffled order (deterministic
     /// for a given `seed`), copied so that a lookup loop reads them
     /// sequentially and measures the map, not the key fetch.
@@ -173,6 +184,16 @@ mod tests {
         let b: HashSet<&[u8]> = (0..5_000).map(|i| keys.key(i)).collect();
         assert_eq!(a, b);
         assert_eq!(sh, keys.shuffled_prefix(5_000, 1), "deterministic");
+    }
+
+    #[test]
+    fn keys_by_index_match_the_sequence() {
+        let all = KeySet::kernel(10, 12);
+        let some = KeySet::kernel_indices(&[7, 0, 9, 7], 12);
+        assert_eq!(some.len(), 4);
+        for (j, &i) in [7usize, 0, 9, 7].iter().enumerate() {
+            assert_eq!(some.key(j), all.key(i));
+        }
     }
 
     #[test]

@@ -67,6 +67,21 @@ pub fn spin(time: Duration) {
     }
 }
 
+/// Waits until bpfmaps' background reaper thread has freed everything
+/// handed to it so far (it frees in order), so that a measurement does not
+/// share the CPU with freeing a map dropped just before it.
+pub fn settle_reaper() {
+    struct Marker(std::sync::mpsc::Sender<()>);
+    impl Drop for Marker {
+        fn drop(&mut self) {
+            let _ = self.0.send(());
+        }
+    }
+    let (tx, rx) = std::sync::mpsc::channel();
+    bpfmaps::core::reclaim::drop_in_background(Marker(tx));
+    let _ = rx.recv_timeout(Duration::from_secs(60));
+}
+
 /// Per-repetition rates in operations per second.
 pub fn rate_samples(plan: Plan, mut batch: impl FnMut() -> u64) -> Vec<f64> {
     if !plan.warmup.is_zero() {
@@ -109,6 +124,14 @@ mod tests {
         // 10 ops per >= 1 ms: at most 10k ops/s.
         assert!(s.mean > 0.0 && s.mean <= 10_000.0, "{s:?}");
         assert!(calls >= 3 * 5);
+    }
+
+    #[test]
+    fn settling_waits_for_earlier_background_frees() {
+        let big = vec![0u8; 1 << 20];
+        bpfmaps::core::reclaim::drop_in_background(big);
+        settle_reaper();
+        settle_reaper(); // and returns when there is nothing to wait for
     }
 
     #[test]

@@ -33,7 +33,8 @@ use crate::stats::Stats;
 pub struct Metric {
     /// Stable machine name, as written to JSON.
     pub name: &'static str,
-    /// Unit, as written to JSON: `ops/s`, `ns`, `bytes` or `count`.
+    /// Unit, as written to JSON: `ops/s`, `ns`, `bytes`, `count` or
+    /// `ratio` (a fraction between 0 and 1).
     pub unit: &'static str,
     /// Short label for the human table.
     pub label: &'static str,
@@ -107,6 +108,42 @@ pub const READ_MISSES: Metric = Metric {
     doc: "reads that found no entry (the key was between delete and reinsert)",
 };
 
+/// Absent keys a bloom filter called maybe-present, per absent key tested.
+pub const FALSE_POSITIVE_RATE: Metric = Metric {
+    name: "false_positive_rate",
+    unit: "ratio",
+    label: "fpp",
+    higher_is_better: false,
+    doc: "bloom filter: fraction of absent keys it called maybe-present, each then a map lookup that missed",
+};
+
+/// Stack map: `get_stackid` calls answering `EEXIST` per stack offered.
+pub const COLLISION_RATE: Metric = Metric {
+    name: "collision_rate",
+    unit: "ratio",
+    label: "collision rate",
+    higher_is_better: false,
+    doc: "stack map: get_stackid calls that answered EEXIST (a lost sample) per distinct stack offered",
+};
+
+/// Stack map: `get_stackid` calls answering `EEXIST` (`collisions()`).
+pub const STACK_COLLISIONS: Metric = Metric {
+    name: "stack_collisions",
+    unit: "count",
+    label: "EEXIST",
+    higher_is_better: false,
+    doc: "stack map: get_stackid calls that answered EEXIST (`StackTraceMap::collisions()`)",
+};
+
+/// Stack map: `get_stackid` calls per second for stacks already stored.
+pub const STACKIDS_PER_SEC: Metric = Metric {
+    name: "stackids_per_sec",
+    unit: "ops/s",
+    label: "get_stackid",
+    higher_is_better: true,
+    doc: "get_stackid calls per second re-offering stored stacks (hash, bucket load, frame compare)",
+};
+
 /// Every metric a suite may emit.
 pub const METRICS: &[Metric] = &[
     NS_PER_HASH,
@@ -116,6 +153,10 @@ pub const METRICS: &[Metric] = &[
     MEM_REPORTED,
     MISMATCHES,
     READ_MISSES,
+    FALSE_POSITIVE_RATE,
+    COLLISION_RATE,
+    STACK_COLLISIONS,
+    STACKIDS_PER_SEC,
 ];
 
 /// Looks a metric up by name.

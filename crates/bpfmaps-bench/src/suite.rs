@@ -240,7 +240,7 @@ pub fn speed_vs(r: &Record, base: &Record) -> Option<f64> {
     (den > 0.0 && num.is_finite()).then(|| num / den)
 }
 
-/// `12.345 ± 0.123 M ops/s`, `3.21 ± 0.02 ns`, `4.2 MiB`, `0`.
+/// `12.345 ± 0.123 M ops/s`, `3.21 ± 0.02 ns`, `4.2 MiB`, `0`, `0.0032`.
 pub fn fmt_value(r: &Record, with_spread: bool) -> String {
     let spread = |scale: f64, prec: usize| match r.stddev {
         Some(sd) if with_spread => format!(" ± {:.prec$}", sd / scale),
@@ -262,6 +262,7 @@ pub fn fmt_value(r: &Record, with_spread: bool) -> String {
         "ns" => format!("{:7.2}{} ns", r.value, spread(1.0, 2)),
         "bytes" => fmt_bytes(r.value),
         "count" => format!("{:.0}", r.value),
+        "ratio" => format!("{:.4}{}", r.value, spread(1.0, 4)),
         other => format!("{:.3}{} {other}", r.value, spread(1.0, 3)),
     }
 }
@@ -327,7 +328,7 @@ pub fn run_suite(suite: &dyn Suite, opts: RunOptions, matches: ArgMatches) -> Su
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::record::{LOOKUPS_PER_SEC, MEM_BYTES_HELD, NS_PER_HASH};
+    use crate::record::{FALSE_POSITIVE_RATE, LOOKUPS_PER_SEC, MEM_BYTES_HELD, NS_PER_HASH};
     use crate::stats::Stats;
 
     #[test]
@@ -346,6 +347,8 @@ mod tests {
         assert_eq!(fmt_value(&r, true), " 12.345 ± 0.123 M ops/s");
         let m = Record::single("s", "c", "i", &MEM_BYTES_HELD, 4.2 * 1024.0 * 1024.0);
         assert_eq!(fmt_value(&m, true), "4.2 MiB");
+        let f = Record::single("s", "c", "i", &FALSE_POSITIVE_RATE, 0.003_21);
+        assert_eq!(fmt_value(&f, true), "0.0032");
     }
 
     #[test]

@@ -1,24 +1,28 @@
 //! The suite registry: one file per suite, listed in [`ALL`].
 //!
-//! To add a suite (for example `bloom` once `bpfmaps::bloom::BloomFilter`
-//! lands): write `bloom.rs` with a unit struct implementing
-//! [`Suite`](crate::Suite), then add `mod bloom;` below and `&bloom::Bloom`
-//! to [`ALL`]. The CLI subcommand, `--json`, the report section and its
-//! plots come from the trait.
+//! To add a suite: write `NAME.rs` with a unit struct implementing
+//! [`Suite`](crate::Suite), then add `mod NAME;` below and the struct to
+//! [`ALL`]. The CLI subcommand, `--json`, the report section and its plots
+//! come from the trait. New metric names go in
+//! [`record::METRICS`](crate::record::METRICS) and `METRICS.md`.
 
 use bpfmaps::HashPolicy;
 
 use crate::suite::Suite;
 
+mod bloom;
 mod concurrency;
 mod hash_sweep;
 mod hashfn;
+mod stackmap;
 
 /// Every suite, in the order `report` runs them.
 pub const ALL: &[&dyn Suite] = &[
     &hashfn::HashFn,
     &hash_sweep::HashSweep,
     &concurrency::Concurrency,
+    &bloom::Bloom,
+    &stackmap::StackMap,
 ];
 
 /// The suite named `name`.
