@@ -75,14 +75,16 @@ pub fn jhash(key: &[u8], initval: u32) -> u32 {
         return c;
     }
     // The kernel's fall-through switch: byte i goes into word i/4 at bits
-    // 8*(i%4), i.e. the tail read as little-endian words, zero-padded.
-    let mut tail = [0u8; 12];
-    tail[..k.len()].copy_from_slice(k);
-    let le = |i: usize| u32::from_le_bytes([tail[i], tail[i + 1], tail[i + 2], tail[i + 3]]);
+    // 8*(i%4). (A byte loop: copying the tail into a buffer costs a memcpy
+    // call, which dominates for short keys.)
+    let mut tail = [0u32; 3];
+    for (i, &byte) in k.iter().enumerate() {
+        tail[i / 4] |= (byte as u32) << (8 * (i % 4));
+    }
     final_mix(
-        a.wrapping_add(le(0)),
-        b.wrapping_add(le(4)),
-        c.wrapping_add(le(8)),
+        a.wrapping_add(tail[0]),
+        b.wrapping_add(tail[1]),
+        c.wrapping_add(tail[2]),
     )
 }
 
