@@ -54,7 +54,8 @@ pub fn write(dir: &Path, input: &ReportInput<'_>) -> io::Result<()> {
          (a counting global allocator); `reported` is the map's own `memory_usage()`.\n\
          - Peers hash with the same policy and seed as bpfmaps (a `BuildHasher` per policy), so they differ from \
          bpfmaps only in table design.\n\
-         - Data directory: `{}` ({}). The suites in this report use generated kernel-bench keys.\n\n",
+         - Data directory: `{}` ({}). The hash suites use generated kernel-bench keys; the LPM suites read the \
+         real tables there and say in their output when they fall back to generated prefixes.\n\n",
         input.machine.date,
         if input.quick { " --quick" } else { "" },
         input.elapsed.as_secs_f64(),
@@ -176,6 +177,12 @@ fn cell_value(r: &Record) -> String {
         "ops/s" => (r.value / 1e6, r.stddev.map(|s| s / 1e6)),
         "bytes" => return fmt_bytes(r.value),
         "count" => return format!("{:.0}", r.value),
+        "ms" => {
+            return match r.stddev {
+                Some(sd) => format!("{:.3} ± {sd:.3}", r.value),
+                None => format!("{:.3}", r.value),
+            };
+        }
         _ => (r.value, r.stddev),
     };
     match sd {
