@@ -13,6 +13,9 @@
 //! - [`record`]: the JSON record and the stable metric names.
 //! - [`keys`], [`hasher`]: kernel-bench keys, a `BuildHasher` per
 //!   [`bpfmaps::HashPolicy`] so peers hash exactly as bpfmaps does.
+//! - [`prefixes`], [`lpm_tables`]: IP prefix sets (real tables, the BGP
+//!   trace, generated fallbacks, lookup addresses) and the LPM
+//!   implementations compared, behind one trait.
 //! - [`table`], [`plot`], [`report`], [`machine`]: output.
 //!
 //! ## Adding a suite
@@ -31,9 +34,11 @@
 pub mod alloc;
 pub mod hasher;
 pub mod keys;
+pub mod lpm_tables;
 pub mod machine;
 pub mod measure;
 pub mod plot;
+pub mod prefixes;
 pub mod record;
 pub mod report;
 pub mod stats;

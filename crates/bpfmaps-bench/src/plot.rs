@@ -116,7 +116,8 @@ pub fn render_svg(plot: &LinePlot, path: &Path) -> PlotResult<()> {
         .axis_desc_style(("sans-serif", 16))
         .light_line_style(WHITE.mix(0.0));
     if plot.log_x {
-        mesh.x_labels(((x1 - x0).ceil() as usize + 1).max(2));
+        // One label per power of two, or every other one past a dozen.
+        mesh.x_labels(((x1 - x0).ceil() as usize + 1).clamp(2, 12));
     }
     mesh.draw()?;
 

@@ -33,7 +33,7 @@ use crate::stats::Stats;
 pub struct Metric {
     /// Stable machine name, as written to JSON.
     pub name: &'static str,
-    /// Unit, as written to JSON: `ops/s`, `ns`, `bytes`, `count` or
+    /// Unit, as written to JSON: `ops/s`, `ns`, `ms`, `bytes`, `count` or
     /// `ratio` (a fraction between 0 and 1).
     pub unit: &'static str,
     /// Short label for the human table.
@@ -144,6 +144,105 @@ pub const STACKIDS_PER_SEC: Metric = Metric {
     doc: "get_stackid calls per second re-offering stored stacks (hash, bucket load, frame compare)",
 };
 
+/// Operations of the kind named by the case's `op` per second.
+pub const OPS_PER_SEC: Metric = Metric {
+    name: "ops_per_sec",
+    unit: "ops/s",
+    label: "ops",
+    higher_is_better: true,
+    doc: "operations of the kind named by the case's `op` completed per second, one thread",
+};
+
+/// Nanoseconds per operation of the kind named by the case's `op`.
+pub const NS_PER_OP: Metric = Metric {
+    name: "ns_per_op",
+    unit: "ns",
+    label: "per op",
+    higher_is_better: false,
+    doc: "mean time per operation of the kind named by the case's `op`, one thread",
+};
+
+/// Nanoseconds per lookup (independent lookups back to back).
+pub const NS_PER_LOOKUP: Metric = Metric {
+    name: "ns_per_lookup",
+    unit: "ns",
+    label: "lookup",
+    higher_is_better: false,
+    doc: "mean time per lookup, independent lookups back to back on one thread",
+};
+
+/// Bytes held after building, divided by the prefixes stored.
+pub const MEM_BYTES_PER_PREFIX: Metric = Metric {
+    name: "mem_bytes_per_prefix",
+    unit: "bytes",
+    label: "mem/prefix",
+    higher_is_better: false,
+    doc: "bytes held by the building thread after building (counting allocator), per prefix stored",
+};
+
+/// The structure's own account of its memory, per prefix.
+pub const MEM_REPORTED_PER_PREFIX: Metric = Metric {
+    name: "mem_reported_per_prefix",
+    unit: "bytes",
+    label: "reported/prefix",
+    higher_is_better: false,
+    doc: "what the map says it holds (`memory_usage()`), per prefix stored",
+};
+
+/// Milliseconds to build a table by inserting its prefixes one by one.
+pub const BUILD_MS: Metric = Metric {
+    name: "build_ms",
+    unit: "ms",
+    label: "build",
+    higher_is_better: false,
+    doc: "milliseconds to build the table from empty, one insert per prefix",
+};
+
+/// Trace mutations (announce = insert, withdraw = remove) per second.
+pub const UPDATES_PER_SEC: Metric = Metric {
+    name: "updates_per_sec",
+    unit: "ops/s",
+    label: "updates",
+    higher_is_better: true,
+    doc: "BGP trace mutations (announce = insert or replace, withdraw = remove) applied per second by the one writer",
+};
+
+/// Milliseconds the freeing thread spends in `drop` or `clear()`.
+pub const FREE_MS: Metric = Metric {
+    name: "free_ms",
+    unit: "ms",
+    label: "free",
+    higher_is_better: false,
+    doc: "milliseconds the calling thread spends freeing a full map (`drop`, or `clear()` where the case says so)",
+};
+
+/// The longest gap a concurrent reader saw between two completed lookups.
+pub const MAX_READER_STALL_MS: Metric = Metric {
+    name: "max_reader_stall_ms",
+    unit: "ms",
+    label: "max stall",
+    higher_is_better: false,
+    doc: "longest gap between two consecutive completed lookups of a concurrent reader thread, in milliseconds",
+};
+
+/// [`MAX_READER_STALL_MS`] less the time the reader was off the CPU.
+pub const MAX_READER_STALL_ON_CPU_MS: Metric = Metric {
+    name: "max_reader_stall_on_cpu_ms",
+    unit: "ms",
+    label: "on-CPU stall",
+    higher_is_better: false,
+    doc: "the longest reader gap less the time the reader thread was off the CPU (preempted) in the same batch of lookups, in milliseconds",
+};
+
+/// Lookups answered differently from the baseline on the same address.
+pub const LPM_DISAGREEMENTS: Metric = Metric {
+    name: "lpm_disagreements",
+    unit: "count",
+    label: "disagree",
+    higher_is_better: false,
+    doc: "lookups whose value differs from the baseline's (`kernel`) on the same address, or 1 if only the checksums differ; must be 0",
+};
+
 /// Every metric a suite may emit.
 pub const METRICS: &[Metric] = &[
     NS_PER_HASH,
@@ -157,6 +256,17 @@ pub const METRICS: &[Metric] = &[
     COLLISION_RATE,
     STACK_COLLISIONS,
     STACKIDS_PER_SEC,
+    OPS_PER_SEC,
+    NS_PER_OP,
+    NS_PER_LOOKUP,
+    MEM_BYTES_PER_PREFIX,
+    MEM_REPORTED_PER_PREFIX,
+    BUILD_MS,
+    UPDATES_PER_SEC,
+    FREE_MS,
+    MAX_READER_STALL_MS,
+    MAX_READER_STALL_ON_CPU_MS,
+    LPM_DISAGREEMENTS,
 ];
 
 /// Looks a metric up by name.

@@ -54,7 +54,9 @@ pub fn write(dir: &Path, input: &ReportInput<'_>) -> io::Result<()> {
          (a counting global allocator); `reported` is the map's own `memory_usage()`.\n\
          - Peers hash with the same policy and seed as bpfmaps (a `BuildHasher` per policy), so they differ from \
          bpfmaps only in table design.\n\
-         - Data directory: `{}` ({}). The suites in this report use generated data (kernel-bench keys, synthetic stacks).\n\n",
+         - Data directory: `{}` ({}). The hash suites use generated data (kernel-bench keys, synthetic \
+         stacks); the LPM suites read the real tables there and say in their output when they fall back to \
+         generated prefixes.\n\n",
         input.machine.date,
         if input.quick { " --quick" } else { "" },
         input.elapsed.as_secs_f64(),
@@ -180,6 +182,12 @@ fn cell_value(r: &Record) -> String {
             return match r.stddev {
                 Some(sd) => format!("{:.4} ± {sd:.4}", r.value),
                 None => format!("{:.4}", r.value),
+            };
+        }
+        "ms" => {
+            return match r.stddev {
+                Some(sd) => format!("{:.3} ± {sd:.3}", r.value),
+                None => format!("{:.3}", r.value),
             };
         }
         _ => (r.value, r.stddev),

@@ -14,6 +14,12 @@ mod bloom;
 mod concurrency;
 mod hash_sweep;
 mod hashfn;
+mod lpm_data;
+mod lpm_free;
+mod lpm_kernel_bench;
+mod lpm_real;
+mod lpm_scale;
+mod lpm_updates;
 mod stackmap;
 
 /// Every suite, in the order `report` runs them.
@@ -23,6 +29,11 @@ pub const ALL: &[&dyn Suite] = &[
     &concurrency::Concurrency,
     &bloom::Bloom,
     &stackmap::StackMap,
+    &lpm_kernel_bench::LpmKernelBench,
+    &lpm_scale::LpmScale,
+    &lpm_real::LpmReal,
+    &lpm_updates::LpmUpdates,
+    &lpm_free::LpmFree,
 ];
 
 /// The suite named `name`.
@@ -56,5 +67,63 @@ mod tests {
         }
         assert_eq!(parse_policy("hybrid"), Ok(HashPolicy::Hybrid));
         assert!(parse_policy("crc32").is_err());
+    }
+
+    /// Runs `name` with `args`, quick, one repetition, without data files
+    /// (so on generated prefixes); returns its records.
+    fn run_small(name: &str, args: &[&str]) -> Vec<crate::Record> {
+        use clap::Command;
+        let suite = by_name(name).unwrap();
+        let matches = suite
+            .args(Command::new(suite.name()).no_binary_name(true))
+            .try_get_matches_from(args)
+            .unwrap();
+        let opts = crate::RunOptions {
+            quick: true,
+            reps: Some(1),
+            data_dir: std::env::temp_dir().join("bpfmaps-bench-no-such-data"),
+        };
+        let ctx = crate::Ctx::new(suite, opts, matches);
+        let records = suite.run(&ctx);
+        assert!(!records.is_empty(), "{name} produced nothing");
+        assert!(
+            records
+                .iter()
+                .filter(|r| r.metric == crate::record::LPM_DISAGREEMENTS.name)
+                .all(|r| r.value == 0.0),
+            "{name}: implementations disagree"
+        );
+        for r in &records {
+            assert!(crate::record::metric(&r.metric).is_some(), "{}", r.metric);
+        }
+        suite.summaries(&records);
+        suite.plots(&records);
+        records
+    }
+
+    #[test]
+    fn lpm_suites_run_on_generated_prefixes() {
+        let r = run_small(
+            "lpm-kernel-bench",
+            &["--entries", "300", "--free-builds", "1"],
+        );
+        assert_eq!(
+            r.iter().filter(|r| r.param("op") == Some("free")).count(),
+            4
+        );
+        let r = run_small("lpm-scale", &["--entries", "1,500", "--addrs", "256"]);
+        assert!(r.iter().any(|r| r.param("n") == Some("500")));
+        let r = run_small(
+            "lpm-free",
+            &[
+                "--entries",
+                "3000",
+                "--reader-entries",
+                "200",
+                "--tail-ms",
+                "1",
+            ],
+        );
+        assert!(r.iter().any(|r| r.param("op") == Some("clear")));
     }
 }

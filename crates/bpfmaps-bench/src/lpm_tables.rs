@@ -1,0 +1,444 @@
+//! The LPM implementations the suites compare, behind one trait, and the
+//! shared building, verification and lookup-timing helpers.
+//!
+//! | name | type | lookup |
+//! |---|---|---|
+//! | `kernel` | `bpfmaps::lpm::KernelLpmTrie` (port of `lpm_trie.c`) | `lookup_data(addr, &guard)` |
+//! | `bpfmaps` | `bpfmaps::lpm::LpmTrie` | `get(addr, &guard)` |
+//! | `prefix-trie` | `prefix_trie::PrefixMap<Ipv4Net/Ipv6Net, u32>` | `get_lpm(&addr/32)` |
+//! | `ip_network_table` | `ip_network_table::IpNetworkTable<u32>` | `longest_match_ipv4/6(addr)` |
+//!
+//! Values are `u32` (4 bytes) everywhere. bpfmaps and the kernel port pin
+//! one guard per batch of lookups ([`BATCH`]), as a BPF program runs its
+//! lookups under one RCU read section. A batch sums the values it finds
+//! (a miss adds 0; stored values are never 0), which is both what keeps
+//! the loop from being optimised away and the checksum that shows the
+//! implementations agree.
+
+use std::hint::black_box;
+use std::time::{Duration, Instant};
+
+use bpfmaps::lpm::{KernelLpmTrie, LpmTrie};
+use bpfmaps::{BPF_ANY, Error, Map};
+use ip_network_table::IpNetworkTable;
+use prefix_trie::PrefixMap;
+
+use crate::alloc::MemProbe;
+use crate::measure::{Plan, rate_samples};
+use crate::prefixes::{Family, Prefix};
+use crate::suite::Ctx;
+
+/// Lookups per pinned guard and per clock check.
+pub const BATCH: usize = 256;
+
+/// `max_entries` of the bpfmaps and kernel tries: room for any table here.
+pub const MAX_ENTRIES: u32 = 1 << 24;
+
+/// A longest-prefix-match table with `u32` values.
+pub trait LpmTable<F: Family>: Sized {
+    /// Implementation name in records.
+    const NAME: &'static str;
+    /// An empty table.
+    fn empty() -> Self;
+    /// Inserts or replaces (`BPF_ANY`).
+    fn insert(&mut self, p: &Prefix<F>, value: u32);
+    /// Removes the exact prefix; false if it was not stored.
+    fn remove(&mut self, p: &Prefix<F>) -> bool;
+    /// The value of the longest stored prefix containing `a`.
+    fn get(&self, a: &F::Addr) -> Option<u32>;
+    /// Sum of the values found for `addrs` (0 per miss): one batch of a
+    /// lookup loop.
+    fn sum_batch(&self, addrs: &[F::Addr]) -> u64 {
+        let mut acc = 0u64;
+        for a in addrs {
+            if let Some(v) = self.get(black_box(a)) {
+                acc += u64::from(v);
+            }
+        }
+        acc
+    }
+    /// Calls `f` with the answer for each address in turn; bpfmaps and
+    /// the kernel port hold one guard for the whole batch.
+    fn visit_batch(&self, addrs: &[F::Addr], mut f: impl FnMut(Option<u32>)) {
+        for a in addrs {
+            f(self.get(black_box(a)));
+        }
+    }
+    /// Stored prefixes.
+    fn count(&self) -> usize;
+    /// The table's own account of its memory, if it keeps one.
+    fn reported(&self) -> Option<usize> {
+        None
+    }
+}
+
+/// A table that writers change through `&self` while readers look up
+/// (bpfmaps and the kernel port).
+pub trait SharedLpm<F: Family>: LpmTable<F> + Sync {
+    /// Inserts or replaces (`BPF_ANY`).
+    fn insert_shared(&self, p: &Prefix<F>, value: u32);
+    /// Removes the exact prefix; false if it was not stored (`ENOENT`).
+    fn remove_shared(&self, p: &Prefix<F>) -> bool;
+}
+
+#[inline]
+fn value_u32(v: &[u8]) -> u32 {
+    u32::from_ne_bytes(v.try_into().expect("4-byte values"))
+}
+
+fn removed(r: bpfmaps::Result<()>) -> bool {
+    match r {
+        Ok(()) => true,
+        Err(Error::NotFound) => false,
+        Err(e) => panic!("remove: {e}"),
+    }
+}
+
+impl<F: Family> LpmTable<F> for LpmTrie {
+    const NAME: &'static str = "bpfmaps";
+    fn empty() -> Self {
+        LpmTrie::new(F::BITS as usize / 8, 4, MAX_ENTRIES).expect("creating the trie")
+    }
+    fn insert(&mut self, p: &Prefix<F>, value: u32) {
+        self.insert_shared(p, value);
+    }
+    fn remove(&mut self, p: &Prefix<F>) -> bool {
+        self.remove_shared(p)
+    }
+    fn get(&self, a: &F::Addr) -> Option<u32> {
+        let guard = bpfmaps::pin();
+        LpmTrie::get(self, a.as_ref(), &guard).map(value_u32)
+    }
+    #[inline]
+    fn sum_batch(&self, addrs: &[F::Addr]) -> u64 {
+        let guard = bpfmaps::pin();
+        let mut acc = 0u64;
+        for a in addrs {
+            if let Some(v) = LpmTrie::get(self, black_box(a.as_ref()), &guard) {
+                acc += u64::from(value_u32(v));
+            }
+        }
+        acc
+    }
+    fn visit_batch(&self, addrs: &[F::Addr], mut f: impl FnMut(Option<u32>)) {
+        let guard = bpfmaps::pin();
+        for a in addrs {
+            f(LpmTrie::get(self, black_box(a.as_ref()), &guard).map(value_u32));
+        }
+    }
+    fn count(&self) -> usize {
+        Map::len(self)
+    }
+    fn reported(&self) -> Option<usize> {
+        Some(LpmTrie::memory_usage(self))
+    }
+}
+
+impl<F: Family> SharedLpm<F> for LpmTrie {
+    fn insert_shared(&self, p: &Prefix<F>, value: u32) {
+        LpmTrie::insert(
+            self,
+            p.addr.as_ref(),
+            p.len.into(),
+            &value.to_ne_bytes(),
+            BPF_ANY,
+        )
+        .expect("insert");
+    }
+    fn remove_shared(&self, p: &Prefix<F>) -> bool {
+        removed(LpmTrie::remove(self, p.addr.as_ref(), p.len.into(), None))
+    }
+}
+
+impl<F: Family> LpmTable<F> for KernelLpmTrie {
+    const NAME: &'static str = "kernel";
+    fn empty() -> Self {
+        KernelLpmTrie::new(F::BITS as usize / 8, 4, MAX_ENTRIES).expect("creating the trie")
+    }
+    fn insert(&mut self, p: &Prefix<F>, value: u32) {
+        self.insert_shared(p, value);
+    }
+    fn remove(&mut self, p: &Prefix<F>) -> bool {
+        self.remove_shared(p)
+    }
+    fn get(&self, a: &F::Addr) -> Option<u32> {
+        let guard = bpfmaps::pin();
+        self.lookup_data(a.as_ref(), &guard).map(value_u32)
+    }
+    #[inline]
+    fn sum_batch(&self, addrs: &[F::Addr]) -> u64 {
+        let guard = bpfmaps::pin();
+        let mut acc = 0u64;
+        for a in addrs {
+            if let Some(v) = self.lookup_data(black_box(a.as_ref()), &guard) {
+                acc += u64::from(value_u32(v));
+            }
+        }
+        acc
+    }
+    fn visit_batch(&self, addrs: &[F::Addr], mut f: impl FnMut(Option<u32>)) {
+        let guard = bpfmaps::pin();
+        for a in addrs {
+            f(self
+                .lookup_data(black_box(a.as_ref()), &guard)
+                .map(value_u32));
+        }
+    }
+    fn count(&self) -> usize {
+        Map::len(self)
+    }
+    fn reported(&self) -> Option<usize> {
+        Some(Map::memory_usage(self))
+    }
+}
+
+impl<F: Family> SharedLpm<F> for KernelLpmTrie {
+    fn insert_shared(&self, p: &Prefix<F>, value: u32) {
+        self.insert_data(p.addr.as_ref(), p.len.into(), &value.to_ne_bytes(), BPF_ANY)
+            .expect("insert");
+    }
+    fn remove_shared(&self, p: &Prefix<F>) -> bool {
+        removed(self.remove_data(p.addr.as_ref(), p.len.into()))
+    }
+}
+
+/// `prefix-trie`'s map for family `F`.
+pub type PrefixTrie<F> = PrefixMap<<F as Family>::Net, u32>;
+
+impl<F: Family> LpmTable<F> for PrefixMap<F::Net, u32> {
+    const NAME: &'static str = "prefix-trie";
+    fn empty() -> Self {
+        PrefixMap::new()
+    }
+    fn insert(&mut self, p: &Prefix<F>, value: u32) {
+        PrefixMap::insert(self, F::net(p), value);
+    }
+    fn remove(&mut self, p: &Prefix<F>) -> bool {
+        PrefixMap::remove(self, &F::net(p)).is_some()
+    }
+    #[inline]
+    fn get(&self, a: &F::Addr) -> Option<u32> {
+        self.get_lpm(&F::host_net(a)).map(|(_, v)| *v)
+    }
+    fn count(&self) -> usize {
+        self.len()
+    }
+}
+
+impl<F: Family> LpmTable<F> for IpNetworkTable<u32> {
+    const NAME: &'static str = "ip_network_table";
+    fn empty() -> Self {
+        IpNetworkTable::new()
+    }
+    fn insert(&mut self, p: &Prefix<F>, value: u32) {
+        IpNetworkTable::insert(self, F::ip_network(p), value);
+    }
+    fn remove(&mut self, p: &Prefix<F>) -> bool {
+        IpNetworkTable::remove(self, F::ip_network(p)).is_some()
+    }
+    #[inline]
+    fn get(&self, a: &F::Addr) -> Option<u32> {
+        F::ip_network_match(self, a)
+    }
+    fn count(&self) -> usize {
+        let (v4, v6) = self.len();
+        v4 + v6
+    }
+}
+
+/// The value stored for prefix number `i` of a set: never 0, so a miss is
+/// told apart from a hit in the checksum.
+pub fn value_of(i: usize) -> u32 {
+    i as u32 + 1
+}
+
+/// A table built from a prefix set, with what building it cost.
+pub struct Built<T> {
+    /// The table.
+    pub table: T,
+    /// Wall time of the inserts.
+    pub time: Duration,
+    /// Bytes the building thread holds afterwards (counting allocator).
+    pub held: usize,
+}
+
+/// Lets deferred frees (replaced nodes) run on this thread, so they are
+/// counted as freed by it before memory is read.
+pub fn flush_deferred() {
+    for _ in 0..4 {
+        bpfmaps::pin().flush();
+    }
+}
+
+/// Drops `t` and waits until the process holds no more than `before`
+/// bytes (plus `slack`) again, flushing deferred frees on this thread
+/// meanwhile (bpfmaps frees replaced blocks, and with the last of them its
+/// arena, after an epoch grace period). Returns the time taken, or the
+/// time until `limit` if the memory did not come back by then.
+pub fn drop_and_reclaim<T>(t: T, before: usize, slack: usize, limit: Duration) -> Duration {
+    let start = Instant::now();
+    drop(t);
+    while crate::alloc::current() > before + slack && start.elapsed() < limit {
+        bpfmaps::pin().flush();
+    }
+    start.elapsed()
+}
+
+/// Builds `T` from `prefixes` (prefix `i` gets [`value_of`]`(i)`), in order.
+pub fn build<F: Family, T: LpmTable<F>>(prefixes: &[Prefix<F>]) -> Built<T> {
+    // The thread's first pin registers it with the epoch collector (a few
+    // KiB): not the table's memory.
+    flush_deferred();
+    let probe = MemProbe::start();
+    let start = Instant::now();
+    let mut table = T::empty();
+    for (i, p) in prefixes.iter().enumerate() {
+        table.insert(p, value_of(i));
+    }
+    let time = start.elapsed();
+    flush_deferred();
+    Built {
+        table,
+        time,
+        held: probe.held(),
+    }
+}
+
+/// Sum of the values found for every address, batch by batch as the timed
+/// loop does it.
+pub fn checksum<F: Family, T: LpmTable<F>>(t: &T, addrs: &[F::Addr]) -> u64 {
+    addrs
+        .chunks(BATCH)
+        .map(|c| t.sum_batch(c))
+        .fold(0, u64::wrapping_add)
+}
+
+/// Addresses whose answers are compared one by one (the checksum covers
+/// the whole lookup set).
+pub const VERIFY_SAMPLE: usize = 1 << 16;
+
+/// Each address's answer (0 for a miss).
+pub fn answers<F: Family, T: LpmTable<F>>(t: &T, addrs: &[F::Addr]) -> Vec<u32> {
+    addrs.iter().map(|a| t.get(a).unwrap_or(0)).collect()
+}
+
+/// What a table answered for a lookup set, to compare with the baseline.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Answers {
+    /// [`checksum`].
+    pub checksum: u64,
+    /// [`answers`] for the first [`VERIFY_SAMPLE`] addresses.
+    pub values: Vec<u32>,
+}
+
+impl Answers {
+    /// Records `t`'s answers for `addrs`.
+    pub fn of<F: Family, T: LpmTable<F>>(t: &T, addrs: &[F::Addr]) -> Answers {
+        Answers {
+            checksum: checksum(t, addrs),
+            values: answers(t, &addrs[..addrs.len().min(VERIFY_SAMPLE)]),
+        }
+    }
+
+    /// Lookups answered differently from `reference` (plus one if only
+    /// the batch checksums differ).
+    pub fn disagreements(&self, reference: &Answers) -> usize {
+        let differ = self
+            .values
+            .iter()
+            .zip(&reference.values)
+            .filter(|(a, b)| a != b)
+            .count();
+        differ + usize::from(differ == 0 && self.checksum != reference.checksum)
+    }
+}
+
+/// Counts `got`'s disagreements with the baseline's `reference` and warns
+/// loudly if there are any: the implementations must agree, or the
+/// numbers beside them compare different work.
+pub fn check_agreement(
+    ctx: &Ctx,
+    what: &str,
+    impl_name: &str,
+    got: &Answers,
+    reference: &Answers,
+) -> usize {
+    let n = got.disagreements(reference);
+    if n > 0 {
+        ctx.note(&format!(
+            "WARNING: {impl_name} disagrees with kernel on {n} lookups ({what}): \
+             checksum {} vs {}",
+            got.checksum, reference.checksum
+        ));
+    }
+    n
+}
+
+/// Per-repetition lookup rates (lookups/s) over `addrs` in batches of
+/// [`BATCH`], cycling; `addrs.len()` must be a multiple of [`BATCH`].
+pub fn lookup_rates<F: Family, T: LpmTable<F>>(plan: Plan, t: &T, addrs: &[F::Addr]) -> Vec<f64> {
+    assert!(
+        !addrs.is_empty() && addrs.len() % BATCH == 0,
+        "lookup sets are whole batches"
+    );
+    let mut cursor = 0;
+    rate_samples(plan, || {
+        let batch = &addrs[cursor..cursor + BATCH];
+        cursor = (cursor + BATCH) % addrs.len();
+        black_box(t.sum_batch(batch));
+        BATCH as u64
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::prefixes::{V4, V6, addrs_inside, addrs_random, generate};
+
+    fn agree<F: Family>(prefixes: &[Prefix<F>], addrs: &[F::Addr]) {
+        let kernel = build::<F, KernelLpmTrie>(prefixes).table;
+        let reference = Answers::of::<F, _>(&kernel, addrs);
+        assert!(reference.values.iter().any(|&v| v != 0));
+        let ours = build::<F, LpmTrie>(prefixes);
+        assert_eq!(
+            Answers::of::<F, _>(&ours.table, addrs).disagreements(&reference),
+            0
+        );
+        assert_eq!(LpmTable::<F>::count(&ours.table), prefixes.len());
+        assert!(ours.held > 0);
+        let pt = build::<F, PrefixTrie<F>>(prefixes).table;
+        assert_eq!(Answers::of::<F, _>(&pt, addrs).disagreements(&reference), 0);
+        let ipn = build::<F, IpNetworkTable<u32>>(prefixes).table;
+        assert_eq!(
+            Answers::of::<F, _>(&ipn, addrs).disagreements(&reference),
+            0
+        );
+        assert_eq!(LpmTable::<F>::count(&ipn), prefixes.len());
+    }
+
+    #[test]
+    fn all_implementations_agree() {
+        let v4 = generate::<V4>(3000, 0..=32, 1);
+        let mut addrs = addrs_inside(&v4, 2048, 2);
+        addrs.extend(addrs_random::<V4>(2048, 3));
+        agree(&v4, &addrs);
+        let v6 = generate::<V6>(2000, 3..=64, 4);
+        let mut addrs = addrs_inside(&v6, 2048, 5);
+        addrs.extend(addrs_random::<V6>(2048, 6));
+        agree(&v6, &addrs);
+    }
+
+    #[test]
+    fn removal_and_disagreement_counts() {
+        let p = generate::<V4>(100, 8..=24, 7);
+        let mut t = build::<V4, LpmTrie>(&p).table;
+        let addrs = addrs_inside(&p, BATCH, 8);
+        let before = Answers::of::<V4, _>(&t, &addrs);
+        assert!(LpmTable::<V4>::remove(&mut t, &p[0]));
+        assert!(!LpmTable::<V4>::remove(&mut t, &p[0]));
+        let after = Answers::of::<V4, _>(&t, &addrs);
+        assert!(after.disagreements(&before) > 0);
+        let rates = lookup_rates::<V4, LpmTrie>(Plan::new(1, Duration::from_millis(2)), &t, &addrs);
+        assert_eq!(rates.len(), 1);
+    }
+}

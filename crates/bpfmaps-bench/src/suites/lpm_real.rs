@@ -1,0 +1,336 @@
+//! `lpm-real`: the full real IPv4 and IPv6 tables: build time, memory per
+//! prefix and lookups per second, for bpfmaps, the kernel port and the
+//! peers `prefix-trie` and `ip_network_table`.
+//!
+//! Varies: the family and the lookup addresses. Holds fixed: the table
+//! (all of `lpm/prefixes_ipv4.txt.gz` or `lpm/prefixes_ipv6.txt.gz`,
+//! inserted in file order with u32 values), two lookup sets of 2^20
+//! addresses drawn once and shared by every implementation: `random`
+//! (uniform over the IPv4 space; IPv6 inside 2000::/3) and `inside`
+//! (inside a stored prefix picked uniformly).
+
+use bpfmaps::lpm::{KernelLpmTrie, LpmTrie};
+use clap::{Args, Command};
+use ip_network_table::IpNetworkTable;
+
+use crate::lpm_tables::{
+    Answers, BATCH, LpmTable, PrefixTrie, build, check_agreement, lookup_rates,
+};
+use crate::prefixes::{
+    Family, IPV4_TABLE, IPV6_TABLE, Prefix, V4, V6, addrs_inside, addrs_random, generate,
+};
+use crate::record::{
+    BUILD_MS, LOOKUPS_PER_SEC, LPM_DISAGREEMENTS, MEM_BYTES_PER_PREFIX, MEM_REPORTED_PER_PREFIX,
+    Record, case, find, ratio,
+};
+use crate::stats::Stats;
+use crate::suite::{Ctx, Suite, fmt_bytes};
+use crate::suites::lpm_data::{SEED, generated_ipv4, load};
+use crate::table::{Table, fmt_mops, fmt_ratio};
+
+/// The suite.
+pub struct LpmReal;
+
+/// `lpm-real` options.
+#[derive(Debug, Args)]
+struct Opts {
+    /// Lookup addresses per set (rounded up to whole batches of 256).
+    #[arg(long, default_value_t = 1 << 20)]
+    addrs: usize,
+    /// Timed builds per implementation [quick: 1; full: 3].
+    #[arg(long)]
+    builds: Option<usize>,
+    /// Families to run (comma-separated).
+    #[arg(long, value_delimiter = ',', default_values_t = [String::from("ipv4"), String::from("ipv6")])]
+    families: Vec<String>,
+    /// Skip prefix-trie and ip_network_table.
+    #[arg(long)]
+    no_peers: bool,
+}
+
+/// Implementations in report order; the first is the baseline.
+const IMPLS: [&str; 4] = ["kernel", "bpfmaps", "prefix-trie", "ip_network_table"];
+/// Lookup sets.
+const SETS: [&str; 2] = ["random", "inside"];
+
+/// One family's table and lookup sets.
+struct Real<'a, F: Family> {
+    ctx: &'a Ctx,
+    prefixes: Vec<Prefix<F>>,
+    base: String,
+    sets: [Vec<F::Addr>; 2],
+    builds: usize,
+}
+
+impl<F: Family> Real<'_, F> {
+    fn measure<T: LpmTable<F>>(
+        &self,
+        reference: Option<&[Answers; 2]>,
+    ) -> (Vec<Record>, [Answers; 2]) {
+        let s = self.ctx.suite();
+        let n = self.prefixes.len();
+        let mut times = Vec::new();
+        let mut built = None;
+        for _ in 0..self.builds {
+            drop(built.take());
+            let b = build::<F, T>(&self.prefixes);
+            times.push(b.time.as_secs_f64() * 1e3);
+            built = Some(b);
+        }
+        let built = built.expect("at least one build");
+        let t = &built.table;
+        assert_eq!(t.count(), n, "{}: prefixes lost", T::NAME);
+        let per = |bytes: usize| bytes as f64 / n as f64;
+        let mut recs = vec![
+            Record::stats(
+                s,
+                &self.base,
+                T::NAME,
+                &BUILD_MS,
+                Stats::from_samples(&times),
+            ),
+            Record::single(
+                s,
+                &self.base,
+                T::NAME,
+                &MEM_BYTES_PER_PREFIX,
+                per(built.held),
+            ),
+        ];
+        if let Some(rep) = t.reported() {
+            recs.push(Record::single(
+                s,
+                &self.base,
+                T::NAME,
+                &MEM_REPORTED_PER_PREFIX,
+                per(rep),
+            ));
+        }
+        let answers = [0, 1].map(|i| Answers::of::<F, T>(t, &self.sets[i]));
+        for (i, set) in SETS.iter().enumerate() {
+            let c = format!("{},addrs={set}", self.base);
+            let samples = lookup_rates::<F, T>(self.ctx.plan(), t, &self.sets[i]);
+            let bad = reference.map_or(0, |r| {
+                check_agreement(self.ctx, &c, T::NAME, &answers[i], &r[i])
+            });
+            recs.push(Record::stats(
+                s,
+                &c,
+                T::NAME,
+                &LOOKUPS_PER_SEC,
+                Stats::from_samples(&samples),
+            ));
+            recs.push(Record::single(
+                s,
+                &c,
+                T::NAME,
+                &LPM_DISAGREEMENTS,
+                bad as f64,
+            ));
+        }
+        self.ctx.step();
+        self.ctx.print(&recs);
+        (recs, answers)
+    }
+
+    fn run(&self, peers: bool) -> Vec<Record> {
+        let (mut all, reference) = self.measure::<KernelLpmTrie>(None);
+        all.extend(self.measure::<LpmTrie>(Some(&reference)).0);
+        if peers {
+            all.extend(self.measure::<PrefixTrie<F>>(Some(&reference)).0);
+            all.extend(self.measure::<IpNetworkTable<u32>>(Some(&reference)).0);
+        }
+        all
+    }
+}
+
+/// Runs one family on its real table, or on `fallback()` with a note.
+fn family<F: Family>(
+    ctx: &Ctx,
+    opts: &Opts,
+    rel: &str,
+    fallback: impl FnOnce() -> Vec<Prefix<F>>,
+    fallback_desc: &str,
+) -> Vec<Record> {
+    let (prefixes, src) = match load::<F>(ctx, rel) {
+        Some(v) => (v, "real"),
+        None => {
+            let v = fallback();
+            ctx.note(&format!(
+                "lpm-real: skipping the real {} table; running on {} {fallback_desc} instead",
+                F::NAME,
+                v.len()
+            ));
+            (v, "generated")
+        }
+    };
+    let count = opts.addrs.max(1).div_ceil(BATCH) * BATCH;
+    let real = Real {
+        ctx,
+        base: case(&[("family", &F::NAME), ("n", &prefixes.len()), ("src", &src)]),
+        sets: [
+            addrs_random::<F>(count, SEED + 1),
+            addrs_inside(&prefixes, count, SEED + 2),
+        ],
+        prefixes,
+        builds: opts
+            .builds
+            .unwrap_or(if ctx.quick() { 1 } else { 3 })
+            .max(1),
+    };
+    real.run(!opts.no_peers)
+}
+
+impl Suite for LpmReal {
+    fn name(&self) -> &'static str {
+        "lpm-real"
+    }
+
+    fn about(&self) -> &'static str {
+        "the full real IPv4/IPv6 tables: build ms, bytes per prefix, lookups/s (random and inside addresses)"
+    }
+
+    fn describe(&self) -> &'static str {
+        "The whole real table, IPv4 (`lpm/prefixes_ipv4.txt.gz`, 901,899 \
+         prefixes) and IPv6 (`lpm/prefixes_ipv6.txt.gz`, 160,147), each built \
+         by inserting every prefix in file order (sorted by address) with u32 \
+         values; if a file is absent the run says so and uses generated \
+         prefixes (IPv4 /8-/32, IPv6 /16-/64 inside 2000::/3; `src=generated` \
+         in the case). `build_ms` is the time of the inserts; memory is what \
+         the building thread holds afterwards (counting allocator) per prefix. \
+         Lookups: two sets of 2^20 addresses drawn once and shared by every \
+         implementation: `random` (uniform over IPv4; IPv6 inside 2000::/3, so \
+         many miss or stop at a short prefix) and `inside` (inside a stored \
+         prefix picked uniformly, host bits random); looked up back to back, \
+         one guard per 256 lookups for bpfmaps and the kernel port; the summed \
+         values must match the kernel port's."
+    }
+
+    fn baseline(&self) -> &'static str {
+        "kernel"
+    }
+
+    fn args(&self, cmd: Command) -> Command {
+        Opts::augment_args(cmd)
+    }
+
+    fn run(&self, ctx: &Ctx) -> Vec<Record> {
+        let opts: Opts = ctx.options();
+        let impls = if opts.no_peers { 2 } else { 4 };
+        let run_v4 = opts.families.iter().any(|f| f == "ipv4");
+        let run_v6 = opts.families.iter().any(|f| f == "ipv6");
+        ctx.set_steps(((usize::from(run_v4) + usize::from(run_v6)) * impls) as u64);
+        let mut all = Vec::new();
+        if run_v4 {
+            all.extend(family::<V4>(
+                ctx,
+                &opts,
+                IPV4_TABLE,
+                || generated_ipv4(900_000),
+                "generated IPv4 prefixes (/8-/32)",
+            ));
+        }
+        if run_v6 {
+            all.extend(family::<V6>(
+                ctx,
+                &opts,
+                IPV6_TABLE,
+                || generate(160_000, 16..=64, SEED),
+                "generated IPv6 prefixes (/16-/64 inside 2000::/3)",
+            ));
+        }
+        all
+    }
+
+    fn summaries(&self, records: &[Record]) -> Vec<Table> {
+        let mut bases: Vec<&str> = records
+            .iter()
+            .filter(|r| r.metric == BUILD_MS.name)
+            .map(|r| r.case.as_str())
+            .collect();
+        bases.dedup();
+        let mut tables = Vec::new();
+        let mut vs_pt = Table::new(
+            "lpm-real: bpfmaps vs prefix-trie",
+            &[
+                "table",
+                "random lookups",
+                "inside lookups",
+                "build",
+                "memory",
+            ],
+        )
+        .with_note(
+            "Speed ratios bpfmaps/prefix-trie (above 1: bpfmaps faster); memory \
+             bpfmaps/prefix-trie (below 1: bpfmaps smaller).",
+        );
+        for base in bases {
+            let get = |c: &str, imp: &str, m: &str| find(records, c, imp, m);
+            let set = |s: &str| format!("{base},addrs={s}");
+            let mut t = Table::new(
+                format!("lpm-real {base}"),
+                &[
+                    "impl",
+                    "build ms",
+                    "bytes/prefix",
+                    "random M/s",
+                    "inside M/s",
+                    "build vs kernel",
+                    "memory vs kernel",
+                    "random vs kernel",
+                    "inside vs kernel",
+                ],
+            )
+            .with_note(
+                "Lookups per second (millions); speed ratios above 1 mean faster \
+                 than the kernel port, the memory ratio below 1 smaller.",
+            );
+            for imp in IMPLS {
+                let build = get(base, imp, BUILD_MS.name);
+                let mem = get(base, imp, MEM_BYTES_PER_PREFIX.name);
+                if build.is_none() {
+                    continue;
+                }
+                let look = |s: &str, i: &str| get(&set(s), i, LOOKUPS_PER_SEC.name);
+                t.push(vec![
+                    imp.to_string(),
+                    build.map_or("-".into(), |r| format!("{:.0}", r.value)),
+                    mem.map_or("-".into(), |r| fmt_bytes(r.value)),
+                    fmt_mops(look("random", imp).map(|r| r.value)),
+                    fmt_mops(look("inside", imp).map(|r| r.value)),
+                    fmt_ratio(ratio(get(base, "kernel", BUILD_MS.name), build)),
+                    fmt_ratio(ratio(mem, get(base, "kernel", MEM_BYTES_PER_PREFIX.name))),
+                    fmt_ratio(ratio(look("random", imp), look("random", "kernel"))),
+                    fmt_ratio(ratio(look("inside", imp), look("inside", "kernel"))),
+                ]);
+            }
+            tables.push(t);
+            let look = |s: &str, i: &str| get(&set(s), i, LOOKUPS_PER_SEC.name);
+            if look("random", "prefix-trie").is_some() {
+                vs_pt.push(vec![
+                    base.to_string(),
+                    fmt_ratio(ratio(
+                        look("random", "bpfmaps"),
+                        look("random", "prefix-trie"),
+                    )),
+                    fmt_ratio(ratio(
+                        look("inside", "bpfmaps"),
+                        look("inside", "prefix-trie"),
+                    )),
+                    fmt_ratio(ratio(
+                        get(base, "prefix-trie", BUILD_MS.name),
+                        get(base, "bpfmaps", BUILD_MS.name),
+                    )),
+                    fmt_ratio(ratio(
+                        get(base, "bpfmaps", MEM_BYTES_PER_PREFIX.name),
+                        get(base, "prefix-trie", MEM_BYTES_PER_PREFIX.name),
+                    )),
+                ]);
+            }
+        }
+        if !vs_pt.rows.is_empty() {
+            tables.push(vs_pt);
+        }
+        tables
+    }
+}
