@@ -7,16 +7,17 @@
 //! `BPF_F_NO_PREALLOC` chunks are added as the map fills.
 //!
 //! ```text
-//!  buckets (16 B each)        slab chunk
-//!  +------+------+           +------+------+------+------+
-//!  | head | lock | --------> | elem | elem | elem | ...  |
-//!  +------+------+           +------+------+------+------+
+//!  bucket heads (8 B each)    slab chunk
+//!  +------+                  +------+------+------+------+
+//!  | head | ---------------> | elem | elem | elem | ...  |
+//!  +------+                  +------+------+------+------+
+//!  writer locks: striped, at most 4096, bucket i -> lock i % n
 //! ```
 //!
 //! # Concurrency
 //! - Lookups are lock-free: pin an epoch, walk the chain, read the value in
 //!   place. They never wait for a writer.
-//! - Writers take the one bucket lock they touch. An update never writes a
+//! - Writers take the one (striped) bucket lock they touch. An update never writes a
 //!   value a reader can see: it fills a fresh element and swaps it into the
 //!   chain with a single release store, so readers see the old value or the
 //!   new one whole, and a lookup that starts after `update` returned sees the
@@ -26,7 +27,8 @@
 //!
 //! # Hashing
 //! Per map, a [`HashPolicy`]: the kernel's jhash, xxh3, or the proposed
-//! hybrid. The default is chosen by the `hash-sweep` benchmark.
+//! hybrid. The default, xxh3, was chosen by the `hash-sweep` benchmark
+//! (see [`crate::hash`]).
 //!
 //! # Example
 //! ```
