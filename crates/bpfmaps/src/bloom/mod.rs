@@ -181,7 +181,13 @@ impl BloomFilter {
         nr_hashes: u32,
         seed: u32,
     ) -> Result<Self> {
-        Self::with_hash(value_size, max_entries, nr_hashes, seed, BloomHash::default())
+        Self::with_hash(
+            value_size,
+            max_entries,
+            nr_hashes,
+            seed,
+            BloomHash::default(),
+        )
     }
 
     /// As [`with_seed`](Self::with_seed) with a choice of hashing.
@@ -256,9 +262,9 @@ impl BloomFilter {
             ));
         }
         let value_size = spec.value_size as usize;
-        let hash = spec
-            .hash
-            .map_or(BloomHash::default(), |p| BloomHash::from_policy(p, value_size));
+        let hash = spec.hash.map_or(BloomHash::default(), |p| {
+            BloomHash::from_policy(p, value_size)
+        });
         Self::with_hash(
             value_size,
             spec.max_entries,
