@@ -22,7 +22,8 @@ const GRANULE: usize = 16;
 /// block of 256 nodes, is under 5 KiB.
 const MAX_BLOCK: usize = 8 << 10;
 const CLASSES: usize = MAX_BLOCK / GRANULE + 1;
-const FIRST_CHUNK: usize = 64 << 10;
+/// Small tries stay small: chunks start at 4 KiB and double up to 2 MiB.
+const FIRST_CHUNK: usize = 4 << 10;
 const HUGE_PAGE: usize = 2 << 20;
 
 /// A block arena. `alloc` is for the (single) writer; `release` may run
@@ -98,7 +99,7 @@ impl Arena {
         }
         let size = class * GRANULE;
         if (w.end as usize) - (w.cursor as usize) < size {
-            self.new_chunk(w);
+            self.new_chunk(w, size);
         }
         let block = w.cursor;
         // SAFETY: the chunk has room for `size` more bytes.
@@ -106,9 +107,13 @@ impl Arena {
         NonNull::new(block).expect("chunk memory")
     }
 
-    fn new_chunk(&self, w: &mut ArenaWriter) {
-        let size = w.next_chunk;
-        w.next_chunk = (size * 2).min(HUGE_PAGE);
+    /// Starts a new chunk with room for at least `need` bytes.
+    fn new_chunk(&self, w: &mut ArenaWriter, need: usize) {
+        let mut size = w.next_chunk;
+        while size < need {
+            size *= 2;
+        }
+        w.next_chunk = (size * 2).min(HUGE_PAGE).max(w.next_chunk);
         let align = if size >= HUGE_PAGE { HUGE_PAGE } else { 4096 };
         let layout = Layout::from_size_align(size, align).expect("chunk layout");
         // SAFETY: non-zero size.
@@ -195,5 +200,15 @@ mod tests {
             arena.alloc(Layout::from_size_align(MAX_BLOCK, 16).unwrap());
         }
         assert!(arena.bytes() >= 2000 * MAX_BLOCK);
+    }
+
+    #[test]
+    fn a_block_larger_than_the_next_chunk_gets_a_chunk_that_fits() {
+        let arena = Arena::new();
+        let big = Layout::from_size_align(MAX_BLOCK, 16).unwrap();
+        let a = arena.alloc(big);
+        // SAFETY: the block is ours and MAX_BLOCK bytes long.
+        unsafe { std::ptr::write_bytes(a.as_ptr(), 0xab, MAX_BLOCK) };
+        assert!(arena.bytes() >= MAX_BLOCK);
     }
 }
