@@ -125,7 +125,7 @@ impl Suite for LpmScale {
          must match the kernel port's. Memory: bytes the building thread holds \
          afterwards (counting allocator) per prefix; `reported` is \
          `memory_usage()` per prefix. At tiny N memory per prefix is the \
-         structure's fixed cost (bpfmaps' first 64 KiB arena chunk), give or \
+         structure's fixed cost (bpfmaps' first 4 KiB arena chunk and its route table), give or \
          take a few dozen bytes of the epoch collector's own bookkeeping."
     }
 
