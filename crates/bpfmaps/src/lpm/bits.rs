@@ -21,6 +21,9 @@ impl<const W: usize> Default for Bits<W> {
 }
 
 impl<const W: usize> Bits<W> {
+    /// No bits set.
+    pub const EMPTY: Self = Bits { words: [0; W], ranks: [0; W] };
+
     /// Whether bit `i` is set.
     #[inline(always)]
     pub fn get(&self, i: usize) -> bool {

@@ -346,11 +346,18 @@ const LEAVES_OFFSET: usize = size_of::<DataBlock>().next_multiple_of(align_of::<
 
 impl DataBlock {
     /// Layout and the offsets of (leaves, prefix bits, payloads).
+    /// A node without prefixes (most interior nodes of a sparse trie) has
+    /// no prefix-bits region at all: 80 bytes saved per such node.
     fn layout(n_leaves: usize, n_prefixes: usize) -> (Layout, [usize; 3]) {
         let (l, leaves) = Layout::new::<DataBlock>()
             .extend(Layout::array::<Leaf>(n_leaves).expect("leaves"))
             .expect("layout");
-        let (l, bits) = l.extend(Layout::new::<Bits<8>>()).expect("layout");
+        let bits_layout = if n_prefixes == 0 {
+            Layout::new::<()>()
+        } else {
+            Layout::new::<Bits<8>>()
+        };
+        let (l, bits) = l.extend(bits_layout).expect("layout");
         let (l, payloads) = l
             .extend(Layout::array::<[u8; 4]>(n_prefixes).expect("payloads"))
             .expect("layout");
@@ -460,7 +467,9 @@ impl DataBlock {
                 p.add(at_leaves).cast::<Leaf>(),
                 leaves.len(),
             );
-            p.add(at_bits).cast::<Bits<8>>().write(*prefix_bits);
+            if !payloads.is_empty() {
+                p.add(at_bits).cast::<Bits<8>>().write(*prefix_bits);
+            }
             ptr::copy_nonoverlapping(
                 payloads.as_ptr(),
                 p.add(at_payloads).cast::<[u8; 4]>(),
@@ -519,8 +528,12 @@ impl DataBlock {
 
     /// The prefixes stored in this node (bit `idx` per prefix).
     pub fn prefix_bits(&self) -> &Bits<8> {
-        let (_, [_, at_bits, _]) = Self::layout(self.n_leaves as usize, 0);
-        // SAFETY: written by `build` at this offset.
+        static NONE: Bits<8> = Bits::EMPTY;
+        if self.n_prefixes == 0 {
+            return &NONE;
+        }
+        let (_, [_, at_bits, _]) = Self::layout(self.n_leaves as usize, self.n_prefixes as usize);
+        // SAFETY: written by `build` at this offset when there are prefixes.
         unsafe { &*self.at(at_bits).cast::<Bits<8>>() }
     }
 
