@@ -290,3 +290,92 @@ pub(crate) fn check_key(map_key_size: usize, key: &[u8]) -> Result<()> {
 pub(crate) fn check_value(map_value_size: usize, value: &[u8]) -> Result<()> {
     check_len("value", value.len(), map_value_size)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn kind() -> impl Strategy<Value = MapKind> {
+        prop_oneof![
+            Just(MapKind::Hash),
+            Just(MapKind::LruHash),
+            Just(MapKind::BloomFilter),
+            Just(MapKind::StackTrace),
+            Just(MapKind::LpmTrie),
+        ]
+    }
+
+    #[derive(Debug, Clone)]
+    enum Call {
+        Lookup(usize, usize),
+        Update(usize, usize, u64),
+        Delete(usize),
+        LookupAndDelete(usize, usize),
+        NextKey(Option<usize>, usize),
+        Push(usize, u64),
+        Peek(usize),
+        Batch(usize, usize),
+    }
+
+    fn call() -> impl Strategy<Value = Call> {
+        let size = prop_oneof![0usize..12, 250usize..262];
+        prop_oneof![
+            (size.clone(), size.clone()).prop_map(|(k, v)| Call::Lookup(k, v)),
+            (
+                size.clone(),
+                size.clone(),
+                prop_oneof![0u64..4, Just(1 << 10), Just(u64::MAX)]
+            )
+                .prop_map(|(k, v, f)| Call::Update(k, v, f)),
+            size.clone().prop_map(Call::Delete),
+            (size.clone(), size.clone()).prop_map(|(k, v)| Call::LookupAndDelete(k, v)),
+            (prop::option::of(size.clone()), size.clone()).prop_map(|(k, n)| Call::NextKey(k, n)),
+            (size.clone(), 0u64..3).prop_map(|(v, f)| Call::Push(v, f)),
+            size.clone().prop_map(Call::Peek),
+            (0usize..40, 0usize..80).prop_map(|(k, v)| Call::Batch(k, v)),
+        ]
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(1500))]
+
+        /// Any spec and any sequence of calls with buffers of any size, on
+        /// any map: errors, never a panic, and a map whose length stays
+        /// within its capacity.
+        #[test]
+        fn bad_input_never_panics(
+            kind in kind(),
+            key_size in prop_oneof![Just(0u32), Just(4), Just(8), 0u32..10, 250u32..262],
+            value_size in prop_oneof![Just(8u32), Just(16), 0u32..12, 1016u32..1020],
+            max_entries in 0u32..40,
+            flags in prop_oneof![3 => Just(0u32), 1 => Just(1), 1 => Just(64), 1 => 0u32..2048],
+            extra in prop_oneof![3 => Just(0u64), 1 => 0u64..40],
+            calls in prop::collection::vec(call(), 0..60),
+        ) {
+            let spec = MapSpec { kind, key_size, value_size, max_entries, flags, extra, hash: None };
+            let Ok(map) = create(&spec) else { return Ok(()) };
+            let bytes = |n: usize, seed: usize| -> Vec<u8> { (0..n).map(|i| (i * 31 + seed) as u8).collect() };
+            for (i, c) in calls.into_iter().enumerate() {
+                let _ = match c {
+                    Call::Lookup(k, v) => map.lookup(&bytes(k, i), &mut bytes(v, 0)),
+                    Call::Update(k, v, f) => map.update(&bytes(k, i % 7), &bytes(v, i), f),
+                    Call::Delete(k) => map.delete(&bytes(k, i % 7)),
+                    Call::LookupAndDelete(k, v) => map.lookup_and_delete(&bytes(k, i % 7), &mut bytes(v, 0)),
+                    Call::NextKey(k, n) => map.get_next_key(k.map(|k| bytes(k, i % 7)).as_deref(), &mut bytes(n, 0)),
+                    Call::Push(v, f) => map.push(&bytes(v, i), f),
+                    Call::Peek(v) => map.peek(&mut bytes(v, i)),
+                    Call::Batch(k, v) => {
+                        let _ = map.lookup_batch(None, &mut bytes(k, 0), &mut bytes(v, 0));
+                        let _ = map.update_batch(&bytes(k, i), &bytes(v, i), 0);
+                        map.delete_batch(&bytes(k, i)).map(|_| ()).map_err(|e| e.error)
+                    }
+                };
+                if map.kind() != MapKind::BloomFilter {
+                    prop_assert!(map.len() <= map.max_entries() as usize);
+                }
+            }
+            let _ = map.memory_usage();
+        }
+    }
+}

@@ -22,7 +22,10 @@ impl<const W: usize> Default for Bits<W> {
 
 impl<const W: usize> Bits<W> {
     /// No bits set.
-    pub const EMPTY: Self = Bits { words: [0; W], ranks: [0; W] };
+    pub const EMPTY: Self = Bits {
+        words: [0; W],
+        ranks: [0; W],
+    };
 
     /// Whether bit `i` is set.
     #[inline(always)]
