@@ -122,7 +122,19 @@ pub fn render_svg(plot: &LinePlot, path: &Path) -> PlotResult<()> {
     mesh.draw()?;
 
     for (i, s) in plot.series.iter().enumerate() {
-        let color = Palette99::pick(i).to_rgba();
+        // Dark, distinct colours (plotters' palette draws the third line yellow).
+        const DARK: [(u8, u8, u8); 8] = [
+            (31, 119, 180),
+            (214, 39, 40),
+            (44, 160, 44),
+            (148, 103, 189),
+            (140, 86, 75),
+            (227, 119, 194),
+            (23, 190, 207),
+            (90, 90, 90),
+        ];
+        let (r, g, b) = DARK[i % DARK.len()];
+        let color = RGBColor(r, g, b).to_rgba();
         let pts: Vec<(f64, f64)> = s.points.iter().map(|&(x, y)| (tx(x), y)).collect();
         chart
             .draw_series(LineSeries::new(pts.clone(), color.stroke_width(2)))?
