@@ -3,7 +3,9 @@
 //! [`LpmTrie`] is a multibit trie: 8-bit strides, popcount-compressed
 //! child and leaf arrays, leaf pushing (each leaf already holds the
 //! longest match, so lookups never backtrack), blocks replaced whole
-//! (copy-on-write) with epoch reclamation so lookups are lock-free.
+//! (copy-on-write) with epoch reclamation so lookups are lock-free. Big
+//! tries add a direct index of the top 16 bits (one slot per first two
+//! key bytes), so a lookup starts at depth 2 with one load.
 //! See `node.rs` for the layout and `trie.rs` for the algorithms.
 //!
 //! [`KernelLpmTrie`] is a faithful port of the kernel's
@@ -12,6 +14,7 @@
 
 mod arena;
 mod bits;
+mod direct;
 mod ip;
 pub mod kernel;
 #[cfg(test)]
@@ -27,4 +30,4 @@ mod trie;
 
 pub use ip::{IpLpm, IpPrefix, Ipv4Lpm, Ipv6Lpm};
 pub use kernel::KernelLpmTrie;
-pub use trie::{Found, LpmTrie};
+pub use trie::{DIRECT_INDEX_FROM, Found, LpmTrie};

@@ -258,9 +258,11 @@ fn clear_returns_blocks_for_reuse_and_drop_is_quick() {
         t.insert(&(i << 8).to_be_bytes(), 24, &v(i), BPF_ANY)
             .unwrap();
     }
+    assert!(t.has_direct_index());
     let full = t.memory_usage();
     t.clear();
     assert_eq!((t.len(), get(&t, &[0, 0, 1, 1])), (0, None));
+    assert!(t.direct_index_matches_tree());
     // Wait (epochs advance as threads pin) for the reaper to hand the old
     // blocks back to the arena.
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
@@ -316,14 +318,33 @@ fn ops(n: usize) -> impl Strategy<Value = Vec<Op>> {
 }
 
 /// Values of `value_size` bytes: 4 or less live in the leaves, more in
-/// route slots; both paths are checked.
+/// route slots; both paths are checked. Keys of 3 bytes or more are
+/// checked twice: with lookups through the tree, and through the direct
+/// index (built at once, so every operation updates it).
 fn check_against_model(
     n: usize,
     value_size: usize,
     ops: Vec<Op>,
     probes: Vec<Vec<u8>>,
 ) -> Result<(), TestCaseError> {
-    let t = LpmTrie::new(n, value_size, 64).unwrap();
+    check_trie(n, value_size, false, ops.clone(), probes.clone())?;
+    if n >= 3 {
+        check_trie(n, value_size, true, ops, probes)?;
+    }
+    Ok(())
+}
+
+fn check_trie(
+    n: usize,
+    value_size: usize,
+    direct: bool,
+    ops: Vec<Op>,
+    probes: Vec<Vec<u8>>,
+) -> Result<(), TestCaseError> {
+    let t = LpmTrie::new(n, value_size, 64)
+        .unwrap()
+        .with_direct_index_from(if direct { 0 } else { usize::MAX });
+    prop_assert_eq!(t.has_direct_index(), direct);
     let v = |x: u32| -> Vec<u8> {
         x.to_ne_bytes()
             .iter()
@@ -359,6 +380,7 @@ fn check_against_model(
         }
         prop_assert_eq!(t.len(), model.entries.len());
     }
+    prop_assert!(t.direct_index_matches_tree());
     let guard = pin();
     // Lookups: random probes plus every stored prefix's first address.
     for addr in probes
@@ -486,7 +508,22 @@ fn matches_brute_force_256_bytes() {
 /// present before and after is never missing.
 #[test]
 fn concurrent_readers_never_miss_a_stable_route() {
-    let t = Arc::new(LpmTrie::new(4, 8, 10_000).unwrap());
+    readers_never_miss_a_stable_route(false);
+}
+
+/// The same through the direct index: the churn's /8s rewrite the root,
+/// its /12s depth-1 nodes, and the rest add and remove depth-2 nodes.
+#[test]
+fn concurrent_readers_never_miss_a_stable_route_through_the_direct_index() {
+    readers_never_miss_a_stable_route(true);
+}
+
+fn readers_never_miss_a_stable_route(direct: bool) {
+    let t = LpmTrie::new(4, 8, 10_000)
+        .unwrap()
+        .with_direct_index_from(if direct { 0 } else { usize::MAX });
+    assert_eq!(t.has_direct_index(), direct);
+    let t = Arc::new(t);
     let encode = |d: &[u8], l: u32| -> [u8; 8] {
         let mut out = [0u8; 8];
         out[..4].copy_from_slice(d);

@@ -1,7 +1,10 @@
 //! `LpmTrie`: the multibit, leaf-pushed, copy-on-write trie (see `node`).
 //!
 //! # Lookup
-//! 1. Start at the root with `d = 0`.
+//! 1. Start at the root with `d = 0`; or, once the trie is big enough to
+//!    have a direct index (`direct.rs`), at the index slot of the first two
+//!    key bytes: it holds the depth-2 node's blocks (go on at step 2 with
+//!    `d = 2`) or the leaf that answers (done).
 //! 2. Let `b` be key byte `d`. If the node's child bits have `b`, move to
 //!    that child (inline in the child block) and go on with `d + 1`.
 //! 3. Otherwise the answer is the node's leaf for `b`: a route id, already
@@ -23,13 +26,14 @@
 
 use std::cmp::Ordering as Cmp;
 use std::ptr::{self, NonNull};
-use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, OnceLock};
 
 use parking_lot::Mutex;
 
 use super::arena::Arena;
 use super::bits::Bits;
+use super::direct::DirectIndex;
 use super::key::{self, KeyRef, mask_host_bits};
 use super::node::{ChildBlock, DataBlock, Leaf, Node, free_subtree, index_range, prefix_index};
 use super::routes::{RouteAlloc, RouteStore};
@@ -99,6 +103,50 @@ pub struct LpmTrie {
     routes: Arc<RouteStore>,
     writer: Mutex<RouteAlloc>,
     len: AtomicUsize,
+    /// Direct pointing for the top 16 bits, built once the trie holds
+    /// `direct_from` prefixes (keys of 3 bytes or more).
+    direct: OnceLock<DirectIndex>,
+    direct_from: usize,
+}
+
+/// Prefixes a trie holds before it builds its direct index: the 1 MiB
+/// array pays for itself only once the top two levels stop fitting in L1.
+pub const DIRECT_INDEX_FROM: usize = 16 << 10;
+
+/// A node's place in the tree, as far as the direct index cares: its depth
+/// and its first two key bytes.
+#[derive(Clone, Copy)]
+struct Pos {
+    depth: usize,
+    top: [u8; 2],
+}
+
+impl Pos {
+    const ROOT: Pos = Pos {
+        depth: 0,
+        top: [0; 2],
+    };
+
+    fn of(path: &[u8]) -> Pos {
+        let mut top = [0; 2];
+        let n = path.len().min(2);
+        top[..n].copy_from_slice(&path[..n]);
+        Pos {
+            depth: path.len(),
+            top,
+        }
+    }
+
+    fn child(self, b: u8) -> Pos {
+        let mut top = self.top;
+        if self.depth < 2 {
+            top[self.depth] = b;
+        }
+        Pos {
+            depth: self.depth + 1,
+            top,
+        }
+    }
 }
 
 /// Where a prefix lives: the node at `depth` (reached by the first `depth`
@@ -141,7 +189,40 @@ impl LpmTrie {
             )),
             writer: Mutex::new(RouteAlloc::default()),
             len: AtomicUsize::new(0),
+            direct: OnceLock::new(),
+            direct_from: DIRECT_INDEX_FROM,
         })
+    }
+
+    /// Builds the direct index once the trie holds `prefixes` (0: at once;
+    /// `usize::MAX`: never). Keys shorter than 3 bytes never get one.
+    pub fn with_direct_index_from(mut self, prefixes: usize) -> Self {
+        self.direct_from = prefixes;
+        self.maybe_build_direct();
+        self
+    }
+
+    /// Whether lookups start at the direct index.
+    pub fn has_direct_index(&self) -> bool {
+        self.direct.get().is_some()
+    }
+
+    /// Builds the direct index if it is due (writer, or before sharing).
+    fn maybe_build_direct(&self) {
+        if self.data_size >= 3
+            && self.direct.get().is_none()
+            && self.len.load(Ordering::Relaxed) >= self.direct_from
+        {
+            let _ = self.direct.set(DirectIndex::build(&self.root));
+        }
+    }
+
+    /// After a store into `node` (at `pos`): re-point the direct index,
+    /// before anything the node pointed at is retired.
+    fn mirror(&self, node: &Node, pos: Pos) {
+        if let Some(direct) = self.direct.get() {
+            direct.mirror(&self.root, pos.depth, pos.top, node);
+        }
     }
 
     /// Builds from a `create()` spec: `key_size = 4 + data_size`. Flags may
@@ -165,8 +246,15 @@ impl LpmTrie {
     /// The leaf of the longest prefix matching `addr` (full length).
     #[inline(always)]
     fn lookup_leaf<'g>(&self, addr: &[u8], _guard: &'g Guard) -> &'g Leaf {
-        let mut node = &self.root;
-        let mut depth = 0;
+        let (mut node, mut depth) = match self.direct.get() {
+            // SAFETY: pinned by `_guard`; the index exists only for keys of
+            // 3 bytes or more.
+            Some(direct) => match unsafe { direct.start(addr) } {
+                Ok(node) => (node, 3),
+                Err(leaf) => return leaf,
+            },
+            None => (&self.root, 0),
+        };
         loop {
             let b = addr[depth];
             // SAFETY: pinned by `_guard`.
@@ -282,11 +370,12 @@ impl LpmTrie {
         }
         let payload = self.payload_of(&mut alloc, value)?;
         let node = self.ensure_path(path, &guard);
-        self.set_prefix(node, depth, idx, Some(payload), &guard);
+        self.set_prefix(node, Pos::of(path), idx, Some(payload), &guard);
         match old {
             Some(old) => self.retire_payload(old, &guard),
             None => {
                 self.len.fetch_add(1, Ordering::Relaxed);
+                self.maybe_build_direct();
             }
         }
         Ok(())
@@ -309,7 +398,7 @@ impl LpmTrie {
         if let Some(out) = out {
             out.copy_from_slice(self.value_bytes(&payload, &guard));
         }
-        self.set_prefix(node, depth, idx, None, &guard);
+        self.set_prefix(node, Pos::of(&data[..depth]), idx, None, &guard);
         self.prune(&data[..depth], &guard);
         self.retire_payload(payload, &guard);
         self.len.fetch_sub(1, Ordering::Relaxed);
@@ -333,6 +422,7 @@ impl LpmTrie {
             routes,
             store: Arc::clone(&self.routes),
         };
+        self.mirror(&self.root, Pos::ROOT);
         self.len.store(0, Ordering::Relaxed);
         guard.defer(move || drop_in_background(job));
     }
@@ -343,15 +433,15 @@ impl LpmTrie {
             // SAFETY: writer.
             node = match unsafe { node.child(b) } {
                 Some(child) => child,
-                None => self.add_child(node, depth, b, guard),
+                None => self.add_child(node, Pos::of(&path[..depth]), b, guard),
             };
         }
         node
     }
 
-    fn add_child<'a>(&self, node: &'a Node, depth: usize, b: u8, guard: &Guard) -> &'a Node {
+    fn add_child<'a>(&self, node: &'a Node, pos: Pos, b: u8, guard: &Guard) -> &'a Node {
         // SAFETY: writer.
-        let inherit = unsafe { node.data() }.best_for(depth, b);
+        let inherit = unsafe { node.data() }.best_for(pos.depth, b);
         let data = DataBlock::empty(&self.arena, inherit);
         let old = node.children.load(Ordering::Relaxed);
         // SAFETY: writer.
@@ -365,14 +455,19 @@ impl LpmTrie {
         entries.insert(at, (ptr::null_mut(), data.as_ptr()));
         let block = ChildBlock::alloc(&self.arena, bits, &entries);
         node.children.store(block.as_ptr(), Ordering::Release);
+        match (pos.depth, self.direct.get()) {
+            // A new depth-1 node now answers for the slots under `b`.
+            (0, Some(direct)) => direct.refresh_b0(&self.root, b),
+            _ => self.mirror(node, pos),
+        }
         self.retire_child_block(old, guard);
         // SAFETY: `at` < len of the new block; it lives until the writer
         // replaces it, and we are the writer.
         unsafe { &*ptr::from_ref(block.as_ref().node(at)) }
     }
 
-    /// Removes the (empty) child at `b` of `parent` (at `depth`).
-    fn remove_child(&self, parent: &Node, depth: usize, b: u8, guard: &Guard) {
+    /// Removes the (empty) child at `b` of `parent` (at `pos`).
+    fn remove_child(&self, parent: &Node, pos: Pos, b: u8, guard: &Guard) {
         let old = parent.children.load(Ordering::Relaxed);
         // SAFETY: writer; the caller saw the child.
         let block = unsafe { &*old };
@@ -386,7 +481,7 @@ impl LpmTrie {
         let b = b as usize;
         let rebuilt = DataBlock::build(
             &self.arena,
-            depth,
+            pos.depth,
             pd.prefix_bits(),
             pd.payloads(),
             pd.default,
@@ -394,7 +489,7 @@ impl LpmTrie {
             Some(pd),
             (b, b + 1),
         );
-        self.publish_data(parent, rebuilt, guard);
+        self.publish_data(parent, pos, rebuilt, guard);
         // 2. Then unlink the child.
         let mut entries = block.entries();
         let (_, child_data) = entries.remove(at);
@@ -404,6 +499,7 @@ impl LpmTrie {
             ChildBlock::alloc(&self.arena, bits, &entries).as_ptr()
         };
         parent.children.store(new, Ordering::Release);
+        self.mirror(parent, pos);
         self.retire_child_block(old, guard);
         self.retire_data(child_data, guard);
     }
@@ -418,16 +514,16 @@ impl LpmTrie {
             if unsafe { child.children().is_some() || !child.data().has_no_prefixes() } {
                 return;
             }
-            self.remove_child(parent, depth - 1, path[depth - 1], guard);
+            self.remove_child(parent, Pos::of(&path[..depth - 1]), path[depth - 1], guard);
         }
     }
 
     /// Sets (`Some`) or clears (`None`) the prefix at `idx` of `node` (at
-    /// `depth`), then pushes the change down to the children below it.
+    /// `pos`), then pushes the change down to the children below it.
     fn set_prefix(
         &self,
         node: &Node,
-        depth: usize,
+        pos: Pos,
         idx: usize,
         payload: Option<[u8; 4]>,
         guard: &Guard,
@@ -457,7 +553,7 @@ impl LpmTrie {
         let (_, lo, hi) = index_range(idx);
         let new = DataBlock::build(
             &self.arena,
-            depth,
+            pos.depth,
             &bits,
             payloads,
             old.default,
@@ -465,14 +561,14 @@ impl LpmTrie {
             Some(old),
             (lo, hi),
         );
-        self.publish_data(node, new, guard);
-        self.push_down(node, depth, lo, hi, guard);
+        self.publish_data(node, pos, new, guard);
+        self.push_down(node, pos, lo, hi, guard);
     }
 
-    /// Children in bytes `lo..hi` of `node` (at `depth`) re-inherit their
+    /// Children in bytes `lo..hi` of `node` (at `pos`) re-inherit their
     /// default from `node`'s current data; changed ones are rebuilt,
     /// recursively.
-    fn push_down(&self, node: &Node, depth: usize, lo: usize, hi: usize, guard: &Guard) {
+    fn push_down(&self, node: &Node, pos: Pos, lo: usize, hi: usize, guard: &Guard) {
         // SAFETY: writer.
         let Some(block) = (unsafe { node.children() }) else {
             return;
@@ -485,13 +581,14 @@ impl LpmTrie {
             }
             // SAFETY: the bit is set.
             let child = unsafe { block.node(block.bits.rank(b)) };
-            let inherit = data.best_for(depth, b as u8);
+            let inherit = data.best_for(pos.depth, b as u8);
             // SAFETY: writer.
             let cd = unsafe { child.data() };
             if cd.default != inherit {
+                let at = pos.child(b as u8);
                 let rebuilt = DataBlock::build(
                     &self.arena,
-                    depth + 1,
+                    at.depth,
                     cd.prefix_bits(),
                     cd.payloads(),
                     inherit,
@@ -499,14 +596,15 @@ impl LpmTrie {
                     None,
                     (0, 256),
                 );
-                self.publish_data(child, rebuilt, guard);
-                self.push_down(child, depth + 1, 0, 256, guard);
+                self.publish_data(child, at, rebuilt, guard);
+                self.push_down(child, at, 0, 256, guard);
             }
         }
     }
 
-    fn publish_data(&self, node: &Node, new: NonNull<DataBlock>, guard: &Guard) {
+    fn publish_data(&self, node: &Node, pos: Pos, new: NonNull<DataBlock>, guard: &Guard) {
         let old = node.data.swap(new.as_ptr(), Ordering::AcqRel);
+        self.mirror(node, pos);
         self.retire_data(old, guard);
     }
 
@@ -723,6 +821,14 @@ impl LpmTrie {
         KeyRef::parse(key, self.data_size)
     }
 
+    /// Whether the direct index, if any, mirrors the tree exactly (for
+    /// tests).
+    #[cfg(test)]
+    pub(crate) fn direct_index_matches_tree(&self) -> bool {
+        let _writer = self.writer.lock();
+        self.direct.get().is_none_or(|d| d.matches_tree(&self.root))
+    }
+
     /// Whether the arena holds released blocks (for tests).
     #[cfg(test)]
     pub(crate) fn arena_has_returned(&self) -> bool {
@@ -731,7 +837,10 @@ impl LpmTrie {
 
     /// Bytes held: node blocks, route slots, the struct.
     pub fn memory_usage(&self) -> usize {
-        size_of::<Self>() + self.arena.bytes() + self.routes.bytes()
+        size_of::<Self>()
+            + self.arena.bytes()
+            + self.routes.bytes()
+            + self.direct.get().map_or(0, DirectIndex::bytes)
     }
 }
 

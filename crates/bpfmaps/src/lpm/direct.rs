@@ -1,0 +1,168 @@
+//! Direct pointing for the top 16 bits (poptrie's name for it): one array
+//! slot per value of the first two key bytes, so a lookup skips the root
+//! and depth-1 nodes and starts at depth 2 with a single load.
+//!
+//! ```text
+//! slot[b0 << 8 | b1] = { children, data }    (16 B)
+//!   the depth-2 node at b0.b1 exists:  a copy of its two block pointers
+//!   it does not:                       children null, data = &leaf | 1,
+//!                                      the leaf that answers for b0.b1
+//!                                      (in the depth-1 node, or the root)
+//! ```
+//!
+//! The slots mirror the tree; the tree stays the writer's source of truth
+//! (queries and iteration walk it). After every store into a node at depth
+//! 0, 1 or 2 the writer re-points the slots that node answers for, before
+//! it retires the replaced block: a reader that loaded a slot is pinned, so
+//! whatever the slot pointed at outlives its lookup, exactly as for a tree
+//! pointer. Slots are stored data first, then children, the order the tree
+//! itself uses, and read children first, then data.
+//!
+//! The array is 1 MiB, so a trie gets one only once it holds enough
+//! prefixes for the saved levels to matter (see `LpmTrie`).
+
+use std::ptr;
+use std::sync::atomic::{AtomicPtr, AtomicUsize, Ordering};
+
+use super::node::{ChildBlock, DataBlock, Leaf, Node};
+
+/// Slots in the index: one per 16-bit key prefix.
+const SLOTS: usize = 1 << 16;
+
+/// Tag bit of a slot's data word: set for a leaf pointer, clear for a data
+/// block (both are at least 4-byte aligned).
+const LEAF_TAG: usize = 1;
+
+/// One slot: the depth-2 node's blocks, or the leaf answering for it.
+#[repr(C, align(16))]
+struct Slot {
+    children: AtomicPtr<ChildBlock>,
+    data: AtomicUsize,
+}
+
+/// The direct index of a trie with keys of at least 3 bytes.
+pub(super) struct DirectIndex {
+    slots: Box<[Slot]>,
+}
+
+impl DirectIndex {
+    /// An index mirroring the tree under `root` (writer only, before the
+    /// index is published).
+    pub fn build(root: &Node) -> Self {
+        let slots = (0..SLOTS)
+            .map(|_| Slot {
+                children: AtomicPtr::new(ptr::null_mut()),
+                data: AtomicUsize::new(0),
+            })
+            .collect();
+        let index = DirectIndex { slots };
+        for b0 in 0..=255 {
+            index.refresh_b0(root, b0);
+        }
+        index
+    }
+
+    /// Bytes held.
+    pub fn bytes(&self) -> usize {
+        size_of::<Self>() + self.slots.len() * size_of::<Slot>()
+    }
+
+    #[inline(always)]
+    fn slot(&self, b0: u8, b1: u8) -> &Slot {
+        // SAFETY: SLOTS = 2^16 covers every (b0, b1).
+        unsafe { self.slots.get_unchecked((b0 as usize) << 8 | b1 as usize) }
+    }
+
+    /// Where the lookup of `addr` (3 bytes or more) continues: the depth-3
+    /// child node for `addr[2]`, or the leaf that answers.
+    ///
+    /// # Safety
+    /// The caller is pinned for `'a`.
+    #[inline(always)]
+    pub unsafe fn start<'a>(&self, addr: &[u8]) -> Result<&'a Node, &'a Leaf> {
+        let slot = self.slot(addr[0], addr[1]);
+        let b = addr[2];
+        // SAFETY: blocks and leaves a slot points at live until a grace
+        // period after the slot stops pointing at them; the caller is pinned.
+        unsafe {
+            if let Some(block) = slot.children.load(Ordering::Acquire).as_ref()
+                && block.bits.get(b as usize)
+            {
+                return Ok(block.node(block.bits.rank(b as usize)));
+            }
+            let data = slot.data.load(Ordering::Acquire);
+            if data & LEAF_TAG != 0 {
+                Err(&*((data & !LEAF_TAG) as *const Leaf))
+            } else {
+                Err((*(data as *const DataBlock)).leaf(b))
+            }
+        }
+    }
+
+    /// Re-points the slots of the node at `depth` reached by `top` (its
+    /// first key bytes) after a store into it. Writer only; call before
+    /// retiring what the node pointed at.
+    pub fn mirror(&self, root: &Node, depth: usize, top: [u8; 2], node: &Node) {
+        match depth {
+            // The root's leaves answer for every b0 without a depth-1 node;
+            // a changed child set is followed by `refresh_b0` of that byte.
+            0 => {
+                for b0 in 0..=255 {
+                    // SAFETY: writer.
+                    if unsafe { root.child(b0) }.is_none() {
+                        self.refresh_b0(root, b0);
+                    }
+                }
+            }
+            1 => self.refresh_b0(root, top[0]),
+            2 => self.copy_node(self.slot(top[0], top[1]), node),
+            _ => {}
+        }
+    }
+
+    /// Re-points the 256 slots under key byte `b0` from the tree.
+    pub fn refresh_b0(&self, root: &Node, b0: u8) {
+        // SAFETY: writer-side reads.
+        unsafe {
+            let Some(n1) = root.child(b0) else {
+                let leaf = root.data().leaf(b0);
+                for b1 in 0..=255 {
+                    self.point_at_leaf(self.slot(b0, b1), leaf);
+                }
+                return;
+            };
+            let d1 = n1.data();
+            for b1 in 0..=255 {
+                let slot = self.slot(b0, b1);
+                match n1.child(b1) {
+                    Some(n2) => self.copy_node(slot, n2),
+                    None => self.point_at_leaf(slot, d1.leaf(b1)),
+                }
+            }
+        }
+    }
+
+    /// Whether every slot holds what `refresh_b0` would store now: the
+    /// mirror never fell behind the tree (for tests).
+    #[cfg(test)]
+    pub fn matches_tree(&self, root: &Node) -> bool {
+        let expected = Self::build(root);
+        self.slots.iter().zip(expected.slots.iter()).all(|(a, b)| {
+            a.data.load(Ordering::Relaxed) == b.data.load(Ordering::Relaxed)
+                && a.children.load(Ordering::Relaxed) == b.children.load(Ordering::Relaxed)
+        })
+    }
+
+    fn copy_node(&self, slot: &Slot, node: &Node) {
+        let data = node.data.load(Ordering::Relaxed) as usize;
+        slot.data.store(data, Ordering::Release);
+        let children = node.children.load(Ordering::Relaxed);
+        slot.children.store(children, Ordering::Release);
+    }
+
+    fn point_at_leaf(&self, slot: &Slot, leaf: &Leaf) {
+        slot.data
+            .store(ptr::from_ref(leaf) as usize | LEAF_TAG, Ordering::Release);
+        slot.children.store(ptr::null_mut(), Ordering::Release);
+    }
+}
