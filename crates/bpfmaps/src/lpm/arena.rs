@@ -33,6 +33,8 @@ pub(super) struct Arena {
     returned: [AtomicPtr<u8>; CLASSES],
     chunks: Mutex<Vec<(NonNull<u8>, Layout)>>,
     chunk_bytes: AtomicUsize,
+    /// Bytes in blocks handed out and not yet released.
+    live_bytes: AtomicUsize,
 }
 
 // SAFETY: chunks are plain memory owned by the arena; the block protocol
@@ -78,6 +80,7 @@ impl Arena {
             returned: std::array::from_fn(|_| AtomicPtr::new(ptr::null_mut())),
             chunks: Mutex::new(Vec::new()),
             chunk_bytes: AtomicUsize::new(0),
+            live_bytes: AtomicUsize::new(0),
         }
     }
 
@@ -88,6 +91,8 @@ impl Arena {
         let mut w = self.writer.lock();
         let w = &mut *w;
         let class = class_of(layout.size());
+        self.live_bytes
+            .fetch_add(class * GRANULE, Ordering::Relaxed);
         if w.free[class].is_null() {
             w.free[class] = self.returned[class].swap(ptr::null_mut(), Ordering::Acquire);
         }
@@ -141,6 +146,8 @@ impl Arena {
     /// unreachable.
     pub unsafe fn release(&self, block: *mut u8, size: usize) {
         let class = class_of(size);
+        self.live_bytes
+            .fetch_sub(class * GRANULE, Ordering::Relaxed);
         let mut head = self.returned[class].load(Ordering::Relaxed);
         loop {
             // SAFETY: the block is dead; its first word becomes the link.
@@ -168,6 +175,12 @@ impl Arena {
     /// Bytes of chunk memory held.
     pub fn bytes(&self) -> usize {
         self.chunk_bytes.load(Ordering::Relaxed)
+    }
+
+    /// Bytes in live blocks (rounded to their size class): what the trie
+    /// uses of what it holds.
+    pub fn live_bytes(&self) -> usize {
+        self.live_bytes.load(Ordering::Relaxed)
     }
 }
 

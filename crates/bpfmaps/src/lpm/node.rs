@@ -5,7 +5,7 @@
 //! whole (copy-on-write):
 //!
 //! ```text
-//! Node (16 B) = { children: *ChildBlock, data: *DataBlock }
+//! Node (24 B) = { children: *ChildBlock, data: *DataBlock, skip }
 //!
 //! ChildBlock = [ child bits: 256 + ranks (40 B) | len | Node x len ]
 //!                 bit b set <=> a child node exists for key byte b
@@ -30,6 +30,15 @@
 //!
 //! Children are stored inline in their block, so a lookup moves down one
 //! level with one pointer load plus one `popcnt`.
+//!
+//! * Skip (path compression): a node below depth 2 may sit at the end of a
+//!   compressed edge that skips up to 7 key bytes, where the uncompressed
+//!   trie would have a chain of nodes with one child and no prefixes (the
+//!   sparse lower levels of an IPv6 table). A lookup entering the node
+//!   compares those bytes with the key; on a mismatch the answer is the
+//!   node's default (nothing is stored along the skipped bytes). The skip
+//!   is part of the node's entry in its parent's child block, so it costs
+//!   no extra load.
 
 use std::alloc::Layout;
 use std::ptr::{self, NonNull};
@@ -38,11 +47,90 @@ use std::sync::atomic::{AtomicPtr, Ordering};
 use super::arena::Arena;
 use super::bits::Bits;
 
-/// One trie node: pointers to its current child and data blocks.
+/// Key bytes a compressed edge skips: up to [`Skip::MAX`], packed with
+/// their count in the top byte (all zero: no skip).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(super) struct Skip(u64);
+
+impl Skip {
+    /// Longest skip: seven bytes and the count fit one word.
+    pub const MAX: usize = 7;
+    pub const NONE: Skip = Skip(0);
+
+    /// The skip over `bytes` (at most `MAX`).
+    pub fn new(bytes: &[u8]) -> Skip {
+        debug_assert!(bytes.len() <= Self::MAX);
+        let mut word = (bytes.len() as u64) << 56;
+        for (i, &b) in bytes.iter().enumerate() {
+            word |= u64::from(b) << (8 * i);
+        }
+        Skip(word)
+    }
+
+    #[inline(always)]
+    pub fn len(self) -> usize {
+        (self.0 >> 56) as usize
+    }
+
+    #[inline(always)]
+    pub fn is_none(self) -> bool {
+        self.0 == 0
+    }
+
+    #[inline(always)]
+    pub fn byte(self, i: usize) -> u8 {
+        (self.0 >> (8 * i)) as u8
+    }
+
+    /// The skipped bytes.
+    pub fn bytes(self) -> impl Iterator<Item = u8> {
+        (0..self.len()).map(move |i| self.byte(i))
+    }
+
+    /// How many leading skipped bytes `key` repeats.
+    pub fn common_prefix(self, key: &[u8]) -> usize {
+        self.bytes().zip(key).take_while(|(a, b)| a == *b).count()
+    }
+
+    /// Whether `key` starts with the skipped bytes.
+    #[inline(always)]
+    pub fn matches(self, key: &[u8]) -> bool {
+        let n = self.len();
+        key.len() >= n && (0..n).all(|i| key[i] == self.byte(i))
+    }
+
+    /// The first `n` bytes.
+    pub fn head(self, n: usize) -> Skip {
+        Skip::new(&self.bytes().take(n).collect::<Vec<_>>())
+    }
+
+    /// The bytes from `n` on.
+    pub fn tail(self, n: usize) -> Skip {
+        Skip::new(&self.bytes().skip(n).collect::<Vec<_>>())
+    }
+
+    /// `self`, then `b`, then `next`: the skip of a child whose parent
+    /// edge and own edge merge; `None` if that is over `MAX`.
+    pub fn join(self, b: u8, next: Skip) -> Option<Skip> {
+        let bytes: Vec<u8> = self
+            .bytes()
+            .chain(std::iter::once(b))
+            .chain(next.bytes())
+            .collect();
+        (bytes.len() <= Self::MAX).then(|| Skip::new(&bytes))
+    }
+}
+
+/// A child-block entry: the node's (children, data, skip).
+pub(super) type Entry = (*mut ChildBlock, *mut DataBlock, Skip);
+
+/// One trie node: pointers to its current child and data blocks, and the
+/// key bytes its edge skips (fixed for the life of the entry).
 #[repr(C)]
 pub(super) struct Node {
     pub children: AtomicPtr<ChildBlock>,
     pub data: AtomicPtr<DataBlock>,
+    pub skip: Skip,
 }
 
 impl Node {
@@ -51,6 +139,7 @@ impl Node {
         Node {
             children: AtomicPtr::new(ptr::null_mut()),
             data: AtomicPtr::new(data.as_ptr()),
+            skip: Skip::NONE,
         }
     }
 
@@ -105,13 +194,9 @@ impl ChildBlock {
             .expect("child block layout")
     }
 
-    /// Allocates a block for `bits` whose nodes are `(children, data)`
-    /// pointer pairs, in byte order.
-    pub fn alloc(
-        arena: &Arena,
-        bits: Bits<4>,
-        nodes: &[(*mut ChildBlock, *mut DataBlock)],
-    ) -> NonNull<ChildBlock> {
+    /// Allocates a block for `bits` whose nodes are `entries`, in byte
+    /// order.
+    pub fn alloc(arena: &Arena, bits: Bits<4>, nodes: &[Entry]) -> NonNull<ChildBlock> {
         debug_assert_eq!(bits.count(), nodes.len());
         let (layout, offset) = Self::layout(nodes.len());
         debug_assert_eq!(
@@ -127,10 +212,11 @@ impl ChildBlock {
                 len: nodes.len() as u32,
             });
             let first = p.add(offset).cast::<Node>();
-            for (i, &(c, d)) in nodes.iter().enumerate() {
+            for (i, &(c, d, skip)) in nodes.iter().enumerate() {
                 first.add(i).write(Node {
                     children: AtomicPtr::new(c),
                     data: AtomicPtr::new(d),
+                    skip,
                 });
             }
         }
@@ -154,8 +240,8 @@ impl ChildBlock {
         }
     }
 
-    /// The `(children, data)` pointers of every node, in byte order.
-    pub fn entries(&self) -> Vec<(*mut ChildBlock, *mut DataBlock)> {
+    /// The entries of every node, in byte order.
+    pub fn entries(&self) -> Vec<Entry> {
         (0..self.len as usize)
             .map(|i| {
                 // SAFETY: i < len.
@@ -163,9 +249,15 @@ impl ChildBlock {
                 (
                     n.children.load(Ordering::Relaxed),
                     n.data.load(Ordering::Relaxed),
+                    n.skip,
                 )
             })
             .collect()
+    }
+
+    /// Number of children.
+    pub fn len(&self) -> usize {
+        self.len as usize
     }
 
     /// Gives the block itself (not the blocks its nodes point to) back to
@@ -596,7 +688,7 @@ pub(super) unsafe fn free_subtree(arena: &Arena, children: *mut ChildBlock, data
     // SAFETY: the caller owns the subtree.
     unsafe {
         if !children.is_null() {
-            for (c, d) in (*children).entries() {
+            for (c, d, _) in (*children).entries() {
                 free_subtree(arena, c, d);
             }
             ChildBlock::free(arena, children);

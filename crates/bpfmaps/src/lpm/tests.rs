@@ -286,6 +286,66 @@ fn clear_returns_blocks_for_reuse_and_drop_is_quick() {
     assert!(start.elapsed() < std::time::Duration::from_millis(200));
 }
 
+/// Sparse levels take compressed edges (of up to 7 bytes) below depth 2,
+/// a diverging prefix splits an edge, and removing it merges the edge back.
+#[test]
+fn sparse_paths_are_compressed_split_and_merged_back() {
+    let t = LpmTrie::new(16, 4, 100).unwrap();
+    let host = [
+        0x20, 0x01, 0x0d, 0xb8, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12,
+    ];
+    t.insert(&host, 128, &v(1), BPF_ANY).unwrap();
+    // root, depth 1, depth 2, then edges of 7 and 4 bytes.
+    assert_eq!(t.node_count(), 5);
+    let mut other = host;
+    other[6] = 0xff;
+    t.insert(&other, 64, &v(2), BPF_ANY).unwrap();
+    // The 7-byte edge splits at byte 6: a node there, and the /64's node.
+    assert_eq!(t.node_count(), 7);
+    assert_eq!(get(&t, &host), Some(1));
+    assert_eq!(get(&t, &other), Some(2));
+    let mut miss = host;
+    miss[5] = 0;
+    assert_eq!(get(&t, &miss), None);
+    t.remove(&other, 64, None).unwrap();
+    assert_eq!(t.node_count(), 5);
+    assert_eq!(get(&t, &host), Some(1));
+    // A prefix that ends inside an edge splits it too.
+    t.insert(&host, 40, &v(3), BPF_ANY).unwrap();
+    assert_eq!(get(&t, &miss), Some(3));
+    t.remove(&host, 40, None).unwrap();
+    assert_eq!((t.node_count(), get(&t, &miss)), (5, None));
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(32))]
+
+    /// Inserting a second set and removing it again leaves the trie with
+    /// exactly the nodes a fresh build of the first set has.
+    #[test]
+    fn removals_restore_the_shape_of_a_fresh_build(
+        keep in prop::collection::vec(arb_prefix(16), 0..40),
+        extra in prop::collection::vec(arb_prefix(16), 0..40),
+    ) {
+        let fresh = LpmTrie::new(16, 4, 100).unwrap();
+        let t = LpmTrie::new(16, 4, 100).unwrap();
+        for (d, l) in &keep {
+            fresh.insert(d, *l, &v(1), BPF_ANY).unwrap();
+            t.insert(d, *l, &v(1), BPF_ANY).unwrap();
+        }
+        for (d, l) in &extra {
+            t.insert(d, *l, &v(2), BPF_ANY).unwrap();
+        }
+        for (d, l) in &extra {
+            if !keep.contains(&(d.clone(), *l)) {
+                let _ = t.remove(d, *l, None);
+            }
+        }
+        prop_assert_eq!(t.len(), fresh.len());
+        prop_assert_eq!(t.node_count(), fresh.node_count());
+    }
+}
+
 fn arb_prefix(n: usize) -> impl Strategy<Value = (Vec<u8>, u32)> {
     // Bias toward few distinct leading bytes so prefixes nest and collide.
     (

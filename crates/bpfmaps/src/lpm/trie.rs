@@ -35,7 +35,9 @@ use super::arena::Arena;
 use super::bits::Bits;
 use super::direct::DirectIndex;
 use super::key::{self, KeyRef, mask_host_bits};
-use super::node::{ChildBlock, DataBlock, Leaf, Node, free_subtree, index_range, prefix_index};
+use super::node::{
+    ChildBlock, DataBlock, Entry, Leaf, Node, Skip, free_subtree, index_range, prefix_index,
+};
 use super::routes::{RouteAlloc, RouteStore};
 use crate::core::contract::{Map, MapKind, MapSpec, check_value};
 use crate::core::error::{Error, Result};
@@ -137,13 +139,14 @@ impl Pos {
         }
     }
 
-    fn child(self, b: u8) -> Pos {
+    /// The child at byte `b` whose edge skips `skip` more bytes.
+    fn child(self, b: u8, skip: Skip) -> Pos {
         let mut top = self.top;
         if self.depth < 2 {
             top[self.depth] = b;
         }
         Pos {
-            depth: self.depth + 1,
+            depth: self.depth + 1 + skip.len(),
             top,
         }
     }
@@ -256,6 +259,15 @@ impl LpmTrie {
             None => (&self.root, 0),
         };
         loop {
+            // `node` was entered at `depth`: first the bytes its edge skips.
+            let skip = node.skip;
+            if !skip.is_none() {
+                if !skip.matches(&addr[depth..]) {
+                    // SAFETY: pinned; nothing is stored along a skip.
+                    return &unsafe { node.data() }.default;
+                }
+                depth += skip.len();
+            }
             let b = addr[depth];
             // SAFETY: pinned by `_guard`.
             match unsafe { node.child(b) } {
@@ -320,13 +332,34 @@ impl LpmTrie {
         }
     }
 
-    fn node_at(&self, path: &[u8]) -> Option<&Node> {
-        let mut node = &self.root;
-        for &b in path {
+    /// The nodes along `path` from the root with their positions, as far
+    /// as the tree has them: up to the node at depth `path.len()`, or the
+    /// last one before a missing child or a skip that leaves the path.
+    fn chain(&self, path: &[u8]) -> Vec<(&Node, Pos)> {
+        let mut out = vec![(&self.root, Pos::ROOT)];
+        let (mut node, mut pos) = (&self.root, Pos::ROOT);
+        while pos.depth < path.len() {
+            let b = path[pos.depth];
             // SAFETY: writer (or pinned reader) walk.
-            node = unsafe { node.child(b) }?;
+            let Some(child) = (unsafe { node.child(b) }) else {
+                break;
+            };
+            let at = pos.child(b, child.skip);
+            if at.depth > path.len() || !child.skip.matches(&path[pos.depth + 1..]) {
+                break;
+            }
+            (node, pos) = (child, at);
+            out.push((node, pos));
         }
-        Some(node)
+        out
+    }
+
+    /// The node at depth `path.len()` along `path`, if the tree has one.
+    fn node_at(&self, path: &[u8]) -> Option<&Node> {
+        self.chain(path)
+            .pop()
+            .filter(|(_, pos)| pos.depth == path.len())
+            .map(|(node, _)| node)
     }
 
     fn masked(&self, data: &[u8], prefixlen: u32) -> Result<([u8; key::DATA_SIZE_MAX], u32)> {
@@ -427,43 +460,140 @@ impl LpmTrie {
         guard.defer(move || drop_in_background(job));
     }
 
+    /// The node at depth `path.len()` along `path`, created if missing:
+    /// below depth 2 a new node takes a compressed edge over every byte
+    /// left (up to `Skip::MAX`), and an edge that skips past the wanted
+    /// depth or away from the path is split.
     fn ensure_path(&self, path: &[u8], guard: &Guard) -> &Node {
-        let mut node = &self.root;
-        for (depth, &b) in path.iter().enumerate() {
+        let (mut node, mut pos) = (&self.root, Pos::ROOT);
+        while pos.depth < path.len() {
+            let b = path[pos.depth];
+            let rest = &path[pos.depth + 1..];
             // SAFETY: writer.
-            node = match unsafe { node.child(b) } {
-                Some(child) => child,
-                None => self.add_child(node, Pos::of(&path[..depth]), b, guard),
+            (node, pos) = match unsafe { node.child(b) } {
+                None => {
+                    // Depths 1 and 2 stay uncompressed: the direct index
+                    // mirrors them.
+                    let skip = if pos.depth >= 2 {
+                        Skip::new(&rest[..rest.len().min(Skip::MAX)])
+                    } else {
+                        Skip::NONE
+                    };
+                    (
+                        self.add_child(node, pos, b, skip, guard),
+                        pos.child(b, skip),
+                    )
+                }
+                Some(child) => {
+                    let common = child.skip.common_prefix(rest);
+                    if common < child.skip.len() {
+                        let head = child.skip.head(common);
+                        (
+                            self.split_child(node, pos, b, common, guard),
+                            pos.child(b, head),
+                        )
+                    } else {
+                        (child, pos.child(b, child.skip))
+                    }
+                }
             };
         }
         node
     }
 
-    fn add_child<'a>(&self, node: &'a Node, pos: Pos, b: u8, guard: &Guard) -> &'a Node {
+    /// Replaces `node`'s child block by one with `entries` (same bits),
+    /// re-points the direct index and retires the old block.
+    fn publish_children<'a>(
+        &self,
+        node: &'a Node,
+        pos: Pos,
+        bits: Bits<4>,
+        entries: &[Entry],
+        guard: &Guard,
+    ) -> Option<&'a ChildBlock> {
+        let new = if entries.is_empty() {
+            ptr::null_mut()
+        } else {
+            ChildBlock::alloc(&self.arena, bits, entries).as_ptr()
+        };
+        let old = node.children.swap(new, Ordering::AcqRel);
+        self.mirror(node, pos);
+        self.retire_child_block(old, guard);
+        // SAFETY: we are the writer: it lives until we replace it.
+        unsafe { new.as_ref() }
+    }
+
+    /// Adds an empty child at `b` of `node` (at `pos`) whose edge skips
+    /// `skip`.
+    fn add_child<'a>(
+        &self,
+        node: &'a Node,
+        pos: Pos,
+        b: u8,
+        skip: Skip,
+        guard: &Guard,
+    ) -> &'a Node {
         // SAFETY: writer.
         let inherit = unsafe { node.data() }.best_for(pos.depth, b);
         let data = DataBlock::empty(&self.arena, inherit);
-        let old = node.children.load(Ordering::Relaxed);
         // SAFETY: writer.
-        let (mut bits, mut entries) = match unsafe { old.as_ref() } {
+        let (mut bits, mut entries) = match unsafe { node.children() } {
             Some(block) => (block.bits, block.entries()),
             None => (Bits::default(), Vec::new()),
         };
         let at = bits.rank(b as usize);
         bits.set_raw(b as usize);
         bits.fix_ranks();
-        entries.insert(at, (ptr::null_mut(), data.as_ptr()));
-        let block = ChildBlock::alloc(&self.arena, bits, &entries);
-        node.children.store(block.as_ptr(), Ordering::Release);
-        match (pos.depth, self.direct.get()) {
-            // A new depth-1 node now answers for the slots under `b`.
-            (0, Some(direct)) => direct.refresh_b0(&self.root, b),
-            _ => self.mirror(node, pos),
-        }
-        self.retire_child_block(old, guard);
-        // SAFETY: `at` < len of the new block; it lives until the writer
-        // replaces it, and we are the writer.
-        unsafe { &*ptr::from_ref(block.as_ref().node(at)) }
+        entries.insert(at, (ptr::null_mut(), data.as_ptr(), skip));
+        let block = match (pos.depth, self.direct.get()) {
+            // A new depth-1 node answers for the slots under `b`.
+            (0, Some(direct)) => {
+                let block = ChildBlock::alloc(&self.arena, bits, &entries);
+                let old = node.children.swap(block.as_ptr(), Ordering::AcqRel);
+                direct.refresh_b0(&self.root, b);
+                self.retire_child_block(old, guard);
+                // SAFETY: writer.
+                unsafe { &*block.as_ptr() }
+            }
+            _ => self
+                .publish_children(node, pos, bits, &entries, guard)
+                .expect("not empty"),
+        };
+        // SAFETY: `at` < len.
+        unsafe { block.node(at) }
+    }
+
+    /// Splits the edge to the child at `b` of `node` (at `pos`) after
+    /// `common` of its skipped bytes: a new node without prefixes there,
+    /// whose one child is the old node with the rest of the skip. Readers
+    /// see the old edge or the new pair, which answer alike. Returns the
+    /// new node.
+    fn split_child<'a>(
+        &self,
+        node: &'a Node,
+        pos: Pos,
+        b: u8,
+        common: usize,
+        guard: &Guard,
+    ) -> &'a Node {
+        // SAFETY: writer; the caller saw the child.
+        let block = unsafe { node.children() }.expect("child exists");
+        let at = block.bits.rank(b as usize);
+        let mut entries = block.entries();
+        let (c, d, skip) = entries[at];
+        let mut bits = Bits::default();
+        bits.set_raw(skip.byte(common) as usize);
+        bits.fix_ranks();
+        let below = ChildBlock::alloc(&self.arena, bits, &[(c, d, skip.tail(common + 1))]);
+        // SAFETY: writer.
+        let inherit = unsafe { node.data() }.best_for(pos.depth, b);
+        let data = DataBlock::empty(&self.arena, inherit);
+        entries[at] = (below.as_ptr(), data.as_ptr(), skip.head(common));
+        let block = self
+            .publish_children(node, pos, block.bits, &entries, guard)
+            .expect("not empty");
+        // SAFETY: `at` < len.
+        unsafe { block.node(at) }
     }
 
     /// Removes the (empty) child at `b` of `parent` (at `pos`).
@@ -492,30 +622,57 @@ impl LpmTrie {
         self.publish_data(parent, pos, rebuilt, guard);
         // 2. Then unlink the child.
         let mut entries = block.entries();
-        let (_, child_data) = entries.remove(at);
-        let new = if entries.is_empty() {
-            ptr::null_mut()
-        } else {
-            ChildBlock::alloc(&self.arena, bits, &entries).as_ptr()
-        };
-        parent.children.store(new, Ordering::Release);
-        self.mirror(parent, pos);
-        self.retire_child_block(old, guard);
+        let (_, child_data, _) = entries.remove(at);
+        self.publish_children(parent, pos, bits, &entries, guard);
         self.retire_data(child_data, guard);
     }
 
-    /// Removes now-empty nodes along `path`, deepest first.
+    /// After a removal at the node at depth `path.len()`: removes nodes
+    /// left empty along `path`, deepest first, then merges a node left
+    /// with no prefixes and one child into that child's edge, so the trie
+    /// keeps the shape a fresh build would give.
     fn prune(&self, path: &[u8], guard: &Guard) {
-        for depth in (1..=path.len()).rev() {
-            let parent = self.node_at(&path[..depth - 1]).expect("path exists");
+        let mut chain = self.chain(path);
+        while chain.len() >= 2 {
+            let (node, _) = chain.pop().expect("len >= 2");
+            let &(parent, ppos) = chain.last().expect("len >= 1");
+            let b = path[ppos.depth];
             // SAFETY: writer.
-            let child = unsafe { parent.child(path[depth - 1]) }.expect("path exists");
-            // SAFETY: writer.
-            if unsafe { child.children().is_some() || !child.data().has_no_prefixes() } {
+            let (children, data) = unsafe { (node.children(), node.data()) };
+            if !data.has_no_prefixes() {
                 return;
             }
-            self.remove_child(parent, Pos::of(&path[..depth - 1]), path[depth - 1], guard);
+            match children {
+                None => self.remove_child(parent, ppos, b, guard),
+                Some(only) if only.len() == 1 && ppos.depth >= 2 => {
+                    self.merge_child(parent, ppos, b, guard);
+                    return;
+                }
+                Some(_) => return,
+            }
         }
+    }
+
+    /// Replaces the child at `b` of `parent` (at `pos`), which has no
+    /// prefixes and one child, by that child on a longer edge (if the
+    /// joined skip fits).
+    fn merge_child(&self, parent: &Node, pos: Pos, b: u8, guard: &Guard) {
+        // SAFETY: writer; the caller saw the child and its one child.
+        let block = unsafe { parent.children() }.expect("child exists");
+        let at = block.bits.rank(b as usize);
+        let mut entries = block.entries();
+        let (mid_children, mid_data, mid_skip) = entries[at];
+        // SAFETY: as above.
+        let only = unsafe { &*mid_children };
+        let below_byte = only.bits.ones().next().expect("one child") as u8;
+        let (c, d, skip) = only.entries()[0];
+        let Some(joined) = mid_skip.join(below_byte, skip) else {
+            return;
+        };
+        entries[at] = (c, d, joined);
+        self.publish_children(parent, pos, block.bits, &entries, guard);
+        self.retire_child_block(mid_children, guard);
+        self.retire_data(mid_data, guard);
     }
 
     /// Sets (`Some`) or clears (`None`) the prefix at `idx` of `node` (at
@@ -585,7 +742,7 @@ impl LpmTrie {
             // SAFETY: writer.
             let cd = unsafe { child.data() };
             if cd.default != inherit {
-                let at = pos.child(b as u8);
+                let at = pos.child(b as u8, child.skip);
                 let rebuilt = DataBlock::build(
                     &self.arena,
                     at.depth,
@@ -663,11 +820,15 @@ impl LpmTrie {
                 return Ok(out);
             }
             // SAFETY: pinned.
-            match unsafe { node.child(data[depth]) } {
-                Some(child) => node = child,
-                None => return Ok(out),
+            let Some(child) = (unsafe { node.child(data[depth]) }) else {
+                return Ok(out);
+            };
+            // The child's prefixes are all longer than its depth's bytes.
+            let below = depth + 1 + child.skip.len();
+            if prefixlen <= 8 * below as u32 || !child.skip.matches(&data[depth + 1..]) {
+                return Ok(out);
             }
-            depth += 1;
+            (node, depth) = (child, below);
         }
     }
 
@@ -678,15 +839,28 @@ impl LpmTrie {
         let data = &buf[..self.data_size];
         let (depth, idx) = position(data, prefixlen);
         let mut out = Vec::new();
-        if let Some(node) = self.node_at(&data[..depth]) {
-            let mut path = data[..depth].to_vec();
-            self.walk_pre(node, &mut path, idx, &mut |d, l, r| {
-                out.push(Found {
-                    data: d.to_vec(),
-                    prefixlen: l,
-                    payload: r,
-                })
-            });
+        let mut push = |d: &[u8], l, r| {
+            out.push(Found {
+                data: d.to_vec(),
+                prefixlen: l,
+                payload: r,
+            })
+        };
+        let path = &data[..depth];
+        let &(node, pos) = self.chain(path).last().expect("the root");
+        if pos.depth == depth {
+            self.walk_pre(node, &mut path.to_vec(), idx, &mut push);
+        } else if pos.depth < depth {
+            // A compressed edge may skip past `depth`: then the whole
+            // subtree below it is inside the prefix, or none of it is.
+            // SAFETY: pinned.
+            if let Some(child) = unsafe { node.child(path[pos.depth]) } {
+                let mut below = path[..=pos.depth].to_vec();
+                below.extend(child.skip.bytes());
+                if below.len() > depth && prefix_contains(data, prefixlen, &below) {
+                    self.walk_pre(child, &mut below, 1, &mut push);
+                }
+            }
         }
         Ok(out)
     }
@@ -718,10 +892,13 @@ impl LpmTrie {
             self.walk_pre(node, path, 2 * idx, f);
             self.walk_pre(node, path, 2 * idx + 1, f);
         } else if let Some(child) = children.filter(|c| c.bits.get(lo)) {
-            path.push(lo as u8);
             // SAFETY: bit set.
-            self.walk_pre(unsafe { child.node(child.bits.rank(lo)) }, path, 1, f);
-            path.pop();
+            let child = unsafe { child.node(child.bits.rank(lo)) };
+            let depth = path.len();
+            path.push(lo as u8);
+            path.extend(child.skip.bytes());
+            self.walk_pre(child, path, 1, f);
+            path.truncate(depth);
         }
     }
 
@@ -790,16 +967,13 @@ impl LpmTrie {
                 return true;
             }
         } else if let Some(child) = children.filter(|c| c.bits.get(lo)) {
-            path.push(lo as u8);
             // SAFETY: bit set.
-            let hit = self.next_post(
-                unsafe { child.node(child.bits.rank(lo)) },
-                path,
-                1,
-                bound,
-                found,
-            );
-            path.pop();
+            let child = unsafe { child.node(child.bits.rank(lo)) };
+            let depth = path.len();
+            path.push(lo as u8);
+            path.extend(child.skip.bytes());
+            let hit = self.next_post(child, path, 1, bound, found);
+            path.truncate(depth);
             if hit {
                 return true;
             }
@@ -829,10 +1003,33 @@ impl LpmTrie {
         self.direct.get().is_none_or(|d| d.matches_tree(&self.root))
     }
 
+    /// Number of nodes, the root included (for tests of the trie's shape).
+    #[cfg(test)]
+    pub(crate) fn node_count(&self) -> usize {
+        fn count(node: &Node) -> usize {
+            // SAFETY: tests call this with no writer running.
+            1 + unsafe { node.children() }.map_or(0, |c| {
+                // SAFETY: i < len.
+                (0..c.len()).map(|i| count(unsafe { c.node(i) })).sum()
+            })
+        }
+        let _writer = self.writer.lock();
+        count(&self.root)
+    }
+
     /// Whether the arena holds released blocks (for tests).
     #[cfg(test)]
     pub(crate) fn arena_has_returned(&self) -> bool {
         self.arena.has_returned()
+    }
+
+    /// Bytes in use: live node blocks (not the free or not yet carved part
+    /// of the arena's chunks), route slots, the direct index, the struct.
+    pub fn memory_live(&self) -> usize {
+        size_of::<Self>()
+            + self.arena.live_bytes()
+            + self.routes.bytes()
+            + self.direct.get().map_or(0, DirectIndex::bytes)
     }
 
     /// Bytes held: node blocks, route slots, the struct.
@@ -960,4 +1157,12 @@ impl Map for LpmTrie {
     fn memory_usage(&self) -> usize {
         LpmTrie::memory_usage(self)
     }
+}
+
+/// Whether `addr` (at least `prefixlen` bits) lies inside `data/prefixlen`.
+fn prefix_contains(data: &[u8], prefixlen: u32, addr: &[u8]) -> bool {
+    let mut a = addr.to_vec();
+    mask_host_bits(&mut a, prefixlen);
+    let n = a.len().min(data.len());
+    a[..n] == data[..n]
 }
