@@ -374,20 +374,50 @@ pub fn check_agreement(
     n
 }
 
-/// Per-repetition lookup rates (lookups/s) over `addrs` in batches of
-/// [`BATCH`], cycling; `addrs.len()` must be a multiple of [`BATCH`].
-pub fn lookup_rates<F: Family, T: LpmTable<F>>(plan: Plan, t: &T, addrs: &[F::Addr]) -> Vec<f64> {
+/// The batch closure of a lookup loop over `addrs`: each call looks up the
+/// next [`BATCH`] addresses with one [`LpmTable::sum_batch`], cycling over
+/// the set, and returns [`BATCH`]. `addrs.len()` must be a multiple of
+/// [`BATCH`]. For [`rate_samples`] or, with other tables' loops,
+/// [`crate::measure::rate_samples_interleaved`].
+pub fn lookup_batches<'a, F: Family, T: LpmTable<F>>(
+    t: &'a T,
+    addrs: &'a [F::Addr],
+) -> impl FnMut() -> u64 + 'a {
     assert!(
         !addrs.is_empty() && addrs.len() % BATCH == 0,
         "lookup sets are whole batches"
     );
     let mut cursor = 0;
-    rate_samples(plan, || {
+    move || {
         let batch = &addrs[cursor..cursor + BATCH];
         cursor = (cursor + BATCH) % addrs.len();
         black_box(t.sum_batch(batch));
         BATCH as u64
-    })
+    }
+}
+
+/// Per-repetition lookup rates (lookups/s) over `addrs` in batches of
+/// [`BATCH`], cycling; `addrs.len()` must be a multiple of [`BATCH`].
+pub fn lookup_rates<F: Family, T: LpmTable<F>>(plan: Plan, t: &T, addrs: &[F::Addr]) -> Vec<f64> {
+    rate_samples(plan, lookup_batches::<F, T>(t, addrs))
+}
+
+/// A built table of any implementation behind one type, so that a suite
+/// can keep several alive side by side and time their lookups in turns.
+pub trait AnyLpm<F: Family> {
+    /// Implementation name in records ([`LpmTable::NAME`]).
+    fn name(&self) -> &'static str;
+    /// [`lookup_batches`] over `addrs`, boxed.
+    fn lookups<'a>(&'a self, addrs: &'a [F::Addr]) -> Box<dyn FnMut() -> u64 + 'a>;
+}
+
+impl<F: Family, T: LpmTable<F>> AnyLpm<F> for T {
+    fn name(&self) -> &'static str {
+        T::NAME
+    }
+    fn lookups<'a>(&'a self, addrs: &'a [F::Addr]) -> Box<dyn FnMut() -> u64 + 'a> {
+        Box::new(lookup_batches::<F, T>(self, addrs))
+    }
 }
 
 #[cfg(test)]
@@ -440,5 +470,33 @@ mod tests {
         assert!(after.disagreements(&before) > 0);
         let rates = lookup_rates::<V4, LpmTrie>(Plan::new(1, Duration::from_millis(2)), &t, &addrs);
         assert_eq!(rates.len(), 1);
+    }
+
+    #[test]
+    fn lookup_loops_of_several_tables_time_in_turns() {
+        let p = generate::<V4>(500, 8..=24, 9);
+        let addrs = addrs_inside(&p, 2 * BATCH, 10);
+        let tables: Vec<Box<dyn AnyLpm<V4>>> = vec![
+            Box::new(build::<V4, KernelLpmTrie>(&p).table),
+            Box::new(build::<V4, LpmTrie>(&p).table),
+            Box::new(build::<V4, PrefixTrie<V4>>(&p).table),
+        ];
+        let names: Vec<_> = tables.iter().map(|t| t.name()).collect();
+        assert_eq!(names, ["kernel", "bpfmaps", "prefix-trie"]);
+        let mut loops: Vec<_> = tables.iter().map(|t| t.lookups(&addrs)).collect();
+        // Past the end of the set the cursor wraps around.
+        for _ in 0..3 {
+            assert_eq!(loops[0](), BATCH as u64);
+        }
+        let rates = crate::measure::rate_samples_interleaved(
+            Plan::new(2, Duration::from_millis(2)),
+            &mut loops,
+        );
+        assert_eq!(rates.len(), 3);
+        assert!(
+            rates
+                .iter()
+                .all(|r| r.len() == 2 && r.iter().all(|&x| x > 0.0))
+        );
     }
 }

@@ -95,6 +95,32 @@ pub fn rate_samples(plan: Plan, mut batch: impl FnMut() -> u64) -> Vec<f64> {
         .collect()
 }
 
+/// Per-loop, per-repetition rates in operations per second for several
+/// batch closures timed *in turns*: after each loop's warm-up, every
+/// repetition runs each loop once for `plan.rep_time`, so slow drifts in
+/// machine load (other jobs on a shared host) fall on all of them alike
+/// instead of on whichever ran during the busy seconds. The loop that goes
+/// first rotates with the repetition (`r % n`), so none always runs right
+/// after the same other one. `result[i]` holds loop `i`'s `plan.reps`
+/// rates, as [`rate_samples`] returns them for one loop.
+pub fn rate_samples_interleaved<B: FnMut() -> u64>(plan: Plan, loops: &mut [B]) -> Vec<Vec<f64>> {
+    let n = loops.len();
+    if !plan.warmup.is_zero() {
+        for batch in loops.iter_mut() {
+            run_for(plan.warmup, batch);
+        }
+    }
+    let mut rates = vec![Vec::with_capacity(plan.reps); n];
+    for r in 0..plan.reps {
+        for k in 0..n {
+            let i = (r + k) % n;
+            let (ops, elapsed) = run_for(plan.rep_time, &mut loops[i]);
+            rates[i].push(ops as f64 / elapsed.as_secs_f64());
+        }
+    }
+    rates
+}
+
 /// Operations per second, mean ± stddev over the plan's repetitions.
 pub fn rate(plan: Plan, batch: impl FnMut() -> u64) -> Stats {
     Stats::from_samples(&rate_samples(plan, batch))
@@ -123,7 +149,47 @@ mod tests {
         assert_eq!(s.n, 3);
         // 10 ops per >= 1 ms: at most 10k ops/s.
         assert!(s.mean > 0.0 && s.mean <= 10_000.0, "{s:?}");
-        assert!(calls >= 3 * 5);
+        // At least one batch per repetition and one for the warm-up (a
+        // sleep of 1 ms may take longer on a loaded machine, so a 5 ms
+        // repetition can hold fewer than 5).
+        assert!(calls > 3, "{calls}");
+    }
+
+    #[test]
+    fn interleaved_rates_take_turns() {
+        let plan = Plan::new(4, Duration::from_millis(3));
+        // Which loop each batch call was, in order.
+        let order = std::cell::RefCell::new(Vec::new());
+        let batch = |i: usize, ops: u64, nap: bool| {
+            let order = &order;
+            move || {
+                order.borrow_mut().push(i);
+                if nap {
+                    std::thread::sleep(Duration::from_millis(1));
+                }
+                black_box(ops)
+            }
+        };
+        let (mut a, mut b, mut c) = (batch(0, 10, true), batch(1, 20, true), batch(2, 1, false));
+        let mut loops: [&mut dyn FnMut() -> u64; 3] = [&mut a, &mut b, &mut c];
+        let rates = rate_samples_interleaved(plan, &mut loops);
+        assert_eq!(rates.len(), 3);
+        for r in &rates {
+            assert_eq!(r.len(), 4);
+            assert!(r.iter().all(|&x| x > 0.0 && x.is_finite()), "{r:?}");
+        }
+        // 10 (20) ops per >= 1 ms: at most 10k (20k) ops/s.
+        assert!(rates[0].iter().all(|&x| x <= 10_000.0), "{rates:?}");
+        assert!(rates[1].iter().all(|&x| x <= 20_000.0), "{rates:?}");
+        let mut runs = order.into_inner();
+        // At least one batch per repetition and one for the warm-up.
+        for i in 0..3 {
+            assert!(runs.iter().filter(|&&x| x == i).count() > 4, "{runs:?}");
+        }
+        // One run per loop for the warm-up, then the reps, rotating which
+        // loop goes first.
+        runs.dedup();
+        assert_eq!(runs, [0, 1, 2, 0, 1, 2, 1, 2, 0, 2, 0, 1, 0, 1, 2]);
     }
 
     #[test]

@@ -7,15 +7,17 @@
 //! inserted in file order with u32 values), two lookup sets of 2^20
 //! addresses drawn once and shared by every implementation: `random`
 //! (uniform over the IPv4 space; IPv6 inside 2000::/3) and `inside`
-//! (inside a stored prefix picked uniformly).
+//! (inside a stored prefix picked uniformly). All implementations of a
+//! family are built first and kept; their lookups are then timed in turns
+//! (one repetition of each at a time), so that machine load drifting over
+//! the run does not favour whichever ran in the quiet seconds.
 
 use bpfmaps::lpm::{KernelLpmTrie, LpmTrie};
 use clap::{Args, Command};
 use ip_network_table::IpNetworkTable;
 
-use crate::lpm_tables::{
-    Answers, BATCH, LpmTable, PrefixTrie, build, check_agreement, lookup_rates,
-};
+use crate::lpm_tables::{Answers, AnyLpm, BATCH, LpmTable, PrefixTrie, build, check_agreement};
+use crate::measure::{rate_samples_interleaved, settle_reaper};
 use crate::prefixes::{
     Family, IPV4_TABLE, IPV6_TABLE, Prefix, V4, V6, addrs_inside, addrs_random, generate,
 };
@@ -62,11 +64,24 @@ struct Real<'a, F: Family> {
     builds: usize,
 }
 
+/// One implementation, built and kept for the lookup timing.
+struct Kept<F: Family> {
+    table: Box<dyn AnyLpm<F>>,
+    /// Disagreements with the kernel port per lookup set.
+    bad: [usize; 2],
+    /// Its records: build and memory now, lookups appended per set.
+    recs: Vec<Record>,
+}
+
 impl<F: Family> Real<'_, F> {
-    fn measure<T: LpmTable<F>>(
+    /// Builds `T` (`builds` times, keeping the last), records build time
+    /// and memory, and compares its answers for both lookup sets with
+    /// `reference` (the kernel port's; `None` when building the kernel
+    /// port). Returns the table with its answers.
+    fn build<T: LpmTable<F> + 'static>(
         &self,
         reference: Option<&[Answers; 2]>,
-    ) -> (Vec<Record>, [Answers; 2]) {
+    ) -> (Kept<F>, [Answers; 2]) {
         let s = self.ctx.suite();
         let n = self.prefixes.len();
         let mut times = Vec::new();
@@ -78,7 +93,7 @@ impl<F: Family> Real<'_, F> {
             built = Some(b);
         }
         let built = built.expect("at least one build");
-        let t = &built.table;
+        let t = built.table;
         assert_eq!(t.count(), n, "{}: prefixes lost", T::NAME);
         let per = |bytes: usize| bytes as f64 / n as f64;
         let mut recs = vec![
@@ -106,41 +121,60 @@ impl<F: Family> Real<'_, F> {
                 per(rep),
             ));
         }
-        let answers = [0, 1].map(|i| Answers::of::<F, T>(t, &self.sets[i]));
-        for (i, set) in SETS.iter().enumerate() {
-            let c = format!("{},addrs={set}", self.base);
-            let samples = lookup_rates::<F, T>(self.ctx.plan(), t, &self.sets[i]);
-            let bad = reference.map_or(0, |r| {
+        let answers = [0, 1].map(|i| Answers::of::<F, T>(&t, &self.sets[i]));
+        let bad = [0, 1].map(|i| {
+            reference.map_or(0, |r| {
+                let c = format!("{},addrs={}", self.base, SETS[i]);
                 check_agreement(self.ctx, &c, T::NAME, &answers[i], &r[i])
-            });
-            recs.push(Record::stats(
-                s,
-                &c,
-                T::NAME,
-                &LOOKUPS_PER_SEC,
-                Stats::from_samples(&samples),
-            ));
-            recs.push(Record::single(
-                s,
-                &c,
-                T::NAME,
-                &LPM_DISAGREEMENTS,
-                bad as f64,
-            ));
-        }
+            })
+        });
         self.ctx.step();
         self.ctx.print(&recs);
-        (recs, answers)
+        let kept = Kept {
+            table: Box::new(t),
+            bad,
+            recs,
+        };
+        (kept, answers)
     }
 
+    /// Builds every implementation in turn, keeping each, then times the
+    /// lookups of all of them interleaved, one lookup set at a time.
     fn run(&self, peers: bool) -> Vec<Record> {
-        let (mut all, reference) = self.measure::<KernelLpmTrie>(None);
-        all.extend(self.measure::<LpmTrie>(Some(&reference)).0);
+        let (kernel, reference) = self.build::<KernelLpmTrie>(None);
+        let mut kept = vec![kernel, self.build::<LpmTrie>(Some(&reference)).0];
         if peers {
-            all.extend(self.measure::<PrefixTrie<F>>(Some(&reference)).0);
-            all.extend(self.measure::<IpNetworkTable<u32>>(Some(&reference)).0);
+            kept.push(self.build::<PrefixTrie<F>>(Some(&reference)).0);
+            kept.push(self.build::<IpNetworkTable<u32>>(Some(&reference)).0);
         }
-        all
+        drop(reference);
+        // Earlier builds dropped by `build` may still be being freed.
+        settle_reaper();
+        let s = self.ctx.suite();
+        for (i, set) in SETS.iter().enumerate() {
+            let c = format!("{},addrs={set}", self.base);
+            let rates = {
+                let mut loops: Vec<_> = kept
+                    .iter()
+                    .map(|k| k.table.lookups(&self.sets[i]))
+                    .collect();
+                rate_samples_interleaved(self.ctx.plan(), &mut loops)
+            };
+            let mut printed = Vec::new();
+            for (k, samples) in kept.iter_mut().zip(rates) {
+                let name = k.table.name();
+                let recs = [
+                    Record::stats(s, &c, name, &LOOKUPS_PER_SEC, Stats::from_samples(&samples)),
+                    Record::single(s, &c, name, &LPM_DISAGREEMENTS, k.bad[i] as f64),
+                ];
+                k.recs.extend_from_slice(&recs);
+                printed.extend(recs);
+            }
+            self.ctx.step();
+            self.ctx.print(&printed);
+        }
+        // Per implementation, as the report lists them.
+        kept.into_iter().flat_map(|k| k.recs).collect()
     }
 }
 
@@ -203,7 +237,11 @@ impl Suite for LpmReal {
          many miss or stop at a short prefix) and `inside` (inside a stored \
          prefix picked uniformly, host bits random); looked up back to back, \
          one guard per 256 lookups for bpfmaps and the kernel port; the summed \
-         values must match the kernel port's."
+         values must match the kernel port's. Every implementation of a family \
+         is built first and kept; then, per lookup set, their lookups are \
+         timed in turns (interleaved): one repetition of each implementation \
+         at a time, the one going first rotating, so that load drifting on the \
+         machine falls on all of them alike."
     }
 
     fn baseline(&self) -> &'static str {
@@ -219,7 +257,9 @@ impl Suite for LpmReal {
         let impls = if opts.no_peers { 2 } else { 4 };
         let run_v4 = opts.families.iter().any(|f| f == "ipv4");
         let run_v6 = opts.families.iter().any(|f| f == "ipv6");
-        ctx.set_steps(((usize::from(run_v4) + usize::from(run_v6)) * impls) as u64);
+        // Per family: each implementation's build, then each lookup set.
+        let steps = (usize::from(run_v4) + usize::from(run_v6)) * (impls + SETS.len());
+        ctx.set_steps(steps as u64);
         let mut all = Vec::new();
         if run_v4 {
             all.extend(family::<V4>(

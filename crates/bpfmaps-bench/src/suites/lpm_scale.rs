@@ -6,15 +6,16 @@
 //! topped up from the RIS peer's table past its 901,899; generated /8-/32
 //! prefixes if the data is absent), the lookup addresses (2^20 random
 //! addresses inside the N stored prefixes, drawn once per N and shared by
-//! every implementation), u32 values, one thread.
+//! every implementation), u32 values, one thread. At each N every
+//! implementation is built first and kept; their lookups are then timed in
+//! turns (one repetition of each at a time).
 
 use bpfmaps::lpm::{KernelLpmTrie, LpmTrie};
 use clap::{Args, Command};
 use ip_network_table::IpNetworkTable;
 
-use crate::lpm_tables::{
-    Answers, BATCH, LpmTable, PrefixTrie, build, check_agreement, lookup_rates,
-};
+use crate::lpm_tables::{Answers, AnyLpm, BATCH, LpmTable, PrefixTrie, build, check_agreement};
+use crate::measure::{rate_samples_interleaved, settle_reaper};
 use crate::plot::LinePlot;
 use crate::prefixes::{Prefix, V4, addrs_inside};
 use crate::record::{
@@ -58,46 +59,88 @@ struct Scale<'a> {
     addrs: Vec<[u8; 4]>,
 }
 
+/// One implementation, built and kept for the lookup timing.
+struct Kept {
+    table: Box<dyn AnyLpm<V4>>,
+    /// Bytes held after building.
+    held: usize,
+    /// `memory_usage()`, if the table keeps one.
+    reported: Option<usize>,
+    /// Disagreements with the kernel port.
+    bad: usize,
+}
+
 impl Scale<'_> {
-    fn measure<T: LpmTable<V4>>(&self, reference: Option<&Answers>) -> (Vec<Record>, Answers) {
+    /// Builds `T` and compares its answers with `reference` (the kernel
+    /// port's; `None` when building the kernel port). Returns the table
+    /// with its answers.
+    fn build<T: LpmTable<V4> + 'static>(&self, reference: Option<&Answers>) -> (Kept, Answers) {
         let built = build::<V4, T>(self.prefixes);
-        let t = &built.table;
+        let t = built.table;
         assert_eq!(t.count(), self.n, "{}: prefixes lost", T::NAME);
-        let got = Answers::of::<V4, T>(t, &self.addrs);
+        let got = Answers::of::<V4, T>(&t, &self.addrs);
+        let c = case_of(self.n);
+        let bad = reference.map_or(0, |r| check_agreement(self.ctx, &c, T::NAME, &got, r));
+        self.ctx.step();
+        let kept = Kept {
+            reported: t.reported(),
+            table: Box::new(t),
+            held: built.held,
+            bad,
+        };
+        (kept, got)
+    }
+
+    /// Times the lookups of every kept table interleaved; returns each
+    /// one's records.
+    fn measure(&self, kept: &[Kept]) -> Vec<Record> {
+        // Tables dropped at the previous entry count may still be being
+        // freed.
+        settle_reaper();
+        let rates = {
+            let mut loops: Vec<_> = kept.iter().map(|k| k.table.lookups(&self.addrs)).collect();
+            rate_samples_interleaved(self.ctx.plan(), &mut loops)
+        };
         let c = case_of(self.n);
         let s = self.ctx.suite();
-        let samples = lookup_rates::<V4, T>(self.ctx.plan(), t, &self.addrs);
         let per = |bytes: usize| bytes as f64 / self.n as f64;
-        let mut recs = vec![
-            Record::stats(
+        let mut recs = Vec::new();
+        for (k, samples) in kept.iter().zip(rates) {
+            let name = k.table.name();
+            recs.push(Record::stats(
                 s,
                 &c,
-                T::NAME,
+                name,
                 &NS_PER_LOOKUP,
                 Stats::inverse_of(&samples, 1e9),
-            ),
-            Record::single(s, &c, T::NAME, &MEM_BYTES_PER_PREFIX, per(built.held)),
-        ];
-        if let Some(rep) = t.reported() {
+            ));
             recs.push(Record::single(
                 s,
                 &c,
-                T::NAME,
-                &MEM_REPORTED_PER_PREFIX,
-                per(rep),
+                name,
+                &MEM_BYTES_PER_PREFIX,
+                per(k.held),
+            ));
+            if let Some(rep) = k.reported {
+                recs.push(Record::single(
+                    s,
+                    &c,
+                    name,
+                    &MEM_REPORTED_PER_PREFIX,
+                    per(rep),
+                ));
+            }
+            recs.push(Record::single(
+                s,
+                &c,
+                name,
+                &LPM_DISAGREEMENTS,
+                k.bad as f64,
             ));
         }
-        let bad = reference.map_or(0, |r| check_agreement(self.ctx, &c, T::NAME, &got, r));
-        recs.push(Record::single(
-            s,
-            &c,
-            T::NAME,
-            &LPM_DISAGREEMENTS,
-            bad as f64,
-        ));
         self.ctx.step();
         self.ctx.print(&recs);
-        (recs, got)
+        recs
     }
 }
 
@@ -122,7 +165,11 @@ impl Suite for LpmScale {
          (a stored prefix picked uniformly, host bits random), drawn once per N \
          and shared by all implementations, looked up back to back (one guard \
          per 256 lookups for bpfmaps and the kernel port); the summed values \
-         must match the kernel port's. Memory: bytes the building thread holds \
+         must match the kernel port's. At each N every implementation is built \
+         first and kept; then their lookups are timed in turns (interleaved): \
+         one repetition of each implementation at a time, the one going first \
+         rotating, so that load drifting on the machine falls on all of them \
+         alike. Memory: bytes the building thread holds \
          afterwards (counting allocator) per prefix; `reported` is \
          `memory_usage()` per prefix. At tiny N memory per prefix is the \
          structure's fixed cost (bpfmaps' first 4 KiB arena chunk and its route table), give or \
@@ -157,7 +204,8 @@ impl Suite for LpmScale {
         ctx.note(&format!("lpm-scale: prefixes: {}", set.source));
         let addr_count = opts.addrs.max(1).div_ceil(BATCH) * BATCH;
         let impls = if opts.no_peers { 2 } else { 4 };
-        ctx.set_steps((entries.len() * impls) as u64);
+        // Per entry count: each implementation's build, then the lookups.
+        ctx.set_steps((entries.len() * (impls + 1)) as u64);
 
         let mut all = Vec::new();
         for &n in &entries {
@@ -169,13 +217,16 @@ impl Suite for LpmScale {
                 prefixes,
                 addrs: addrs_inside(prefixes, addr_count, SEED + n as u64),
             };
-            let (recs, reference) = scale.measure::<KernelLpmTrie>(None);
-            all.extend(recs);
-            all.extend(scale.measure::<LpmTrie>(Some(&reference)).0);
+            // Every implementation built and kept, then their lookups
+            // timed in turns.
+            let (kernel, reference) = scale.build::<KernelLpmTrie>(None);
+            let mut kept = vec![kernel, scale.build::<LpmTrie>(Some(&reference)).0];
             if !opts.no_peers {
-                all.extend(scale.measure::<PrefixTrie<V4>>(Some(&reference)).0);
-                all.extend(scale.measure::<IpNetworkTable<u32>>(Some(&reference)).0);
+                kept.push(scale.build::<PrefixTrie<V4>>(Some(&reference)).0);
+                kept.push(scale.build::<IpNetworkTable<u32>>(Some(&reference)).0);
             }
+            drop(reference);
+            all.extend(scale.measure(&kept));
         }
         all
     }
