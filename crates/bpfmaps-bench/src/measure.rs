@@ -101,7 +101,10 @@ pub fn rate_samples(plan: Plan, mut batch: impl FnMut() -> u64) -> Vec<f64> {
 /// machine load (other jobs on a shared host) fall on all of them alike
 /// instead of on whichever ran during the busy seconds. The loop that goes
 /// first rotates with the repetition (`r % n`), so none always runs right
-/// after the same other one. `result[i]` holds loop `i`'s `plan.reps`
+/// after the same other one. Each turn starts with an untimed run of a
+/// quarter of `plan.rep_time`, so every loop is timed with its own working
+/// set in the caches, as in a run of that loop alone, not with the one the
+/// loop before it left there. `result[i]` holds loop `i`'s `plan.reps`
 /// rates, as [`rate_samples`] returns them for one loop.
 pub fn rate_samples_interleaved<B: FnMut() -> u64>(plan: Plan, loops: &mut [B]) -> Vec<Vec<f64>> {
     let n = loops.len();
@@ -114,6 +117,7 @@ pub fn rate_samples_interleaved<B: FnMut() -> u64>(plan: Plan, loops: &mut [B]) 
     for r in 0..plan.reps {
         for k in 0..n {
             let i = (r + k) % n;
+            run_for(plan.rep_time / 4, &mut loops[i]);
             let (ops, elapsed) = run_for(plan.rep_time, &mut loops[i]);
             rates[i].push(ops as f64 / elapsed.as_secs_f64());
         }

@@ -240,7 +240,8 @@ impl Suite for LpmReal {
          values must match the kernel port's. Every implementation of a family \
          is built first and kept; then, per lookup set, their lookups are \
          timed in turns (interleaved): one repetition of each implementation \
-         at a time, the one going first rotating, so that load drifting on the \
+         at a time, the one going first rotating, each turn after an untimed \
+         quarter-length warm-up of its own, so that load drifting on the \
          machine falls on all of them alike."
     }
 

@@ -168,7 +168,8 @@ impl Suite for LpmScale {
          must match the kernel port's. At each N every implementation is built \
          first and kept; then their lookups are timed in turns (interleaved): \
          one repetition of each implementation at a time, the one going first \
-         rotating, so that load drifting on the machine falls on all of them \
+         rotating, each turn after an untimed quarter-length warm-up of its \
+         own, so that load drifting on the machine falls on all of them \
          alike. Memory: bytes the building thread holds \
          afterwards (counting allocator) per prefix; `reported` is \
          `memory_usage()` per prefix. At tiny N memory per prefix is the \

@@ -80,11 +80,6 @@ impl<const W: usize> Bits<W> {
         self.words.iter_mut().zip(words).for_each(|(a, b)| *a |= b);
     }
 
-    /// The words, for word-at-a-time checks.
-    pub fn words(&self) -> &[u64; W] {
-        &self.words
-    }
-
     /// Recomputes the rank cache.
     pub fn fix_ranks(&mut self) {
         let mut acc = 0u16;

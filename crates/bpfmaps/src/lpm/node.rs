@@ -299,7 +299,6 @@ struct OnesOfW<const W: usize> {
     words: [u64; W],
     w: usize,
 }
-type OnesOf = OnesOfW<4>;
 type OnesOf8 = OnesOfW<8>;
 
 impl<const W: usize> Iterator for OnesOfW<W> {
@@ -316,76 +315,45 @@ impl<const W: usize> Iterator for OnesOfW<W> {
 }
 
 /// Run-length encoder for leaves.
-struct Runs<'a> {
-    child_bits: &'a Bits<4>,
+struct Runs {
     bits: Bits<4>,
     leaves: [Leaf; 256],
     n: usize,
 }
 
-impl<'a> Runs<'a> {
-    fn new(child_bits: &'a Bits<4>) -> Self {
+impl Runs {
+    fn new() -> Self {
         Runs {
-            child_bits,
             bits: Bits::default(),
             leaves: [Leaf::NONE; 256],
             n: 0,
         }
     }
 
-    /// Bytes `start..end` hold `leaf`. A run starts at the first of them
-    /// without a child, unless the previous run already holds `leaf`.
-    fn push(&mut self, start: usize, end: usize, leaf: Leaf) {
+    /// Bytes from `start` on hold `leaf`: a new run, unless the previous
+    /// run already holds it.
+    fn push(&mut self, start: usize, leaf: Leaf) {
         if self.n > 0 && self.leaves[self.n - 1] == leaf {
             return;
         }
-        let first = if self.n == 0 || !self.child_bits.get(start) {
-            Some(start)
-        } else {
-            (start + 1..end).find(|&b| !self.child_bits.get(b))
-        };
-        if let Some(first) = first {
-            self.bits.set_raw(first);
-            self.leaves[self.n] = leaf;
-            self.n += 1;
-        }
+        self.bits.set_raw(start);
+        self.leaves[self.n] = leaf;
+        self.n += 1;
     }
 
     /// Copies the old runs that start in `a..b` (each ending at the next
-    /// start, or `b`). Word at a time when no start has since become a child
-    /// position; the first run folds into ours if it holds the same leaf.
+    /// start, or `b`), a word at a time; the first folds into ours if it
+    /// holds the same leaf.
     fn copy_old(&mut self, old: &DataBlock, a: usize, b: usize) {
         if a >= b {
             return;
         }
         let mut starts = old.leaf_bits.words_in(a, b);
         let mut first = old.leaf_bits.rank(a);
-        let count: usize = starts.iter().map(|w| w.count_ones() as usize).sum();
+        let mut count: usize = starts.iter().map(|w| w.count_ones() as usize).sum();
         if count == 0 {
             return;
         }
-        let clash = starts
-            .iter()
-            .zip(self.child_bits.words())
-            .enumerate()
-            .any(|(i, (s, c))| {
-                let bit0 = if i == 0 { !1u64 } else { u64::MAX };
-                s & c & bit0 != 0
-            });
-        if clash {
-            let mut it = OnesOf {
-                words: starts,
-                w: 0,
-            }
-            .peekable();
-            while let Some(start) = it.next() {
-                let end = it.peek().copied().unwrap_or(b);
-                self.push(start, end, *old.leaf_at_run(first));
-                first += 1;
-            }
-            return;
-        }
-        let mut count = count;
         if self.n > 0 && self.leaves[self.n - 1] == *old.leaf_at_run(first) {
             // The first old run continues our last one: drop its start.
             let w = starts.iter().position(|w| *w != 0).expect("count > 0");
@@ -459,22 +427,21 @@ impl DataBlock {
     /// Builds the block of a node at `depth` for `prefix_bits`/`payloads`
     /// and `default`. Leaves are computed only for bytes in `changed`
     /// (`lo..hi`); the others are copied, run by run, from `old` (pass
-    /// `None` and `0..256` for a full build). Positions in `child_bits`
-    /// never start a run: they extend the previous one, so runs stay few.
-    #[allow(clippy::too_many_arguments)]
+    /// `None` and `0..256` for a full build). Every byte gets its true
+    /// leaf, those with a child too: a reader that loaded the child block
+    /// before the child was added may read this block's leaf for it.
     pub fn build(
         arena: &Arena,
         depth: usize,
         prefix_bits: &Bits<8>,
         payloads: &[[u8; 4]],
         default: Leaf,
-        child_bits: &Bits<4>,
         old: Option<&DataBlock>,
         (lo, hi): (usize, usize),
     ) -> NonNull<DataBlock> {
         debug_assert_eq!(prefix_bits.count(), payloads.len());
         debug_assert!(old.is_some() || (lo, hi) == (0, 256));
-        let mut runs = Runs::new(child_bits);
+        let mut runs = Runs::new();
 
         // 1. Old runs starting before `lo`.
         if let Some(o) = old {
@@ -520,7 +487,7 @@ impl DataBlock {
         let mut cuts = cut_bits.ones().peekable();
         while let Some(start) = cuts.next() {
             match cuts.peek() {
-                Some(&end) if start < hi => runs.push(start, end, best(start)),
+                Some(_) if start < hi => runs.push(start, best(start)),
                 _ => break,
             }
         }
@@ -530,13 +497,7 @@ impl DataBlock {
         if let Some(o) = old
             && hi < 256
         {
-            let next = o.leaf_bits.words_in(hi + 1, 256);
-            let next_start = next
-                .iter()
-                .enumerate()
-                .find(|(_, w)| **w != 0)
-                .map_or(256, |(i, w)| 64 * i + w.trailing_zeros() as usize);
-            runs.push(hi, next_start, *o.leaf(hi as u8));
+            runs.push(hi, *o.leaf(hi as u8));
             runs.copy_old(o, hi + 1, 256);
         }
         let (leaf_bits, leaves) = runs.finish();
@@ -573,16 +534,7 @@ impl DataBlock {
 
     /// A block with no prefixes: every byte maps to `default`.
     pub fn empty(arena: &Arena, default: Leaf) -> NonNull<DataBlock> {
-        Self::build(
-            arena,
-            0,
-            &Bits::default(),
-            &[],
-            default,
-            &Bits::default(),
-            None,
-            (0, 256),
-        )
+        Self::build(arena, 0, &Bits::default(), &[], default, None, (0, 256))
     }
 
     #[inline(always)]
@@ -734,7 +686,6 @@ mod tests {
             &bits,
             &[[7; 4], [9; 4]],
             leaf(3, 4),
-            &Bits::default(),
             None,
             (0, 256),
         );
@@ -773,58 +724,45 @@ mod tests {
 
     use proptest::prelude::*;
 
-    /// (prefix indices, child bytes)
-    fn node_contents() -> impl Strategy<Value = (Vec<usize>, Vec<u8>)> {
-        (
-            prop::collection::vec(2usize..512, 0..40),
-            prop::collection::vec(any::<u8>(), 0..12),
-        )
+    /// Prefix indices of a node.
+    fn node_contents() -> impl Strategy<Value = Vec<usize>> {
+        prop::collection::vec(2usize..512, 0..40)
     }
 
     fn block_for(
         arena: &Arena,
         idxs: &[usize],
-        children: &[u8],
         old: Option<&DataBlock>,
         range: (usize, usize),
     ) -> NonNull<DataBlock> {
         let mut bits = Bits::<8>::default();
         idxs.iter().for_each(|&i| bits.set_raw(i));
         bits.fix_ranks();
-        let mut child_bits = Bits::<4>::default();
-        children
-            .iter()
-            .for_each(|&b| child_bits.set_raw(b as usize));
-        child_bits.fix_ranks();
         let payloads: Vec<[u8; 4]> = bits.ones().map(|i| (i as u32).to_ne_bytes()).collect();
         let default = Leaf {
             payload: [1; 4],
             prefixlen: 3,
         };
-        DataBlock::build(arena, 2, &bits, &payloads, default, &child_bits, old, range)
+        DataBlock::build(arena, 2, &bits, &payloads, default, old, range)
     }
 
     proptest! {
         /// Changing one prefix and rebuilding only its byte range gives the
-        /// same leaves as a full rebuild, at every byte without a child.
+        /// same leaves and runs as a full rebuild, at every byte.
         #[test]
-        fn incremental_build_matches_full((idxs, children) in node_contents(), changed in 2usize..512, new_children in prop::collection::vec(any::<u8>(), 0..4)) {
+        fn incremental_build_matches_full(idxs in node_contents(), changed in 2usize..512) {
             let arena = Arena::new();
-            let before = block_for(&arena, &idxs, &children, None, (0, 256));
+            let before = block_for(&arena, &idxs, None, (0, 256));
             let mut after_idxs = idxs.clone();
             if let Some(pos) = after_idxs.iter().position(|&i| i == changed) { after_idxs.remove(pos); } else { after_idxs.push(changed); }
-            let mut after_children = children.clone();
-            after_children.extend(&new_children); // children added since `before` was built
             let (_, lo, hi) = index_range(changed);
             // SAFETY: private blocks.
-            let incremental = block_for(&arena, &after_idxs, &after_children, Some(unsafe { before.as_ref() }), (lo, hi));
-            let full = block_for(&arena, &after_idxs, &after_children, None, (0, 256));
+            let incremental = block_for(&arena, &after_idxs, Some(unsafe { before.as_ref() }), (lo, hi));
+            let full = block_for(&arena, &after_idxs, None, (0, 256));
             // SAFETY: private blocks.
             let (inc, full_ref) = unsafe { (incremental.as_ref(), full.as_ref()) };
             for b in 0..=255u8 {
-                if !after_children.contains(&b) {
-                    prop_assert_eq!(inc.leaf(b), full_ref.leaf(b), "byte {}", b);
-                }
+                prop_assert_eq!(inc.leaf(b), full_ref.leaf(b), "byte {}", b);
             }
             prop_assert_eq!(inc.n_leaves, full_ref.n_leaves);
             // SAFETY: private blocks.

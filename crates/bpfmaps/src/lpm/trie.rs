@@ -166,13 +166,6 @@ fn position(data: &[u8], prefixlen: u32) -> (usize, usize) {
     }
 }
 
-fn child_bits(node: &Node) -> Bits<4> {
-    // SAFETY: writer-side read.
-    unsafe { node.children() }
-        .map(|c| c.bits)
-        .unwrap_or_default()
-}
-
 impl LpmTrie {
     /// A trie for `data_size`-byte keys (4 for IPv4, 16 for IPv6, 1..=256).
     pub fn new(data_size: usize, value_size: usize, max_entries: u32) -> Result<Self> {
@@ -598,29 +591,13 @@ impl LpmTrie {
 
     /// Removes the (empty) child at `b` of `parent` (at `pos`).
     fn remove_child(&self, parent: &Node, pos: Pos, b: u8, guard: &Guard) {
-        let old = parent.children.load(Ordering::Relaxed);
         // SAFETY: writer; the caller saw the child.
-        let block = unsafe { &*old };
+        let block = unsafe { parent.children() }.expect("child exists");
         let at = block.bits.rank(b as usize);
         let mut bits = block.bits;
         bits.clear_raw(b as usize);
         bits.fix_ranks();
-        // 1. Leaves first: byte b must answer correctly without the child.
-        // SAFETY: writer.
-        let pd = unsafe { parent.data() };
-        let b = b as usize;
-        let rebuilt = DataBlock::build(
-            &self.arena,
-            pos.depth,
-            pd.prefix_bits(),
-            pd.payloads(),
-            pd.default,
-            &bits,
-            Some(pd),
-            (b, b + 1),
-        );
-        self.publish_data(parent, pos, rebuilt, guard);
-        // 2. Then unlink the child.
+        // The parent's leaf for `b` already answers without the child.
         let mut entries = block.entries();
         let (_, child_data, _) = entries.remove(at);
         self.publish_children(parent, pos, bits, &entries, guard);
@@ -714,7 +691,6 @@ impl LpmTrie {
             &bits,
             payloads,
             old.default,
-            &child_bits(node),
             Some(old),
             (lo, hi),
         );
@@ -749,7 +725,6 @@ impl LpmTrie {
                     cd.prefix_bits(),
                     cd.payloads(),
                     inherit,
-                    &child_bits(child),
                     None,
                     (0, 256),
                 );
