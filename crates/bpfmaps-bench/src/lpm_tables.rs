@@ -107,7 +107,7 @@ impl<F: Family> LpmTable<F> for LpmTrie {
     }
     fn get(&self, a: &F::Addr) -> Option<u32> {
         let guard = bpfmaps::pin();
-        LpmTrie::get(self, a.as_ref(), &guard).map(value_u32)
+        LpmTrie::get(self, a.as_ref(), &guard).map(|v| value_u32(&v))
     }
     #[inline]
     fn sum_batch(&self, addrs: &[F::Addr]) -> u64 {
@@ -115,7 +115,7 @@ impl<F: Family> LpmTable<F> for LpmTrie {
         let mut acc = 0u64;
         for a in addrs {
             if let Some(v) = LpmTrie::get(self, black_box(a.as_ref()), &guard) {
-                acc += u64::from(value_u32(v));
+                acc += u64::from(value_u32(&v));
             }
         }
         acc
@@ -123,7 +123,7 @@ impl<F: Family> LpmTable<F> for LpmTrie {
     fn visit_batch(&self, addrs: &[F::Addr], mut f: impl FnMut(Option<u32>)) {
         let guard = bpfmaps::pin();
         for a in addrs {
-            f(LpmTrie::get(self, black_box(a.as_ref()), &guard).map(value_u32));
+            f(LpmTrie::get(self, black_box(a.as_ref()), &guard).map(|v| value_u32(&v)));
         }
     }
     fn count(&self) -> usize {

@@ -5,39 +5,58 @@
 //! ```text
 //! slot[b0 << 8 | b1] = { children, data }    (16 B)
 //!   the depth-2 node at b0.b1 exists:  a copy of its two block pointers
-//!   it does not:                       children null, data = &leaf | 1,
-//!                                      the leaf that answers for b0.b1
-//!                                      (in the depth-1 node, or the root)
+//!   it does not:                       children null, data = the leaf
+//!                                      that answers for b0.b1 (from the
+//!                                      depth-1 node or the root), packed
+//!                                      with a tag bit
 //! ```
+//!
+//! So a lookup in a /16 that holds nothing longer ends with one load.
 //!
 //! The slots mirror the tree; the tree stays the writer's source of truth
 //! (queries and iteration walk it). After every store into a node at depth
-//! 0, 1 or 2 the writer re-points the slots that node answers for, before
-//! it retires the replaced block: a reader that loaded a slot is pinned, so
-//! whatever the slot pointed at outlives its lookup, exactly as for a tree
-//! pointer. Slots are stored data first, then children, the order the tree
-//! itself uses, and read children first, then data.
+//! 0, 1 or 2 the writer re-points or re-fills the slots that node answers
+//! for, before it retires the replaced block: a reader that loaded a slot
+//! is pinned, so the blocks it points at outlive its lookup, exactly as for
+//! a tree pointer. Slots are stored data first, then children, the order
+//! the tree itself uses, and read children first, then data.
 //!
 //! The array is 1 MiB, so a trie gets one only once it holds enough
 //! prefixes for the saved levels to matter (see `LpmTrie`).
 
 use std::ptr;
-use std::sync::atomic::{AtomicPtr, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicPtr, AtomicU64, Ordering};
 
 use super::node::{ChildBlock, DataBlock, Leaf, Node};
 
 /// Slots in the index: one per 16-bit key prefix.
 const SLOTS: usize = 1 << 16;
 
-/// Tag bit of a slot's data word: set for a leaf pointer, clear for a data
-/// block (both are at least 4-byte aligned).
-const LEAF_TAG: usize = 1;
+/// Tag bit of a slot's data word: set for a packed leaf, clear for a data
+/// block pointer (blocks are 16-byte aligned).
+const LEAF_TAG: u64 = 1;
+
+/// A leaf packed in a word: payload in the high half, prefix length + 1 (0
+/// for no match; lengths are at most 2048) above the tag bit.
+fn pack(leaf: Leaf) -> u64 {
+    u64::from(u32::from_ne_bytes(leaf.payload)) << 32
+        | u64::from(leaf.prefixlen.wrapping_add(1) & 0xffff) << 1
+        | LEAF_TAG
+}
+
+#[inline(always)]
+fn unpack(word: u64) -> Leaf {
+    Leaf {
+        payload: ((word >> 32) as u32).to_ne_bytes(),
+        prefixlen: (((word >> 1) & 0xffff) as u32).wrapping_sub(1),
+    }
+}
 
 /// One slot: the depth-2 node's blocks, or the leaf answering for it.
 #[repr(C, align(16))]
 struct Slot {
     children: AtomicPtr<ChildBlock>,
-    data: AtomicUsize,
+    data: AtomicU64,
 }
 
 /// The direct index of a trie with keys of at least 3 bytes.
@@ -52,7 +71,7 @@ impl DirectIndex {
         let slots = (0..SLOTS)
             .map(|_| Slot {
                 children: AtomicPtr::new(ptr::null_mut()),
-                data: AtomicUsize::new(0),
+                data: AtomicU64::new(0),
             })
             .collect();
         let index = DirectIndex { slots };
@@ -79,11 +98,11 @@ impl DirectIndex {
     /// # Safety
     /// The caller is pinned for `'a`.
     #[inline(always)]
-    pub unsafe fn start<'a>(&self, addr: &[u8]) -> Result<&'a Node, &'a Leaf> {
+    pub unsafe fn start<'a>(&self, addr: &[u8]) -> Result<&'a Node, Leaf> {
         let slot = self.slot(addr[0], addr[1]);
         let b = addr[2];
-        // SAFETY: blocks and leaves a slot points at live until a grace
-        // period after the slot stops pointing at them; the caller is pinned.
+        // SAFETY: blocks a slot points at live until a grace period after
+        // the slot stops pointing at them; the caller is pinned.
         unsafe {
             if let Some(block) = slot.children.load(Ordering::Acquire).as_ref()
                 && block.bits.get(b as usize)
@@ -92,9 +111,9 @@ impl DirectIndex {
             }
             let data = slot.data.load(Ordering::Acquire);
             if data & LEAF_TAG != 0 {
-                Err(&*((data & !LEAF_TAG) as *const Leaf))
+                Err(unpack(data))
             } else {
-                Err((*(data as *const DataBlock)).leaf(b))
+                Err(*(*(data as *const DataBlock)).leaf(b))
             }
         }
     }
@@ -125,9 +144,9 @@ impl DirectIndex {
         // SAFETY: writer-side reads.
         unsafe {
             let Some(n1) = root.child(b0) else {
-                let leaf = root.data().leaf(b0);
+                let leaf = *root.data().leaf(b0);
                 for b1 in 0..=255 {
-                    self.point_at_leaf(self.slot(b0, b1), leaf);
+                    self.hold_leaf(self.slot(b0, b1), leaf);
                 }
                 return;
             };
@@ -136,7 +155,7 @@ impl DirectIndex {
                 let slot = self.slot(b0, b1);
                 match n1.child(b1) {
                     Some(n2) => self.copy_node(slot, n2),
-                    None => self.point_at_leaf(slot, d1.leaf(b1)),
+                    None => self.hold_leaf(slot, *d1.leaf(b1)),
                 }
             }
         }
@@ -154,15 +173,38 @@ impl DirectIndex {
     }
 
     fn copy_node(&self, slot: &Slot, node: &Node) {
-        let data = node.data.load(Ordering::Relaxed) as usize;
+        debug_assert_eq!(node.data.load(Ordering::Relaxed) as u64 & LEAF_TAG, 0);
+        let data = node.data.load(Ordering::Relaxed) as u64;
         slot.data.store(data, Ordering::Release);
         let children = node.children.load(Ordering::Relaxed);
         slot.children.store(children, Ordering::Release);
     }
 
-    fn point_at_leaf(&self, slot: &Slot, leaf: &Leaf) {
-        slot.data
-            .store(ptr::from_ref(leaf) as usize | LEAF_TAG, Ordering::Release);
+    fn hold_leaf(&self, slot: &Slot, leaf: Leaf) {
+        slot.data.store(pack(leaf), Ordering::Release);
         slot.children.store(ptr::null_mut(), Ordering::Release);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn packed_leaves_round_trip() {
+        for leaf in [
+            Leaf::NONE,
+            Leaf {
+                payload: [1, 2, 3, 4],
+                prefixlen: 0,
+            },
+            Leaf {
+                payload: [0xff; 4],
+                prefixlen: 2048,
+            },
+        ] {
+            assert_eq!(unpack(pack(leaf)), leaf);
+            assert_eq!(pack(leaf) & LEAF_TAG, LEAF_TAG);
+        }
     }
 }

@@ -116,7 +116,7 @@ impl<P: IpPrefix, V: Pod> IpLpm<P, V> {
         super::key::mask_host_bits(&mut data, len);
         Some((
             P::from_parts(&data, len),
-            bytemuck::pod_read_unaligned(value),
+            bytemuck::pod_read_unaligned(&value),
         ))
     }
 
@@ -131,7 +131,7 @@ impl<P: IpPrefix, V: Pod> IpLpm<P, V> {
             .pop()
             .filter(|f| f.prefixlen == len)?;
         Some(bytemuck::pod_read_unaligned(
-            self.trie.value_of(&found, &guard),
+            &self.trie.value_of(&found, &guard),
         ))
     }
 
@@ -173,7 +173,7 @@ impl<P: IpPrefix, V: Pod> IpLpm<P, V> {
             .map(|f| {
                 (
                     P::from_parts(&f.data, f.prefixlen),
-                    bytemuck::pod_read_unaligned(self.trie.value_of(f, guard)),
+                    bytemuck::pod_read_unaligned(&self.trie.value_of(f, guard)),
                 )
             })
             .collect()

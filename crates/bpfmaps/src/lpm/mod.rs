@@ -30,4 +30,4 @@ mod trie;
 
 pub use ip::{IpLpm, IpPrefix, Ipv4Lpm, Ipv6Lpm};
 pub use kernel::KernelLpmTrie;
-pub use trie::{DIRECT_INDEX_FROM, Found, LpmTrie};
+pub use trie::{DIRECT_INDEX_FROM, Found, LpmTrie, Value};

@@ -19,7 +19,7 @@ fn v(x: u32) -> [u8; 4] {
 fn get(t: &LpmTrie, addr: &[u8]) -> Option<u32> {
     let guard = pin();
     t.get(addr, &guard)
-        .map(|b| u32::from_ne_bytes(b.try_into().unwrap()))
+        .map(|b| u32::from_ne_bytes((*b).try_into().unwrap()))
 }
 
 /// Post-order key: (last address, longer first).
@@ -733,7 +733,7 @@ fn agrees_with_the_kernel_port_on_the_real_table() {
             rnd.iter_mut().for_each(|b| *b = random() as u8);
             for addr in [d, &last, &rnd] {
                 assert_eq!(
-                    fast.get(addr, &guard),
+                    fast.get(addr, &guard).as_deref(),
                     kernel.lookup_data(addr, &guard),
                     "{file}: {addr:?}"
                 );
@@ -827,7 +827,7 @@ fn concurrent_readers_during_a_real_bgp_trace() {
                     match trie.longest_match(&addr, &guard) {
                         Some((l, v)) => {
                             let (d, pl) =
-                                prefixes[u32::from_ne_bytes(v.try_into().unwrap()) as usize];
+                                prefixes[u32::from_ne_bytes((*v).try_into().unwrap()) as usize];
                             assert_eq!(l, pl, "leaf length and value disagree");
                             assert!(
                                 prefix_contains(&d, pl, &addr),

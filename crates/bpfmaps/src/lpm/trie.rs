@@ -79,6 +79,53 @@ pub struct Found {
     payload: [u8; 4],
 }
 
+/// A value found by a lookup. Values of up to 4 bytes live in the leaves
+/// and are copied out, so a lookup returns without one more load (and a
+/// leaf may live in the direct index, which is rewritten in place); larger
+/// values are borrowed from their route slot while the guard is pinned.
+/// Derefs to the value's bytes.
+#[derive(Clone, Copy)]
+pub enum Value<'g> {
+    /// A value of `len` <= 4 bytes.
+    Inline {
+        /// The value, in its first `len` bytes.
+        bytes: [u8; 4],
+        /// The map's value size.
+        len: u8,
+    },
+    /// A value over 4 bytes, in its route slot.
+    Slot(&'g [u8]),
+}
+
+impl std::ops::Deref for Value<'_> {
+    type Target = [u8];
+    #[inline(always)]
+    fn deref(&self) -> &[u8] {
+        match self {
+            Value::Inline { bytes, len } => &bytes[..*len as usize],
+            Value::Slot(bytes) => bytes,
+        }
+    }
+}
+
+impl std::fmt::Debug for Value<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        (**self).fmt(f)
+    }
+}
+
+impl PartialEq for Value<'_> {
+    fn eq(&self, other: &Self) -> bool {
+        **self == **other
+    }
+}
+
+impl PartialEq<[u8]> for Value<'_> {
+    fn eq(&self, other: &[u8]) -> bool {
+        **self == *other
+    }
+}
+
 /// `BPF_MAP_TYPE_LPM_TRIE` over byte strings of `data_size` bytes.
 ///
 /// ```
@@ -89,8 +136,8 @@ pub struct Found {
 /// trie.insert(&[10, 0, 0, 0], 8, &1u32.to_ne_bytes(), BPF_ANY).unwrap();
 /// trie.insert(&[10, 1, 0, 0], 16, &2u32.to_ne_bytes(), BPF_ANY).unwrap();
 /// let guard = bpfmaps::pin();
-/// assert_eq!(trie.get(&[10, 1, 2, 3], &guard), Some(&2u32.to_ne_bytes()[..]));
-/// assert_eq!(trie.get(&[10, 2, 2, 3], &guard), Some(&1u32.to_ne_bytes()[..]));
+/// assert_eq!(trie.get(&[10, 1, 2, 3], &guard).as_deref(), Some(&2u32.to_ne_bytes()[..]));
+/// assert_eq!(trie.get(&[10, 2, 2, 3], &guard).as_deref(), Some(&1u32.to_ne_bytes()[..]));
 /// assert_eq!(trie.get(&[11, 0, 0, 0], &guard), None);
 /// ```
 pub struct LpmTrie {
@@ -241,7 +288,7 @@ impl LpmTrie {
 
     /// The leaf of the longest prefix matching `addr` (full length).
     #[inline(always)]
-    fn lookup_leaf<'g>(&self, addr: &[u8], _guard: &'g Guard) -> &'g Leaf {
+    fn lookup_leaf(&self, addr: &[u8], _guard: &Guard) -> Leaf {
         let (mut node, mut depth) = match self.direct.get() {
             // SAFETY: pinned by `_guard`; the index exists only for keys of
             // 3 bytes or more.
@@ -257,7 +304,7 @@ impl LpmTrie {
             if !skip.is_none() {
                 if !skip.matches(&addr[depth..]) {
                     // SAFETY: pinned; nothing is stored along a skip.
-                    return &unsafe { node.data() }.default;
+                    return unsafe { node.data() }.default;
                 }
                 depth += skip.len();
             }
@@ -269,50 +316,53 @@ impl LpmTrie {
                     depth += 1;
                 }
                 // SAFETY: as above; the block outlives the guard.
-                None => return unsafe { node.data() }.leaf(b),
+                None => return *unsafe { node.data() }.leaf(b),
             }
         }
     }
 
-    /// The value bytes a payload stands for.
+    /// The value a payload stands for.
     #[inline(always)]
-    fn value_bytes<'g>(&self, payload: &'g [u8; 4], _guard: &'g Guard) -> &'g [u8] {
+    fn value<'g>(&self, payload: [u8; 4], _guard: &'g Guard) -> Value<'g> {
         if self.inline_values {
-            &payload[..self.value_size]
+            Value::Inline {
+                bytes: payload,
+                len: self.value_size as u8,
+            }
         } else {
             // SAFETY: a route id reached under the guard stays readable
             // until a grace period after it is replaced.
-            unsafe { self.routes.value(u32::from_ne_bytes(*payload)) }
+            Value::Slot(unsafe { self.routes.value(u32::from_ne_bytes(payload)) })
         }
     }
 
     /// The value of the longest prefix matching `addr` (a full-length
-    /// address of `data_size` bytes), borrowed while `guard` is pinned.
-    /// Lock-free. An address of the wrong length matches nothing.
+    /// address of `data_size` bytes). Lock-free. An address of the wrong
+    /// length matches nothing.
     #[inline]
-    pub fn get<'g>(&self, addr: &[u8], guard: &'g Guard) -> Option<&'g [u8]> {
+    pub fn get<'g>(&self, addr: &[u8], guard: &'g Guard) -> Option<Value<'g>> {
         if addr.len() != self.data_size {
             return None;
         }
         let leaf = self.lookup_leaf(addr, guard);
-        (!leaf.is_none()).then(|| self.value_bytes(&leaf.payload, guard))
+        (!leaf.is_none()).then(|| self.value(leaf.payload, guard))
     }
 
     /// The longest prefix matching `addr`: its length and value.
     #[inline]
-    pub fn longest_match<'g>(&self, addr: &[u8], guard: &'g Guard) -> Option<(u32, &'g [u8])> {
+    pub fn longest_match<'g>(&self, addr: &[u8], guard: &'g Guard) -> Option<(u32, Value<'g>)> {
         if addr.len() != self.data_size {
             return None;
         }
         let leaf = self.lookup_leaf(addr, guard);
-        (!leaf.is_none()).then(|| (leaf.prefixlen, self.value_bytes(&leaf.payload, guard)))
+        (!leaf.is_none()).then(|| (leaf.prefixlen, self.value(leaf.payload, guard)))
     }
 
     /// The value of a prefix returned by a query, read under `guard`. (For
     /// values over 4 bytes, a `Found` kept past the guard it came from may
     /// name a recycled slot; the bytes are then those of another route.)
-    pub fn value_of<'g>(&self, found: &'g Found, guard: &'g Guard) -> &'g [u8] {
-        self.value_bytes(&found.payload, guard)
+    pub fn value_of<'g>(&self, found: &Found, guard: &'g Guard) -> Value<'g> {
+        self.value(found.payload, guard)
     }
 
     fn payload_of(&self, alloc: &mut RouteAlloc, value: &[u8]) -> Result<[u8; 4]> {
@@ -422,7 +472,7 @@ impl LpmTrie {
         // SAFETY: writer.
         let payload = unsafe { node.data() }.prefix(idx).ok_or(Error::NotFound)?;
         if let Some(out) = out {
-            out.copy_from_slice(self.value_bytes(&payload, &guard));
+            out.copy_from_slice(&self.value(payload, &guard));
         }
         self.set_prefix(node, Pos::of(&data[..depth]), idx, None, &guard);
         self.prune(&data[..depth], &guard);
@@ -844,7 +894,7 @@ impl LpmTrie {
     /// (address ascending, then length ascending). Weakly consistent under
     /// concurrent updates.
     pub fn for_each(&self, guard: &Guard, mut f: impl FnMut(&[u8], u32, &[u8])) {
-        self.for_each_payload(guard, |d, l, p| f(d, l, self.value_bytes(&p, guard)));
+        self.for_each_payload(guard, |d, l, p| f(d, l, &self.value(p, guard)));
     }
 
     fn for_each_payload(&self, _guard: &Guard, mut f: impl FnMut(&[u8], u32, [u8; 4])) {
@@ -1080,13 +1130,13 @@ impl Map for LpmTrie {
         check_value(self.value_size, value)?;
         let guard = pin();
         if k.prefixlen as usize == 8 * self.data_size {
-            value.copy_from_slice(self.get(k.data, &guard).ok_or(Error::NotFound)?);
+            value.copy_from_slice(&self.get(k.data, &guard).ok_or(Error::NotFound)?);
         } else {
             let best = self
                 .covering(k.data, k.prefixlen, &guard)?
                 .pop()
                 .ok_or(Error::NotFound)?;
-            value.copy_from_slice(self.value_of(&best, &guard));
+            value.copy_from_slice(&self.value_of(&best, &guard));
         }
         Ok(())
     }
