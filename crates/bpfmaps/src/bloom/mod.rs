@@ -113,7 +113,9 @@ impl BloomHash {
         match policy {
             HashPolicy::Jhash => BloomHash::Jhash,
             HashPolicy::Xxh3 => BloomHash::Xxh3,
-            HashPolicy::Hybrid if value_size % 4 == 0 && value_size < 32 => BloomHash::Jhash,
+            HashPolicy::Hybrid if value_size.is_multiple_of(4) && value_size < 32 => {
+                BloomHash::Jhash
+            }
             HashPolicy::Hybrid => BloomHash::Xxh3,
         }
     }
@@ -337,7 +339,7 @@ impl BloomFilter {
         };
         match self.hash {
             BloomHash::Jhash => {
-                let words = value.len() % 4 == 0;
+                let words = value.len().is_multiple_of(4);
                 (0..self.nr_hashes).all(|i| {
                     let seed = self.seed.wrapping_add(i);
                     let h = if words {

@@ -249,7 +249,7 @@ pub trait Map: Send + Sync {
     /// why it stopped (`ENOENT` for a missing key, as the kernel does).
     fn delete_batch(&self, keys: &[u8]) -> Result<usize, BatchError> {
         let ks = self.key_size();
-        if ks == 0 || keys.len() % ks != 0 {
+        if ks == 0 || !keys.len().is_multiple_of(ks) {
             let error = Error::invalid("batch keys are not a whole number of keys");
             return Err(BatchError {
                 processed: 0,
@@ -272,7 +272,7 @@ fn batch_room(keys_len: usize, values_len: usize, ks: usize, vs: usize) -> Resul
     if ks == 0 {
         return Err(Error::Unsupported);
     }
-    if keys_len % ks != 0 || (vs != 0 && values_len % vs != 0) {
+    if !keys_len.is_multiple_of(ks) || (vs != 0 && !values_len.is_multiple_of(vs)) {
         return Err(Error::invalid(
             "batch buffers are not a whole number of keys and values",
         ));

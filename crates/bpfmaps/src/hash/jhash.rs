@@ -101,7 +101,10 @@ pub fn jhash2(key: &[u32], initval: u32) -> u32 {
 /// If `key.len()` is not a multiple of 4.
 #[inline]
 pub fn jhash2_bytes(key: &[u8], initval: u32) -> u32 {
-    assert!(key.len() % 4 == 0, "jhash2 needs whole 32-bit words");
+    assert!(
+        key.len().is_multiple_of(4),
+        "jhash2 needs whole 32-bit words"
+    );
     let init = JHASH_INITVAL
         .wrapping_add(key.len() as u32)
         .wrapping_add(initval);
@@ -110,7 +113,7 @@ pub fn jhash2_bytes(key: &[u8], initval: u32) -> u32 {
     // The kernel mixes while more than 3 words remain, so a key of exactly
     // 3k words keeps its last block for the final mix.
     let n_blocks = blocks.len();
-    let full = if key.len() % 12 == 0 && n_blocks > 0 {
+    let full = if key.len().is_multiple_of(12) && n_blocks > 0 {
         n_blocks - 1
     } else {
         n_blocks

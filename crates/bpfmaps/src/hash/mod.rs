@@ -54,7 +54,7 @@ impl HashPolicy {
             HashPolicy::Jhash => kernel_htab_hash(key, seed),
             HashPolicy::Xxh3 => xxh3(key, seed),
             HashPolicy::Hybrid => {
-                if key.len() % 4 == 0 && key.len() < 32 {
+                if key.len().is_multiple_of(4) && key.len() < 32 {
                     jhash2_bytes(key, seed)
                 } else {
                     xxh3(key, seed)
@@ -67,7 +67,7 @@ impl HashPolicy {
 /// The kernel's `htab_map_hash()`.
 #[inline]
 pub fn kernel_htab_hash(key: &[u8], seed: u32) -> u32 {
-    if key.len() % 4 == 0 {
+    if key.len().is_multiple_of(4) {
         jhash2_bytes(key, seed)
     } else {
         jhash(key, seed)

@@ -27,6 +27,15 @@ impl<const W: usize> Bits<W> {
         ranks: [0; W],
     };
 
+    /// Only bit 0 set.
+    pub const FIRST: Self = {
+        let mut words = [0; W];
+        words[0] = 1;
+        let mut ranks = [1; W];
+        ranks[0] = 0;
+        Bits { words, ranks }
+    };
+
     /// Whether bit `i` is set.
     #[inline(always)]
     pub fn get(&self, i: usize) -> bool {

@@ -27,7 +27,7 @@
 use std::ptr;
 use std::sync::atomic::{AtomicPtr, AtomicU64, Ordering};
 
-use super::node::{ChildBlock, DataBlock, Leaf, Node};
+use super::node::{ChildBlock, DataBlock, Leaf, NONE_BLOCK, Node};
 
 /// Slots in the index: one per 16-bit key prefix.
 const SLOTS: usize = 1 << 16;
@@ -109,12 +109,20 @@ impl DirectIndex {
             {
                 return Ok(block.node(block.bits.rank(b as usize)));
             }
+            // Whether a /16 has a node is unpredictable for random keys,
+            // and a mispredicted branch here throws away the loads of the
+            // lookups in flight behind it. So both ways run: a packed leaf
+            // reads the always-cached static block instead of its own.
             let data = slot.data.load(Ordering::Acquire);
-            if data & LEAF_TAG != 0 {
-                Err(unpack(data))
-            } else {
-                Err(*(*(data as *const DataBlock)).leaf(b))
-            }
+            let packed = data & LEAF_TAG != 0;
+            let none = ptr::from_ref(NONE_BLOCK.block());
+            let block = std::hint::select_unpredictable(packed, none, data as *const DataBlock);
+            let from_block = *(*block).leaf(b);
+            Err(std::hint::select_unpredictable(
+                packed,
+                unpack(data),
+                from_block,
+            ))
         }
     }
 

@@ -165,7 +165,7 @@ struct NodeHead {
 /// Size of the header; data starts right after it.
 const HEAD_SIZE: usize = size_of::<NodeHead>();
 const _: () = assert!(HEAD_SIZE == 2 * size_of::<usize>() + 8);
-const _: () = assert!(HEAD_SIZE % align_of::<NodeHead>() == 0);
+const _: () = assert!(HEAD_SIZE.is_multiple_of(align_of::<NodeHead>()));
 const _: () = assert!(key::DATA_SIZE_MAX + key::VALUE_SIZE_MAX <= TAIL_MAX);
 
 /// A trie node: header, then `data_size` data bytes, then (real nodes)
@@ -814,20 +814,22 @@ impl KernelLpmTrie {
         // promote its other child, so that every intermediate node keeps
         // exactly two children (invariant 2).
         // SAFETY: as above.
-        if let Some(p) = unsafe { parent.as_ref() } {
-            if p.is_im() && child0.is_null() && child1.is_null() {
-                let p0 = p.head.child[0].load(Ordering::Relaxed, guard);
-                let sibling = if node == p0 {
-                    p.head.child[1].load(Ordering::Relaxed, guard)
-                } else {
-                    p0
-                };
-                trim2.store(sibling, Ordering::Release);
-                self.sub_bytes(p.alloc_size() + n.alloc_size());
-                *free_parent = Some(parent);
-                *free_node = Some(node);
-                return Ok(());
-            }
+        if let Some(p) = unsafe { parent.as_ref() }
+            && p.is_im()
+            && child0.is_null()
+            && child1.is_null()
+        {
+            let p0 = p.head.child[0].load(Ordering::Relaxed, guard);
+            let sibling = if node == p0 {
+                p.head.child[1].load(Ordering::Relaxed, guard)
+            } else {
+                p0
+            };
+            trim2.store(sibling, Ordering::Release);
+            self.sub_bytes(p.alloc_size() + n.alloc_size());
+            *free_parent = Some(parent);
+            *free_node = Some(node);
+            return Ok(());
         }
 
         // Zero or one child: move the child (if any) into the node's slot.

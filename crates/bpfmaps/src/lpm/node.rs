@@ -383,6 +383,39 @@ pub(super) struct DataBlock {
     n_prefixes: u16,
 }
 
+/// A data block of one run holding `Leaf::NONE`, never freed: lets a
+/// reader load "some block's leaf" without a branch (see `direct.rs`).
+#[repr(C)]
+pub(super) struct StaticBlock {
+    header: DataBlock,
+    leaf: Leaf,
+}
+
+// SAFETY: immutable.
+unsafe impl Sync for StaticBlock {}
+
+pub(super) static NONE_BLOCK: StaticBlock = StaticBlock {
+    header: DataBlock {
+        leaf_bits: Bits::FIRST,
+        default: Leaf::NONE,
+        n_leaves: 1,
+        n_prefixes: 0,
+    },
+    leaf: Leaf::NONE,
+};
+
+impl StaticBlock {
+    /// The block.
+    pub fn block(&'static self) -> &'static DataBlock {
+        debug_assert_eq!(
+            std::mem::offset_of!(StaticBlock, leaf),
+            LEAVES_OFFSET,
+            "the leaf sits where a block's leaves start"
+        );
+        &self.header
+    }
+}
+
 /// Index of the prefix with `l` bits (0..=8) and pattern `p` in a node.
 #[inline]
 pub(super) fn prefix_index(l: u32, byte: u8) -> usize {

@@ -284,7 +284,7 @@ impl StackTraceMap {
             return Err(Error::invalid("stack map key_size must be 4"));
         }
         let value_size = spec.value_size as usize;
-        if value_size == 0 || value_size % FRAME_SIZE != 0 {
+        if value_size == 0 || !value_size.is_multiple_of(FRAME_SIZE) {
             return Err(Error::invalid(
                 "stack map value_size must be a non-zero multiple of 8",
             ));
