@@ -23,8 +23,9 @@
 //!   above that covers `b` ("leaf pushing", as in poptrie): its length and
 //!   payload (the value itself when values fit in 4 bytes). Run-length
 //!   encoded: leaf bit `b` is set where a new run starts, and the run
-//!   holding `b` is entry `rank(bits <= b) - 1`. Positions that have a child are
-//!   never read; they extend the previous run so runs stay few.
+//!   holding `b` is entry `rank(bits <= b) - 1`. Bytes that have a child
+//!   get their true leaf too: a reader that loaded the child block before
+//!   the child existed reads it.
 //! * Default: the route this node inherits from above (the parent's best
 //!   match for the byte leading here), painted under this node's prefixes.
 //!

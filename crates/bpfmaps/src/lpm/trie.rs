@@ -17,12 +17,14 @@
 //! recursively ("push down"). Adding or removing a child builds a new child
 //! block. Every replaced block is freed after an epoch grace period.
 //!
-//! A reader walks one path; each node on it is wholly old or wholly new,
-//! and its answer comes from one leaf. So every lookup returns the answer
-//! of the table before or after the update, never a missing route for a
-//! prefix present in both. A child removal first rebuilds the parent's
-//! leaves (so the byte is answered correctly without the child), then
-//! unlinks the child.
+//! A reader walks one path and its answer comes from one leaf. Each block
+//! it reads is wholly old or wholly new, and every byte of a data block,
+//! those with a child included, holds the node's best match at the time
+//! the block was built. So an answer is always a stored route containing
+//! the address, and never shorter than a route that was stored during the
+//! whole lookup (a child added meanwhile may be missed, as if the lookup
+//! had run before the update; a removed one may still be seen, as if it ran
+//! before the removal).
 
 use std::cmp::Ordering as Cmp;
 use std::ptr::{self, NonNull};
