@@ -42,6 +42,7 @@
 //!   no extra load.
 
 use std::alloc::Layout;
+use std::mem::MaybeUninit;
 use std::ptr::{self, NonNull};
 use std::sync::atomic::{AtomicPtr, Ordering};
 
@@ -318,7 +319,8 @@ impl<const W: usize> Iterator for OnesOfW<W> {
 /// Run-length encoder for leaves.
 struct Runs {
     bits: Bits<4>,
-    leaves: [Leaf; 256],
+    /// The first `n` are written (no 2 KiB of zeroes per build).
+    leaves: [MaybeUninit<Leaf>; 256],
     n: usize,
 }
 
@@ -326,19 +328,27 @@ impl Runs {
     fn new() -> Self {
         Runs {
             bits: Bits::default(),
-            leaves: [Leaf::NONE; 256],
+            leaves: [const { MaybeUninit::uninit() }; 256],
             n: 0,
         }
+    }
+
+    /// The last run's leaf, if any.
+    fn last(&self) -> Option<&Leaf> {
+        // SAFETY: the first n leaves are written.
+        self.n
+            .checked_sub(1)
+            .map(|i| unsafe { self.leaves[i].assume_init_ref() })
     }
 
     /// Bytes from `start` on hold `leaf`: a new run, unless the previous
     /// run already holds it.
     fn push(&mut self, start: usize, leaf: Leaf) {
-        if self.n > 0 && self.leaves[self.n - 1] == leaf {
+        if self.last() == Some(&leaf) {
             return;
         }
         self.bits.set_raw(start);
-        self.leaves[self.n] = leaf;
+        self.leaves[self.n].write(leaf);
         self.n += 1;
     }
 
@@ -355,7 +365,7 @@ impl Runs {
         if count == 0 {
             return;
         }
-        if self.n > 0 && self.leaves[self.n - 1] == *old.leaf_at_run(first) {
+        if self.last() == Some(old.leaf_at_run(first)) {
             // The first old run continues our last one: drop its start.
             let w = starts.iter().position(|w| *w != 0).expect("count > 0");
             starts[w] &= starts[w] - 1;
@@ -363,13 +373,19 @@ impl Runs {
             count -= 1;
         }
         self.bits.or_words(&starts);
-        self.leaves[self.n..self.n + count].copy_from_slice(&old.leaves()[first..first + count]);
+        let from = &old.leaves()[first..first + count];
+        for (dst, src) in self.leaves[self.n..self.n + count].iter_mut().zip(from) {
+            dst.write(*src);
+        }
         self.n += count;
     }
 
     fn finish(&mut self) -> (Bits<4>, &[Leaf]) {
         self.bits.fix_ranks();
-        (self.bits, &self.leaves[..self.n])
+        // SAFETY: the first n leaves are written; MaybeUninit<Leaf> has
+        // Leaf's layout.
+        let leaves = unsafe { &*(ptr::from_ref(&self.leaves[..self.n]) as *const [Leaf]) };
+        (self.bits, leaves)
     }
 }
 
@@ -455,7 +471,25 @@ impl DataBlock {
         let (l, payloads) = l
             .extend(Layout::array::<[u8; 4]>(n_prefixes).expect("payloads"))
             .expect("layout");
-        (l.pad_to_align(), [leaves, bits, payloads])
+        let layout = l.pad_to_align();
+        debug_assert_eq!(
+            Self::offsets(n_leaves, n_prefixes),
+            [leaves, bits, payloads]
+        );
+        (layout, [leaves, bits, payloads])
+    }
+
+    /// The offsets `layout` gives, by plain arithmetic: readers of a block's
+    /// prefixes (`prefix`, `best_for`) need them often.
+    #[inline(always)]
+    fn offsets(n_leaves: usize, n_prefixes: usize) -> [usize; 3] {
+        let end_of_leaves = LEAVES_OFFSET + n_leaves * size_of::<Leaf>();
+        if n_prefixes == 0 {
+            [LEAVES_OFFSET, end_of_leaves, end_of_leaves]
+        } else {
+            let bits = end_of_leaves.next_multiple_of(align_of::<Bits<8>>());
+            [LEAVES_OFFSET, bits, bits + size_of::<Bits<8>>()]
+        }
     }
 
     /// Builds the block of a node at `depth` for `prefix_bits`/`payloads`
@@ -610,14 +644,14 @@ impl DataBlock {
         if self.n_prefixes == 0 {
             return &NONE;
         }
-        let (_, [_, at_bits, _]) = Self::layout(self.n_leaves as usize, self.n_prefixes as usize);
+        let [_, at_bits, _] = Self::offsets(self.n_leaves as usize, self.n_prefixes as usize);
         // SAFETY: written by `build` at this offset when there are prefixes.
         unsafe { &*self.at(at_bits).cast::<Bits<8>>() }
     }
 
     /// Payloads of the stored prefixes, in index order.
     pub fn payloads(&self) -> &[[u8; 4]] {
-        let (_, [.., at_payloads]) = Self::layout(self.n_leaves as usize, self.n_prefixes as usize);
+        let [.., at_payloads] = Self::offsets(self.n_leaves as usize, self.n_prefixes as usize);
         // SAFETY: n_prefixes payloads written by `build` at this offset.
         unsafe {
             std::slice::from_raw_parts(

@@ -405,12 +405,20 @@ impl LpmTrie {
         out
     }
 
-    /// The node at depth `path.len()` along `path`, if the tree has one.
+    /// The node at depth `path.len()` along `path`, if the tree has one
+    /// (the last of `chain`, without collecting it).
     fn node_at(&self, path: &[u8]) -> Option<&Node> {
-        self.chain(path)
-            .pop()
-            .filter(|(_, pos)| pos.depth == path.len())
-            .map(|(node, _)| node)
+        let (mut node, mut depth) = (&self.root, 0);
+        while depth < path.len() {
+            // SAFETY: writer (or pinned reader) walk.
+            node = unsafe { node.child(path[depth]) }?;
+            let rest = &path[depth + 1..];
+            if node.skip.len() > rest.len() || !node.skip.matches(rest) {
+                return None;
+            }
+            depth += 1 + node.skip.len();
+        }
+        Some(node)
     }
 
     fn masked(&self, data: &[u8], prefixlen: u32) -> Result<([u8; key::DATA_SIZE_MAX], u32)> {
@@ -733,21 +741,16 @@ impl LpmTrie {
         let at = bits.rank(idx);
         let kept = old.payloads();
         let skip = usize::from(old.prefix_bits().get(idx));
-        let mut buf = [[0u8; 4]; 512];
-        let n = kept.len() + usize::from(payload.is_some()) - skip;
-        buf[..at].copy_from_slice(&kept[..at]);
-        if let Some(p) = payload {
-            buf[at] = p;
-        }
-        let after = at + usize::from(payload.is_some());
-        buf[after..n].copy_from_slice(&kept[at + skip..]);
-        let payloads = &buf[..n];
+        let mut payloads = Vec::with_capacity(kept.len() + 1);
+        payloads.extend_from_slice(&kept[..at]);
+        payloads.extend(payload);
+        payloads.extend_from_slice(&kept[at + skip..]);
         let (_, lo, hi) = index_range(idx);
         let new = DataBlock::build(
             &self.arena,
             pos.depth,
             &bits,
-            payloads,
+            &payloads,
             old.default,
             Some(old),
             (lo, hi),
