@@ -665,6 +665,102 @@ fn readers_never_miss_a_stable_route(direct: bool) {
     assert_eq!(t.len(), stable.len());
 }
 
+/// Readers of 16-byte keys while a writer inserts and removes prefixes
+/// that split and re-merge compressed edges under stable /32s and /48s:
+/// every answer contains the address and is no shorter than the longest
+/// stable match, through the direct index and the compressed edges.
+#[test]
+fn concurrent_readers_across_edge_splits_and_merges() {
+    let t = Arc::new(
+        LpmTrie::new(16, 20, 10_000)
+            .unwrap()
+            .with_direct_index_from(0),
+    );
+    let encode = |d: &[u8], l: u32| -> [u8; 20] {
+        let mut out = [0u8; 20];
+        out[..16].copy_from_slice(d);
+        out[16..].copy_from_slice(&l.to_ne_bytes());
+        out
+    };
+    let net = |i: u8, j: u8, len: u32| -> ([u8; 16], u32) {
+        let mut d = [0u8; 16];
+        d[..6].copy_from_slice(&[0x20, 0x01, 0x0d, i, 0x10 + j, 0x77]);
+        d[6..].fill(0x5a);
+        mask_host_bits(&mut d, len);
+        (d, len)
+    };
+    // Stable: a /32 per i, and a /48 under it per (i, j) with j even.
+    let stable: Vec<([u8; 16], u32)> = (0..8u8)
+        .map(|i| net(i, 0, 32))
+        .chain((0..8u8).flat_map(|i| (0..8u8).step_by(2).map(move |j| net(i, j, 48))))
+        .collect();
+    for (d, l) in &stable {
+        t.insert(d, *l, &encode(d, *l), BPF_ANY).unwrap();
+    }
+    // Churn: lengths that end inside, or branch off, the stable paths'
+    // compressed edges (and their odd-j siblings, which come and go whole).
+    let churn: Vec<([u8; 16], u32)> = (0..8u8)
+        .flat_map(|i| (0..8u8).map(move |j| (i, j)))
+        .flat_map(|(i, j)| [40, 52, 64, 100, 128].map(|l| net(i, j, l)))
+        .collect();
+    let stop = Arc::new(AtomicBool::new(false));
+    let readers: Vec<_> = (0..2u64)
+        .map(|r| {
+            let (t, stop, stable) = (t.clone(), stop.clone(), stable.clone());
+            std::thread::spawn(move || {
+                let mut x = 0x9e37_79b9_7f4a_7c15u64 ^ r;
+                let mut n = 0u64;
+                while !stop.load(Ordering::Relaxed) {
+                    x ^= x << 13;
+                    x ^= x >> 7;
+                    x ^= x << 17;
+                    let (mut addr, _) = net((x % 8) as u8, ((x >> 8) % 8) as u8, 128);
+                    // Vary the host part so some lookups leave the paths.
+                    if x & (1 << 20) != 0 {
+                        addr[6 + (x >> 24) as usize % 10] ^= (x >> 32) as u8 | 1;
+                    }
+                    let floor = stable
+                        .iter()
+                        .filter(|(d, l)| prefix_contains(d, *l, &addr))
+                        .map(|e| e.1)
+                        .max();
+                    let guard = pin();
+                    match t.get(&addr, &guard) {
+                        Some(value) => {
+                            let l = u32::from_ne_bytes(value[16..].try_into().unwrap());
+                            assert!(prefix_contains(&value[..16], l, &addr), "foreign route");
+                            assert!(Some(l) >= floor, "/{l} shorter than stable /{floor:?}");
+                        }
+                        None => assert_eq!(floor, None, "stable route missing"),
+                    }
+                    n += 1;
+                }
+                n
+            })
+        })
+        .collect();
+    for round in 0..400 {
+        for (d, l) in &churn {
+            if round % 2 == 0 {
+                t.insert(d, *l, &encode(d, *l), BPF_ANY).unwrap();
+            } else {
+                t.remove(d, *l, None).unwrap();
+            }
+        }
+    }
+    stop.store(true, Ordering::Relaxed);
+    for r in readers {
+        assert!(r.join().unwrap() > 0);
+    }
+    assert_eq!(t.len(), stable.len());
+    assert!(t.direct_index_matches_tree());
+    let fresh = LpmTrie::new(16, 20, 10_000).unwrap();
+    for (d, l) in &stable {
+        fresh.insert(d, *l, &encode(d, *l), BPF_ANY).unwrap();
+    }
+    assert_eq!(t.node_count(), fresh.node_count());
+}
+
 /// Reads a shared prefix table (`../shared/data/lpm/...`) if this checkout
 /// has it next door; the tests below skip (saying so) when it is absent.
 fn shared_prefixes(file: &str) -> Option<Vec<(Vec<u8>, u32)>> {
