@@ -16,7 +16,9 @@ use bpfmaps::lpm::{KernelLpmTrie, LpmTrie};
 use clap::{Args, Command};
 use ip_network_table::IpNetworkTable;
 
-use crate::lpm_tables::{Answers, AnyLpm, BATCH, LpmTable, PrefixTrie, build, check_agreement};
+use crate::lpm_tables::{
+    Answers, AnyLpm, BATCH, LpmTable, ManyLpm, PrefixTrie, build, check_agreement,
+};
 use crate::measure::{rate_samples_interleaved, settle_reaper};
 use crate::prefixes::{
     Family, IPV4_TABLE, IPV6_TABLE, Prefix, V4, V6, addrs_inside, addrs_random, generate,
@@ -51,7 +53,13 @@ struct Opts {
 }
 
 /// Implementations in report order; the first is the baseline.
-const IMPLS: [&str; 4] = ["kernel", "bpfmaps", "prefix-trie", "ip_network_table"];
+const IMPLS: [&str; 5] = [
+    "kernel",
+    "bpfmaps",
+    "bpfmaps-get_many",
+    "prefix-trie",
+    "ip_network_table",
+];
 /// Lookup sets.
 const SETS: [&str; 2] = ["random", "inside"];
 
@@ -142,7 +150,11 @@ impl<F: Family> Real<'_, F> {
     /// lookups of all of them interleaved, one lookup set at a time.
     fn run(&self, peers: bool) -> Vec<Record> {
         let (kernel, reference) = self.build::<KernelLpmTrie>(None);
-        let mut kept = vec![kernel, self.build::<LpmTrie>(Some(&reference)).0];
+        let mut kept = vec![
+            kernel,
+            self.build::<LpmTrie>(Some(&reference)).0,
+            self.build::<ManyLpm>(Some(&reference)).0,
+        ];
         if peers {
             kept.push(self.build::<PrefixTrie<F>>(Some(&reference)).0);
             kept.push(self.build::<IpNetworkTable<u32>>(Some(&reference)).0);
@@ -236,7 +248,11 @@ impl Suite for LpmReal {
          implementation: `random` (uniform over IPv4; IPv6 inside 2000::/3, so \
          many miss or stop at a short prefix) and `inside` (inside a stored \
          prefix picked uniformly, host bits random); looked up back to back, \
-         one guard per 256 lookups for bpfmaps and the kernel port; the summed \
+         one guard per 256 lookups for bpfmaps and the kernel port; \
+         `bpfmaps-get_many` is the same trie (built again) looked up 256 \
+         addresses per `get_many` call, which overlaps their cache misses in \
+         stages (what a dataplane handling packets in bursts would call); the \
+         others look up one address per call. The summed \
          values must match the kernel port's. Every implementation of a family \
          is built first and kept; then, per lookup set, their lookups are \
          timed in turns (interleaved): one repetition of each implementation \
@@ -255,7 +271,7 @@ impl Suite for LpmReal {
 
     fn run(&self, ctx: &Ctx) -> Vec<Record> {
         let opts: Opts = ctx.options();
-        let impls = if opts.no_peers { 2 } else { 4 };
+        let impls = if opts.no_peers { 3 } else { 5 };
         let run_v4 = opts.families.iter().any(|f| f == "ipv4");
         let run_v6 = opts.families.iter().any(|f| f == "ipv6");
         // Per family: each implementation's build, then each lookup set.
@@ -297,6 +313,8 @@ impl Suite for LpmReal {
                 "table",
                 "random lookups",
                 "inside lookups",
+                "random get_many",
+                "inside get_many",
                 "build",
                 "memory",
             ],
@@ -356,6 +374,14 @@ impl Suite for LpmReal {
                     )),
                     fmt_ratio(ratio(
                         look("inside", "bpfmaps"),
+                        look("inside", "prefix-trie"),
+                    )),
+                    fmt_ratio(ratio(
+                        look("random", "bpfmaps-get_many"),
+                        look("random", "prefix-trie"),
+                    )),
+                    fmt_ratio(ratio(
+                        look("inside", "bpfmaps-get_many"),
                         look("inside", "prefix-trie"),
                     )),
                     fmt_ratio(ratio(

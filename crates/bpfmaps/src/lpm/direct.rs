@@ -31,6 +31,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use super::node::{DataBlock, Leaf, NONE_BLOCK, Node};
 
+/// Lookups `start_group` (and so `LpmTrie::get_many`) runs side by side.
+pub(super) const GROUP: usize = 32;
+
 /// Slots in the index: one per 16-bit key prefix.
 const SLOTS: usize = 1 << 16;
 
@@ -127,6 +130,56 @@ impl DirectIndex {
         }
     }
 
+    /// `start` for each of `addrs` (all of 3 bytes or more) into `out`, in
+    /// stages over the whole group so that their loads overlap: prefetch
+    /// every slot; read the slots and prefetch the blocks they point at;
+    /// rank each key byte in its block's header and prefetch the leaf; read
+    /// the leaves.
+    ///
+    /// # Safety
+    /// As for `start`; `out.len() == addrs.len()`.
+    pub unsafe fn start_group<A: AsRef<[u8]>>(&self, addrs: &[A], out: &mut [Result<&Node, Leaf>]) {
+        const N: usize = GROUP;
+        debug_assert!(addrs.len() <= N && out.len() == addrs.len());
+        let slot = |a: &A| {
+            let a = a.as_ref();
+            self.slot(a[0], a[1])
+        };
+        for a in addrs {
+            prefetch(slot(a));
+        }
+        // Branch-free, as `start`: a word that is not a block stands in
+        // for the static block in the stages that follow.
+        let none = ptr::from_ref(NONE_BLOCK.block());
+        let mut words = [0u64; N];
+        let mut blocks = [none; N];
+        for ((w, blk), a) in words.iter_mut().zip(blocks.iter_mut()).zip(addrs) {
+            *w = slot(a).load(Ordering::Acquire);
+            *blk = std::hint::select_unpredictable(*w & TAGS == 0, *w as *const DataBlock, none);
+            prefetch(*blk);
+        }
+        let mut leaves: [*const Leaf; N] = [ptr::null(); N];
+        for ((l, &blk), a) in leaves.iter_mut().zip(&blocks).zip(addrs) {
+            // SAFETY: a block a slot points at outlives the caller's pin.
+            *l = unsafe { (*blk).leaf(a.as_ref()[2]) };
+            prefetch(*l);
+        }
+        for (((o, &w), &l), a) in out.iter_mut().zip(&words).zip(&leaves).zip(addrs) {
+            *o = if w & TAGS == NODE_TAG {
+                // SAFETY: the caller is pinned.
+                unsafe { self.start(a.as_ref()) }
+            } else {
+                // SAFETY: as above.
+                let from_block = unsafe { *l };
+                Err(std::hint::select_unpredictable(
+                    w & TAGS == LEAF_TAG,
+                    unpack(w),
+                    from_block,
+                ))
+            };
+        }
+    }
+
     /// Re-points the slots of the node at `depth` reached by `top` (its
     /// first key bytes) after a store into it. Writer only; call before
     /// retiring what the node pointed at.
@@ -196,6 +249,18 @@ impl DirectIndex {
     fn hold_leaf(&self, slot: &Slot, leaf: Leaf) {
         slot.store(pack(leaf), Ordering::Release);
     }
+}
+
+/// Asks for the cache line at `p` (no effect on other targets).
+#[inline(always)]
+fn prefetch<T>(p: *const T) {
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: a prefetch never faults, whatever the address.
+    unsafe {
+        std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(p.cast::<i8>())
+    };
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = p;
 }
 
 #[cfg(test)]

@@ -35,7 +35,7 @@ use parking_lot::Mutex;
 
 use super::arena::Arena;
 use super::bits::Bits;
-use super::direct::DirectIndex;
+use super::direct::{DirectIndex, GROUP};
 use super::key::{self, KeyRef, mask_host_bits};
 use super::node::{
     ChildBlock, DataBlock, Entry, Leaf, Node, Skip, free_subtree, index_range, prefix_index,
@@ -290,16 +290,21 @@ impl LpmTrie {
 
     /// The leaf of the longest prefix matching `addr` (full length).
     #[inline(always)]
-    fn lookup_leaf(&self, addr: &[u8], _guard: &Guard) -> Leaf {
-        let (mut node, mut depth) = match self.direct.get() {
-            // SAFETY: pinned by `_guard`; the index exists only for keys of
+    fn lookup_leaf(&self, addr: &[u8], guard: &Guard) -> Leaf {
+        match self.direct.get() {
+            // SAFETY: pinned by `guard`; the index exists only for keys of
             // 3 bytes or more.
             Some(direct) => match unsafe { direct.start(addr) } {
-                Ok(node) => (node, 3),
-                Err(leaf) => return leaf,
+                Ok(node) => self.walk(node, 3, addr, guard),
+                Err(leaf) => leaf,
             },
-            None => (&self.root, 0),
-        };
+            None => self.walk(&self.root, 0, addr, guard),
+        }
+    }
+
+    /// The lookup of `addr` from `node`, entered at `depth`.
+    #[inline(always)]
+    fn walk(&self, mut node: &Node, mut depth: usize, addr: &[u8], _guard: &Guard) -> Leaf {
         loop {
             // `node` was entered at `depth`: first the bytes its edge skips.
             let skip = node.skip;
@@ -321,6 +326,55 @@ impl LpmTrie {
                 None => return *unsafe { node.data() }.leaf(b),
             }
         }
+    }
+
+    /// The values of the longest prefixes matching each of `addrs` into
+    /// `out` (`None` for no match, or an address of the wrong length), as
+    /// `get` would give them. A loop of `get` overlaps only as many lookups
+    /// as the CPU's reorder window holds; this one runs the lookups of a
+    /// group of 32 in stages, each fetching what the next one reads (index
+    /// slots, then block headers, then leaves), so their cache misses
+    /// overlap. `EINVAL` if `out` is shorter than `addrs`.
+    pub fn get_many<'g, A: AsRef<[u8]>>(
+        &self,
+        addrs: &[A],
+        guard: &'g Guard,
+        out: &mut [Option<Value<'g>>],
+    ) -> Result<()> {
+        if out.len() < addrs.len() {
+            return Err(Error::invalid(format!(
+                "{} addresses but room for {} answers",
+                addrs.len(),
+                out.len()
+            )));
+        }
+        let answer = |leaf: Leaf| (!leaf.is_none()).then(|| self.value(leaf.payload, guard));
+        let Some(direct) = self.direct.get() else {
+            for (a, o) in addrs.iter().zip(out.iter_mut()) {
+                *o = self.get(a.as_ref(), guard);
+            }
+            return Ok(());
+        };
+        let mut starts = [Err(Leaf::NONE); GROUP];
+        for (group, outs) in addrs.chunks(GROUP).zip(out.chunks_mut(GROUP)) {
+            if group.iter().any(|a| a.as_ref().len() != self.data_size) {
+                for (a, o) in group.iter().zip(outs.iter_mut()) {
+                    *o = self.get(a.as_ref(), guard);
+                }
+                continue;
+            }
+            let starts = &mut starts[..group.len()];
+            // SAFETY: pinned by `guard`; every address has data_size >= 3
+            // bytes (the index exists).
+            unsafe { direct.start_group(group, starts) };
+            for ((a, start), o) in group.iter().zip(starts.iter()).zip(outs.iter_mut()) {
+                *o = answer(match *start {
+                    Err(leaf) => leaf,
+                    Ok(node) => self.walk(node, 3, a.as_ref(), guard),
+                });
+            }
+        }
+        Ok(())
     }
 
     /// The value a payload stands for.
