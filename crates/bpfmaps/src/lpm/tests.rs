@@ -659,10 +659,26 @@ fn readers_never_miss_a_stable_route(direct: bool) {
         })
         .collect();
     start.wait();
-    for round in 0..6 {
-        for (d, l) in &churn {
+    churn_while_reading(&t, &churn, 6, encode, &stop, readers);
+    assert_eq!(t.len(), stable.len());
+}
+
+/// Inserts every `churn` prefix (with its `encode`d self as the value),
+/// then removes them all, `rounds / 2` times; then stops the `readers` and
+/// checks that each looked something up.
+fn churn_while_reading<D: AsRef<[u8]>, V: AsRef<[u8]>>(
+    t: &LpmTrie,
+    churn: &[(D, u32)],
+    rounds: usize,
+    encode: impl Fn(&[u8], u32) -> V,
+    stop: &AtomicBool,
+    readers: Vec<std::thread::JoinHandle<u64>>,
+) {
+    for round in 0..rounds {
+        for (d, l) in churn {
+            let d = d.as_ref();
             if round % 2 == 0 {
-                t.insert(d, *l, &encode(d, *l), BPF_ANY).unwrap();
+                t.insert(d, *l, encode(d, *l).as_ref(), BPF_ANY).unwrap();
             } else {
                 t.remove(d, *l, None).unwrap();
             }
@@ -672,7 +688,6 @@ fn readers_never_miss_a_stable_route(direct: bool) {
     for r in readers {
         assert!(r.join().unwrap() > 0);
     }
-    assert_eq!(t.len(), stable.len());
 }
 
 /// Readers of 16-byte keys while a writer inserts and removes prefixes
@@ -749,19 +764,7 @@ fn concurrent_readers_across_edge_splits_and_merges() {
             })
         })
         .collect();
-    for round in 0..400 {
-        for (d, l) in &churn {
-            if round % 2 == 0 {
-                t.insert(d, *l, &encode(d, *l), BPF_ANY).unwrap();
-            } else {
-                t.remove(d, *l, None).unwrap();
-            }
-        }
-    }
-    stop.store(true, Ordering::Relaxed);
-    for r in readers {
-        assert!(r.join().unwrap() > 0);
-    }
+    churn_while_reading(&t, &churn, 400, encode, &stop, readers);
     assert_eq!(t.len(), stable.len());
     assert!(t.direct_index_matches_tree());
     let fresh = LpmTrie::new(16, 20, 10_000).unwrap();
