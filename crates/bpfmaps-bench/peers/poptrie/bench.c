@@ -314,6 +314,18 @@ static void mem_report(struct poptrie *pt, int sz1, int sz0, size_t nprefix)
 /* ------------------------------------------------------------------ */
 static uint64_t checksum;
 
+/* Prints the best and median of the REPS timings t (ns/lookup). */
+static void report(const char *name, const double *t)
+{
+    double s[REPS];
+    memcpy(s, t, sizeof(s));
+    qsort(s, REPS, sizeof(double), cmp_double);
+    printf("lookup.%-7s best %.3f  median %.3f ns/lookup   (reps:", name, s[0], s[REPS / 2]);
+    for (int r = 0; r < REPS; r++)
+        printf(" %.3f", t[r]);
+    printf(")\n");
+}
+
 static void time_v4(struct poptrie *pt, const char *name, const u32 *addrs)
 {
     double t[REPS];
@@ -326,13 +338,7 @@ static void time_v4(struct poptrie *pt, const char *name, const u32 *addrs)
         t[r] = (t1 - t0) / NADDR;
         checksum += sum;
     }
-    double s[REPS];
-    memcpy(s, t, sizeof(t));
-    qsort(s, REPS, sizeof(double), cmp_double);
-    printf("lookup.%-7s best %.3f  median %.3f ns/lookup   (reps:", name, s[0], s[REPS / 2]);
-    for (int r = 0; r < REPS; r++)
-        printf(" %.3f", t[r]);
-    printf(")\n");
+    report(name, t);
 }
 
 static void time_v6(struct poptrie *pt, const char *name, const u128 *addrs)
@@ -347,13 +353,7 @@ static void time_v6(struct poptrie *pt, const char *name, const u128 *addrs)
         t[r] = (t1 - t0) / NADDR;
         checksum += sum;
     }
-    double s[REPS];
-    memcpy(s, t, sizeof(t));
-    qsort(s, REPS, sizeof(double), cmp_double);
-    printf("lookup.%-7s best %.3f  median %.3f ns/lookup   (reps:", name, s[0], s[REPS / 2]);
-    for (int r = 0; r < REPS; r++)
-        printf(" %.3f", t[r]);
-    printf(")\n");
+    report(name, t);
 }
 
 int main(int argc, char **argv)

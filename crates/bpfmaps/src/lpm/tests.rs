@@ -631,27 +631,7 @@ fn readers_never_miss_a_stable_route(direct: bool) {
                     x ^= x << 13;
                     x ^= x >> 17;
                     x ^= x << 5;
-                    let addr = x.to_be_bytes();
-                    let floor = stable
-                        .iter()
-                        .filter(|(d, l)| prefix_contains(d, *l, &addr))
-                        .map(|e| e.1)
-                        .max();
-                    let guard = pin();
-                    match t.get(&addr, &guard) {
-                        Some(value) => {
-                            let l = u32::from_ne_bytes(value[4..].try_into().unwrap());
-                            assert!(
-                                prefix_contains(&value[..4], l, &addr),
-                                "answer does not contain the address"
-                            );
-                            assert!(
-                                Some(l) >= floor,
-                                "answer /{l} shorter than stable /{floor:?}"
-                            );
-                        }
-                        None => assert_eq!(floor, None, "stable route missing for {addr:?}"),
-                    }
+                    check_answer(&t, &stable, &x.to_be_bytes());
                     n += 1;
                 }
                 n
@@ -661,6 +641,27 @@ fn readers_never_miss_a_stable_route(direct: bool) {
     start.wait();
     churn_while_reading(&t, &churn, 6, encode, &stop, readers);
     assert_eq!(t.len(), stable.len());
+}
+
+/// Looks `addr` up in `t`, whose values are their own prefixes (data,
+/// then length): the answer must contain the address and be no shorter
+/// than the longest of the `stable` prefixes (present throughout) that do.
+fn check_answer<D: AsRef<[u8]>>(t: &LpmTrie, stable: &[(D, u32)], addr: &[u8]) {
+    let n = addr.len();
+    let floor = stable
+        .iter()
+        .filter(|(d, l)| prefix_contains(d.as_ref(), *l, addr))
+        .map(|e| e.1)
+        .max();
+    let guard = pin();
+    match t.get(addr, &guard) {
+        Some(value) => {
+            let l = u32::from_ne_bytes(value[n..].try_into().unwrap());
+            assert!(prefix_contains(&value[..n], l, addr), "foreign route");
+            assert!(Some(l) >= floor, "/{l} shorter than stable /{floor:?}");
+        }
+        None => assert_eq!(floor, None, "stable route missing for {addr:?}"),
+    }
 }
 
 /// Inserts every `churn` prefix (with its `encode`d self as the value),
@@ -744,20 +745,7 @@ fn concurrent_readers_across_edge_splits_and_merges() {
                     if x & (1 << 20) != 0 {
                         addr[6 + (x >> 24) as usize % 10] ^= (x >> 32) as u8 | 1;
                     }
-                    let floor = stable
-                        .iter()
-                        .filter(|(d, l)| prefix_contains(d, *l, &addr))
-                        .map(|e| e.1)
-                        .max();
-                    let guard = pin();
-                    match t.get(&addr, &guard) {
-                        Some(value) => {
-                            let l = u32::from_ne_bytes(value[16..].try_into().unwrap());
-                            assert!(prefix_contains(&value[..16], l, &addr), "foreign route");
-                            assert!(Some(l) >= floor, "/{l} shorter than stable /{floor:?}");
-                        }
-                        None => assert_eq!(floor, None, "stable route missing"),
-                    }
+                    check_answer(&t, &stable, &addr);
                     n += 1;
                 }
                 n
