@@ -23,7 +23,7 @@
 //! exactly as for a tree pointer. A node reached through its slot is read
 //! as in the tree, children first, then data.
 //!
-//! The array is 1 MiB, so a trie gets one only once it holds enough
+//! The array is 512 KiB, so a trie gets one only once it holds enough
 //! prefixes for the saved levels to matter (see `LpmTrie`).
 
 use std::ptr;

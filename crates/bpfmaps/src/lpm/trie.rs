@@ -160,7 +160,7 @@ pub struct LpmTrie {
     direct_from: usize,
 }
 
-/// Prefixes a trie holds before it builds its direct index: the 1 MiB
+/// Prefixes a trie holds before it builds its direct index: the 512 KiB
 /// array pays for itself only once the top two levels stop fitting in L1.
 pub const DIRECT_INDEX_FROM: usize = 16 << 10;
 
