@@ -3,8 +3,9 @@
 //! # Lookup
 //! 1. Start at the root with `d = 0`; or, once the trie is big enough to
 //!    have a direct index (`direct.rs`), at the index slot of the first two
-//!    key bytes: it holds the depth-2 node's blocks (go on at step 2 with
-//!    `d = 2`) or the leaf that answers (done).
+//!    key bytes: it holds the leaf that answers (done), the data block of
+//!    a depth-2 node without children (its leaf for key byte 2 answers), or
+//!    the depth-2 node (go on at step 2 with `d = 2`).
 //! 2. Let `b` be key byte `d`. If the node's child bits have `b`, move to
 //!    that child (inline in the child block) and go on with `d + 1`.
 //! 3. Otherwise the answer is the node's leaf for `b`: a route id, already
@@ -400,8 +401,8 @@ impl LpmTrie {
     /// address of `data_size` bytes). Lock-free. An address of the wrong
     /// length matches nothing.
     // Always inlined: callers' loops then keep the trie's fields in
-    // registers and overlap more lookups (measured: ~40% faster when
-    // the call was left out of line).
+    // registers and overlap more lookups (measured on the full IPv4 table:
+    // 28-33 ns per lookup through an out-of-line call, 21 ns inlined).
     #[inline(always)]
     pub fn get<'g>(&self, addr: &[u8], guard: &'g Guard) -> Option<Value<'g>> {
         if addr.len() != self.data_size {
@@ -413,8 +414,8 @@ impl LpmTrie {
 
     /// The longest prefix matching `addr`: its length and value.
     // Always inlined: callers' loops then keep the trie's fields in
-    // registers and overlap more lookups (measured: ~40% faster when
-    // the call was left out of line).
+    // registers and overlap more lookups (measured on the full IPv4 table:
+    // 28-33 ns per lookup through an out-of-line call, 21 ns inlined).
     #[inline(always)]
     pub fn longest_match<'g>(&self, addr: &[u8], guard: &'g Guard) -> Option<(u32, Value<'g>)> {
         if addr.len() != self.data_size {
