@@ -7,7 +7,8 @@
 //! Sizes are rounded up to 16-byte classes. The writer (one at a time,
 //! under the trie's lock) allocates from a private free list per class, then
 //! from blocks returned after their grace period, then from the current
-//! chunk. Returns arrive from epoch-deferred closures on any thread, so they
+//! chunk; when that is used up, from the smallest larger free block, split,
+//! and only then from a new chunk. Returns arrive from epoch-deferred closures on any thread, so they
 //! go onto a lock-free push-only stack per class (linked through the dead
 //! block's first word), which the writer drains whole.
 
