@@ -94,8 +94,9 @@ impl DirectIndex {
         unsafe { self.slots.get_unchecked((b0 as usize) << 8 | b1 as usize) }
     }
 
-    /// Where the lookup of `addr` (3 bytes or more) continues: the depth-3
-    /// child node for `addr[2]`, or the leaf that answers.
+    /// Where the lookup of `addr` (3 bytes or more) continues: the depth-2
+    /// node (one with children: the tree walk goes on from it), or the leaf
+    /// that answers.
     ///
     /// # Safety
     /// The caller is pinned for `'a`.
@@ -108,11 +109,7 @@ impl DirectIndex {
         unsafe {
             let data = slot.load(Ordering::Acquire);
             if data & TAGS == NODE_TAG {
-                let node = &*((data & !NODE_TAG) as *const Node);
-                return match node.child(b) {
-                    Some(child) => Ok(child),
-                    None => Err(*node.data().leaf(b)),
-                };
+                return Ok(&*((data & !NODE_TAG) as *const Node));
             }
             // Whether a /16 has a node is unpredictable for random keys,
             // and a mispredicted branch here throws away the loads of the
@@ -164,10 +161,10 @@ impl DirectIndex {
             *l = unsafe { (*blk).leaf(a.as_ref()[2]) };
             prefetch(*l);
         }
-        for (((o, &w), &l), a) in out.iter_mut().zip(&words).zip(&leaves).zip(addrs) {
+        for ((o, &w), &l) in out.iter_mut().zip(&words).zip(&leaves) {
             *o = if w & TAGS == NODE_TAG {
-                // SAFETY: the caller is pinned.
-                unsafe { self.start(a.as_ref()) }
+                // SAFETY: as above (a node lives as its block does).
+                Ok(unsafe { &*((w & !NODE_TAG) as *const Node) })
             } else {
                 // SAFETY: as above.
                 let from_block = unsafe { *l };
@@ -183,11 +180,14 @@ impl DirectIndex {
     /// Re-points the slots of the node at `depth` reached by `top` (its
     /// first key bytes) after a store into it. Writer only; call before
     /// retiring what the node pointed at.
-    pub fn mirror(&self, root: &Node, depth: usize, top: [u8; 2], node: &Node) {
-        match depth {
-            // The root's leaves answer for every b0 without a depth-1 node;
-            // a changed child set is followed by `refresh_b0` of that byte.
-            0 => {
+    /// `child`: `None` after a new data block, `Some(b)` after the child
+    /// at `b` was added or removed. Only the slots that store can have
+    /// changed are refilled: a new child block of a depth-1 node moves all
+    /// its depth-2 nodes, which slots may point at, so all 256 of its slots.
+    pub fn mirror(&self, root: &Node, depth: usize, top: [u8; 2], node: &Node, child: Option<u8>) {
+        match (depth, child) {
+            // The root's leaves answer for every b0 without a depth-1 node.
+            (0, None) => {
                 for b0 in 0..=255 {
                     // SAFETY: writer.
                     if unsafe { root.child(b0) }.is_none() {
@@ -195,30 +195,32 @@ impl DirectIndex {
                     }
                 }
             }
-            1 => self.refresh_b0(root, top[0]),
-            2 => self.copy_node(self.slot(top[0], top[1]), node),
+            (0, Some(b0)) => self.refresh_b0(root, b0),
+            (1, _) => self.refresh_b0(root, top[0]),
+            (2, _) => self.copy_node(self.slot(top[0], top[1]), node),
             _ => {}
         }
     }
 
-    /// Re-points the 256 slots under key byte `b0` from the tree.
-    pub fn refresh_b0(&self, root: &Node, b0: u8) {
+    /// Refills the 256 slots under key byte `b0` from the tree.
+    fn refresh_b0(&self, root: &Node, b0: u8) {
+        for b1 in 0..=255 {
+            self.refresh(root, b0, b1);
+        }
+    }
+
+    /// Refills the slot of `b0.b1` from the tree: the depth-2 node there,
+    /// else the leaf of the deepest node above that answers for it.
+    fn refresh(&self, root: &Node, b0: u8, b1: u8) {
+        let slot = self.slot(b0, b1);
         // SAFETY: writer-side reads.
         unsafe {
-            let Some(n1) = root.child(b0) else {
-                let leaf = *root.data().leaf(b0);
-                for b1 in 0..=255 {
-                    self.hold_leaf(self.slot(b0, b1), leaf);
-                }
-                return;
-            };
-            let d1 = n1.data();
-            for b1 in 0..=255 {
-                let slot = self.slot(b0, b1);
-                match n1.child(b1) {
+            match root.child(b0) {
+                None => self.hold_leaf(slot, *root.data().leaf(b0)),
+                Some(n1) => match n1.child(b1) {
                     Some(n2) => self.copy_node(slot, n2),
-                    None => self.hold_leaf(slot, *d1.leaf(b1)),
-                }
+                    None => self.hold_leaf(slot, *n1.data().leaf(b1)),
+                },
             }
         }
     }

@@ -101,25 +101,34 @@ impl Skip {
         key.len() >= n && (0..n).all(|i| key[i] == self.byte(i))
     }
 
-    /// The first `n` bytes.
-    pub fn head(self, n: usize) -> Skip {
-        Skip::new(&self.bytes().take(n).collect::<Vec<_>>())
+    /// The skipped bytes packed in the low 56 bits, first byte lowest.
+    fn packed(self) -> u64 {
+        self.0 & ((1 << 56) - 1)
     }
 
-    /// The bytes from `n` on.
+    /// The first `n` bytes (`n <= len`).
+    pub fn head(self, n: usize) -> Skip {
+        Skip(self.packed() & ((1u64 << (8 * n)) - 1) | (n as u64) << 56)
+    }
+
+    /// The bytes from `n` on (`n <= len`).
     pub fn tail(self, n: usize) -> Skip {
-        Skip::new(&self.bytes().skip(n).collect::<Vec<_>>())
+        Skip(self.packed() >> (8 * n) | ((self.len() - n) as u64) << 56)
     }
 
     /// `self`, then `b`, then `next`: the skip of a child whose parent
     /// edge and own edge merge; `None` if that is over `MAX`.
     pub fn join(self, b: u8, next: Skip) -> Option<Skip> {
-        let bytes: Vec<u8> = self
-            .bytes()
-            .chain(std::iter::once(b))
-            .chain(next.bytes())
-            .collect();
-        (bytes.len() <= Self::MAX).then(|| Skip::new(&bytes))
+        let n = self.len();
+        let len = n + 1 + next.len();
+        (len <= Self::MAX).then(|| {
+            Skip(
+                self.packed()
+                    | u64::from(b) << (8 * n)
+                    | next.packed() << (8 * (n + 1))
+                    | (len as u64) << 56,
+            )
+        })
     }
 }
 
@@ -722,6 +731,25 @@ pub(super) unsafe fn free_subtree(arena: &Arena, children: *mut ChildBlock, data
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn skips_split_and_join_like_byte_strings() {
+        let s = Skip::new(&[1, 2, 3, 4, 5]);
+        let bytes = |s: Skip| s.bytes().collect::<Vec<_>>();
+        assert_eq!(bytes(s.head(0)), []);
+        assert_eq!(bytes(s.head(2)), [1, 2]);
+        assert_eq!(bytes(s.tail(2)), [3, 4, 5]);
+        assert_eq!(bytes(s.tail(5)), []);
+        assert_eq!(s.tail(5), Skip::NONE);
+        assert_eq!(s.head(2).join(3, s.tail(3)), Some(s));
+        assert_eq!(Skip::NONE.join(9, Skip::NONE), Some(Skip::new(&[9])));
+        assert_eq!(
+            s.join(6, Skip::new(&[7])),
+            Some(Skip::new(&[1, 2, 3, 4, 5, 6, 7]))
+        );
+        assert_eq!(s.join(6, Skip::new(&[7, 8])), None);
+        assert_eq!(s.common_prefix(&[1, 2, 9]), 2);
+    }
 
     #[test]
     fn prefix_indices_cover_their_byte_ranges() {

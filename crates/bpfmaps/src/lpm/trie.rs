@@ -162,11 +162,10 @@ pub struct LpmTrie {
 }
 
 /// Prefixes a trie holds before it builds its direct index. The index
-/// pays at any size (real IPv4 prefixes, addresses inside them: 9.9 -> 5.5
-/// ns per lookup at 1,000 prefixes, 12.4-12.8 -> 7.7-7.9 ns at 4,000,
-/// 14.8-15.0 -> 8.8-9.2 ns at 10,000), but its 512 KiB would be most of a
-/// small map's memory (+524 B per prefix at 1,000): from 4,096 prefixes on
-/// it costs 128 B per prefix or less.
+/// speeds lookups at any size (`lpm-scale` at 10K real IPv4 prefixes: 14.8
+/// ns without it, 9.3 ns with it; docs/benchmarks.md), but its 512 KiB
+/// would be most of a small map's memory: from 4,096 prefixes on it costs
+/// 128 B per prefix or less.
 pub const DIRECT_INDEX_FROM: usize = 4 << 10;
 
 /// A node's place in the tree, as far as the direct index cares: its depth
@@ -267,11 +266,13 @@ impl LpmTrie {
         }
     }
 
-    /// After a store into `node` (at `pos`): re-point the direct index,
-    /// before anything the node pointed at is retired.
-    fn mirror(&self, node: &Node, pos: Pos) {
+    /// After a store into `node` (at `pos`) of a data block (`child`
+    /// `None`) or of a child block that added or removed the child at
+    /// `Some(b)`: refill the direct index, before anything the node pointed
+    /// at is retired.
+    fn mirror(&self, node: &Node, pos: Pos, child: Option<u8>) {
         if let Some(direct) = self.direct.get() {
-            direct.mirror(&self.root, pos.depth, pos.top, node);
+            direct.mirror(&self.root, pos.depth, pos.top, node, child);
         }
     }
 
@@ -300,7 +301,7 @@ impl LpmTrie {
             // SAFETY: pinned by `guard`; the index exists only for keys of
             // 3 bytes or more.
             Some(direct) => match unsafe { direct.start(addr) } {
-                Ok(node) => self.walk(node, 3, addr, guard),
+                Ok(node) => self.walk(node, 2, addr, guard),
                 Err(leaf) => leaf,
             },
             None => self.walk(&self.root, 0, addr, guard),
@@ -375,7 +376,7 @@ impl LpmTrie {
             for ((a, start), o) in group.iter().zip(starts.iter()).zip(outs.iter_mut()) {
                 *o = answer(match *start {
                     Err(leaf) => leaf,
-                    Ok(node) => self.walk(node, 3, a.as_ref(), guard),
+                    Ok(node) => self.walk(node, 2, a.as_ref(), guard),
                 });
             }
         }
@@ -401,8 +402,8 @@ impl LpmTrie {
     /// address of `data_size` bytes). Lock-free. An address of the wrong
     /// length matches nothing.
     // Always inlined: callers' loops then keep the trie's fields in
-    // registers and overlap more lookups (measured on the full IPv4 table:
-    // 28-33 ns per lookup through an out-of-line call, 21 ns inlined).
+    // registers and overlap more lookups (`lpm-real`'s random IPv4 lookups
+    // ran about 10% faster once the bench crate's call was inlined).
     #[inline(always)]
     pub fn get<'g>(&self, addr: &[u8], guard: &'g Guard) -> Option<Value<'g>> {
         if addr.len() != self.data_size {
@@ -414,8 +415,8 @@ impl LpmTrie {
 
     /// The longest prefix matching `addr`: its length and value.
     // Always inlined: callers' loops then keep the trie's fields in
-    // registers and overlap more lookups (measured on the full IPv4 table:
-    // 28-33 ns per lookup through an out-of-line call, 21 ns inlined).
+    // registers and overlap more lookups (`lpm-real`'s random IPv4 lookups
+    // ran about 10% faster once the bench crate's call was inlined).
     #[inline(always)]
     pub fn longest_match<'g>(&self, addr: &[u8], guard: &'g Guard) -> Option<(u32, Value<'g>)> {
         if addr.len() != self.data_size {
@@ -445,39 +446,23 @@ impl LpmTrie {
     /// The nodes along `path` from the root with their positions, as far
     /// as the tree has them: up to the node at depth `path.len()`, or the
     /// last one before a missing child or a skip that leaves the path.
-    fn chain(&self, path: &[u8]) -> Vec<(&Node, Pos)> {
-        let mut out = vec![(&self.root, Pos::ROOT)];
-        let (mut node, mut pos) = (&self.root, Pos::ROOT);
-        while pos.depth < path.len() {
-            let b = path[pos.depth];
+    fn along<'a>(&'a self, path: &'a [u8]) -> impl Iterator<Item = (&'a Node, Pos)> + 'a {
+        std::iter::successors(Some((&self.root, Pos::ROOT)), move |&(node, pos)| {
+            let b = *path.get(pos.depth)?;
             // SAFETY: writer (or pinned reader) walk.
-            let Some(child) = (unsafe { node.child(b) }) else {
-                break;
-            };
+            let child = unsafe { node.child(b) }?;
             let at = pos.child(b, child.skip);
-            if at.depth > path.len() || !child.skip.matches(&path[pos.depth + 1..]) {
-                break;
-            }
-            (node, pos) = (child, at);
-            out.push((node, pos));
-        }
-        out
+            (at.depth <= path.len() && child.skip.matches(&path[pos.depth + 1..]))
+                .then_some((child, at))
+        })
     }
 
-    /// The node at depth `path.len()` along `path`, if the tree has one
-    /// (the last of `chain`, without collecting it).
-    fn node_at(&self, path: &[u8]) -> Option<&Node> {
-        let (mut node, mut depth) = (&self.root, 0);
-        while depth < path.len() {
-            // SAFETY: writer (or pinned reader) walk.
-            node = unsafe { node.child(path[depth]) }?;
-            let rest = &path[depth + 1..];
-            if node.skip.len() > rest.len() || !node.skip.matches(rest) {
-                return None;
-            }
-            depth += 1 + node.skip.len();
-        }
-        Some(node)
+    /// The node at depth `path.len()` along `path`, if the tree has one.
+    fn node_at<'a>(&'a self, path: &'a [u8]) -> Option<&'a Node> {
+        self.along(path)
+            .last()
+            .filter(|(_, pos)| pos.depth == path.len())
+            .map(|(node, _)| node)
     }
 
     fn masked(&self, data: &[u8], prefixlen: u32) -> Result<([u8; key::DATA_SIZE_MAX], u32)> {
@@ -573,7 +558,7 @@ impl LpmTrie {
             routes,
             store: Arc::clone(&self.routes),
         };
-        self.mirror(&self.root, Pos::ROOT);
+        self.mirror(&self.root, Pos::ROOT, None);
         self.len.store(0, Ordering::Relaxed);
         guard.defer(move || drop_in_background(job));
     }
@@ -619,12 +604,14 @@ impl LpmTrie {
         node
     }
 
-    /// Replaces `node`'s child block by one with `entries` (same bits),
-    /// re-points the direct index and retires the old block.
+    /// Replaces `node`'s child block by one with `bits` and `entries`,
+    /// changed at byte `b`; refills the direct index and retires the old
+    /// block.
     fn publish_children<'a>(
         &self,
         node: &'a Node,
         pos: Pos,
+        b: u8,
         bits: Bits<4>,
         entries: &[Entry],
         guard: &Guard,
@@ -635,7 +622,7 @@ impl LpmTrie {
             ChildBlock::alloc(&self.arena, bits, entries).as_ptr()
         };
         let old = node.children.swap(new, Ordering::AcqRel);
-        self.mirror(node, pos);
+        self.mirror(node, pos, Some(b));
         self.retire_child_block(old, guard);
         // SAFETY: we are the writer: it lives until we replace it.
         unsafe { new.as_ref() }
@@ -663,20 +650,9 @@ impl LpmTrie {
         bits.set_raw(b as usize);
         bits.fix_ranks();
         entries.insert(at, (ptr::null_mut(), data.as_ptr(), skip));
-        let block = match (pos.depth, self.direct.get()) {
-            // A new depth-1 node answers for the slots under `b`.
-            (0, Some(direct)) => {
-                let block = ChildBlock::alloc(&self.arena, bits, &entries);
-                let old = node.children.swap(block.as_ptr(), Ordering::AcqRel);
-                direct.refresh_b0(&self.root, b);
-                self.retire_child_block(old, guard);
-                // SAFETY: writer.
-                unsafe { &*block.as_ptr() }
-            }
-            _ => self
-                .publish_children(node, pos, bits, &entries, guard)
-                .expect("not empty"),
-        };
+        let block = self
+            .publish_children(node, pos, b, bits, &entries, guard)
+            .expect("not empty");
         // SAFETY: `at` < len.
         unsafe { block.node(at) }
     }
@@ -708,7 +684,7 @@ impl LpmTrie {
         let data = DataBlock::empty(&self.arena, inherit);
         entries[at] = (below.as_ptr(), data.as_ptr(), skip.head(common));
         let block = self
-            .publish_children(node, pos, block.bits, &entries, guard)
+            .publish_children(node, pos, b, block.bits, &entries, guard)
             .expect("not empty");
         // SAFETY: `at` < len.
         unsafe { block.node(at) }
@@ -725,7 +701,7 @@ impl LpmTrie {
         // The parent's leaf for `b` already answers without the child.
         let mut entries = block.entries();
         let (_, child_data, _) = entries.remove(at);
-        self.publish_children(parent, pos, bits, &entries, guard);
+        self.publish_children(parent, pos, b, bits, &entries, guard);
         self.retire_data(child_data, guard);
     }
 
@@ -734,7 +710,7 @@ impl LpmTrie {
     /// with no prefixes and one child into that child's edge, so the trie
     /// keeps the shape a fresh build would give.
     fn prune(&self, path: &[u8], guard: &Guard) {
-        let mut chain = self.chain(path);
+        let mut chain: Vec<_> = self.along(path).collect();
         while chain.len() >= 2 {
             let (node, _) = chain.pop().expect("len >= 2");
             let &(parent, ppos) = chain.last().expect("len >= 1");
@@ -772,7 +748,7 @@ impl LpmTrie {
             return;
         };
         entries[at] = (c, d, joined);
-        self.publish_children(parent, pos, block.bits, &entries, guard);
+        self.publish_children(parent, pos, b, block.bits, &entries, guard);
         self.retire_child_block(mid_children, guard);
         self.retire_data(mid_data, guard);
     }
@@ -856,7 +832,7 @@ impl LpmTrie {
 
     fn publish_data(&self, node: &Node, pos: Pos, new: NonNull<DataBlock>, guard: &Guard) {
         let old = node.data.swap(new.as_ptr(), Ordering::AcqRel);
-        self.mirror(node, pos);
+        self.mirror(node, pos, None);
         self.retire_data(old, guard);
     }
 
@@ -942,7 +918,7 @@ impl LpmTrie {
             })
         };
         let path = &data[..depth];
-        let &(node, pos) = self.chain(path).last().expect("the root");
+        let (node, pos) = self.along(path).last().expect("the root");
         if pos.depth == depth {
             self.walk_pre(node, &mut path.to_vec(), idx, &mut push);
         } else if pos.depth < depth {
