@@ -19,7 +19,7 @@ use std::hint::black_box;
 use std::time::{Duration, Instant};
 
 use bpfmaps::lpm::{KernelLpmTrie, LpmTrie};
-use bpfmaps::{BPF_ANY, Error, Map};
+use bpfmaps::{BPF_ANY, Error, Guard, Map};
 use ip_network_table::IpNetworkTable;
 use prefix_trie::PrefixMap;
 
@@ -79,6 +79,35 @@ pub trait SharedLpm<F: Family>: LpmTable<F> + Sync {
     fn insert_shared(&self, p: &Prefix<F>, value: u32);
     /// Removes the exact prefix; false if it was not stored (`ENOENT`).
     fn remove_shared(&self, p: &Prefix<F>) -> bool;
+    /// The value of the longest stored prefix containing `a`, read under
+    /// `guard`.
+    fn get_pinned(&self, a: &F::Addr, guard: &Guard) -> Option<u32>;
+}
+
+/// `LpmTable::sum_batch` of a `SharedLpm`: one guard for the batch, as a
+/// BPF program runs its lookups under one RCU read section.
+#[inline]
+fn pinned_sum<F: Family, T: SharedLpm<F>>(t: &T, addrs: &[F::Addr]) -> u64 {
+    let guard = bpfmaps::pin();
+    let mut acc = 0u64;
+    for a in addrs {
+        if let Some(v) = t.get_pinned(black_box(a), &guard) {
+            acc += u64::from(v);
+        }
+    }
+    acc
+}
+
+/// `LpmTable::visit_batch` of a `SharedLpm`, likewise.
+fn pinned_visit<F: Family, T: SharedLpm<F>>(
+    t: &T,
+    addrs: &[F::Addr],
+    mut f: impl FnMut(Option<u32>),
+) {
+    let guard = bpfmaps::pin();
+    for a in addrs {
+        f(t.get_pinned(black_box(a), &guard));
+    }
 }
 
 #[inline]
@@ -106,25 +135,14 @@ impl<F: Family> LpmTable<F> for LpmTrie {
         self.remove_shared(p)
     }
     fn get(&self, a: &F::Addr) -> Option<u32> {
-        let guard = bpfmaps::pin();
-        LpmTrie::get(self, a.as_ref(), &guard).map(|v| value_u32(&v))
+        SharedLpm::<F>::get_pinned(self, a, &bpfmaps::pin())
     }
     #[inline]
     fn sum_batch(&self, addrs: &[F::Addr]) -> u64 {
-        let guard = bpfmaps::pin();
-        let mut acc = 0u64;
-        for a in addrs {
-            if let Some(v) = LpmTrie::get(self, black_box(a.as_ref()), &guard) {
-                acc += u64::from(value_u32(&v));
-            }
-        }
-        acc
+        pinned_sum::<F, _>(self, addrs)
     }
-    fn visit_batch(&self, addrs: &[F::Addr], mut f: impl FnMut(Option<u32>)) {
-        let guard = bpfmaps::pin();
-        for a in addrs {
-            f(LpmTrie::get(self, black_box(a.as_ref()), &guard).map(|v| value_u32(&v)));
-        }
+    fn visit_batch(&self, addrs: &[F::Addr], f: impl FnMut(Option<u32>)) {
+        pinned_visit::<F, _>(self, addrs, f);
     }
     fn count(&self) -> usize {
         Map::len(self)
@@ -163,14 +181,6 @@ impl<F: Family> LpmTable<F> for ManyLpm {
             .expect("room for every answer");
         out.iter().flatten().map(|v| u64::from(value_u32(v))).sum()
     }
-    fn visit_batch(&self, addrs: &[F::Addr], mut f: impl FnMut(Option<u32>)) {
-        let guard = bpfmaps::pin();
-        let mut out = vec![None; addrs.len()];
-        self.0
-            .get_many(addrs, &guard, &mut out)
-            .expect("room for every answer");
-        out.iter().for_each(|v| f(v.as_ref().map(|v| value_u32(v))));
-    }
     fn count(&self) -> usize {
         Map::len(&self.0)
     }
@@ -193,6 +203,12 @@ impl<F: Family> SharedLpm<F> for LpmTrie {
     fn remove_shared(&self, p: &Prefix<F>) -> bool {
         removed(LpmTrie::remove(self, p.addr.as_ref(), p.len.into(), None))
     }
+    // Always inlined into the batch loop, as a caller's own loop would
+    // have it (out of line, the call itself shows in the timings).
+    #[inline(always)]
+    fn get_pinned(&self, a: &F::Addr, guard: &Guard) -> Option<u32> {
+        LpmTrie::get(self, a.as_ref(), guard).map(|v| value_u32(&v))
+    }
 }
 
 impl<F: Family> LpmTable<F> for KernelLpmTrie {
@@ -207,27 +223,14 @@ impl<F: Family> LpmTable<F> for KernelLpmTrie {
         self.remove_shared(p)
     }
     fn get(&self, a: &F::Addr) -> Option<u32> {
-        let guard = bpfmaps::pin();
-        self.lookup_data(a.as_ref(), &guard).map(value_u32)
+        SharedLpm::<F>::get_pinned(self, a, &bpfmaps::pin())
     }
     #[inline]
     fn sum_batch(&self, addrs: &[F::Addr]) -> u64 {
-        let guard = bpfmaps::pin();
-        let mut acc = 0u64;
-        for a in addrs {
-            if let Some(v) = self.lookup_data(black_box(a.as_ref()), &guard) {
-                acc += u64::from(value_u32(v));
-            }
-        }
-        acc
+        pinned_sum::<F, _>(self, addrs)
     }
-    fn visit_batch(&self, addrs: &[F::Addr], mut f: impl FnMut(Option<u32>)) {
-        let guard = bpfmaps::pin();
-        for a in addrs {
-            f(self
-                .lookup_data(black_box(a.as_ref()), &guard)
-                .map(value_u32));
-        }
+    fn visit_batch(&self, addrs: &[F::Addr], f: impl FnMut(Option<u32>)) {
+        pinned_visit::<F, _>(self, addrs, f);
     }
     fn count(&self) -> usize {
         Map::len(self)
@@ -244,6 +247,12 @@ impl<F: Family> SharedLpm<F> for KernelLpmTrie {
     }
     fn remove_shared(&self, p: &Prefix<F>) -> bool {
         removed(self.remove_data(p.addr.as_ref(), p.len.into()))
+    }
+    // Always inlined into the batch loop, as a caller's own loop would
+    // have it (out of line, the call itself shows in the timings).
+    #[inline(always)]
+    fn get_pinned(&self, a: &F::Addr, guard: &Guard) -> Option<u32> {
+        self.lookup_data(a.as_ref(), guard).map(value_u32)
     }
 }
 

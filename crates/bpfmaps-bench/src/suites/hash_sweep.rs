@@ -85,21 +85,31 @@ fn lookup_name(p: HashPolicy) -> String {
 /// A userspace map compared with bpfmaps at equal hash.
 trait Peer: Sized {
     const NAME: &'static str;
-    fn build(keys: &KeySet, count: usize, hasher: PolicyBuildHasher) -> Self;
+    fn with_capacity(count: usize, hasher: PolicyBuildHasher) -> Self;
+    /// Inserts; the previous value, if any.
+    fn put(&mut self, key: Box<[u8]>, value: u64) -> Option<u64>;
     fn get(&self, key: &[u8]) -> Option<u64>;
-}
 
-impl Peer for StdHashMap<Box<[u8]>, u64, PolicyBuildHasher> {
-    const NAME: &'static str = "std";
+    /// The map of the first `count` keys (distinct by construction).
     fn build(keys: &KeySet, count: usize, hasher: PolicyBuildHasher) -> Self {
-        let mut m = Self::with_capacity_and_hasher(count, hasher);
+        let mut m = Self::with_capacity(count, hasher);
         for i in 0..count {
             assert!(
-                m.insert(keys.key(i).into(), value_of(i)).is_none(),
+                m.put(keys.key(i).into(), value_of(i)).is_none(),
                 "duplicate key"
             );
         }
         m
+    }
+}
+
+impl Peer for StdHashMap<Box<[u8]>, u64, PolicyBuildHasher> {
+    const NAME: &'static str = "std";
+    fn with_capacity(count: usize, hasher: PolicyBuildHasher) -> Self {
+        Self::with_capacity_and_hasher(count, hasher)
+    }
+    fn put(&mut self, key: Box<[u8]>, value: u64) -> Option<u64> {
+        self.insert(key, value)
     }
     #[inline]
     fn get(&self, key: &[u8]) -> Option<u64> {
@@ -109,15 +119,11 @@ impl Peer for StdHashMap<Box<[u8]>, u64, PolicyBuildHasher> {
 
 impl Peer for hashbrown::HashMap<Box<[u8]>, u64, PolicyBuildHasher> {
     const NAME: &'static str = "hashbrown";
-    fn build(keys: &KeySet, count: usize, hasher: PolicyBuildHasher) -> Self {
-        let mut m = Self::with_capacity_and_hasher(count, hasher);
-        for i in 0..count {
-            assert!(
-                m.insert(keys.key(i).into(), value_of(i)).is_none(),
-                "duplicate key"
-            );
-        }
-        m
+    fn with_capacity(count: usize, hasher: PolicyBuildHasher) -> Self {
+        Self::with_capacity_and_hasher(count, hasher)
+    }
+    fn put(&mut self, key: Box<[u8]>, value: u64) -> Option<u64> {
+        self.insert(key, value)
     }
     #[inline]
     fn get(&self, key: &[u8]) -> Option<u64> {
@@ -127,15 +133,11 @@ impl Peer for hashbrown::HashMap<Box<[u8]>, u64, PolicyBuildHasher> {
 
 impl Peer for DashMap<Box<[u8]>, u64, PolicyBuildHasher> {
     const NAME: &'static str = "dashmap";
-    fn build(keys: &KeySet, count: usize, hasher: PolicyBuildHasher) -> Self {
-        let m = Self::with_capacity_and_hasher(count, hasher);
-        for i in 0..count {
-            assert!(
-                m.insert(keys.key(i).into(), value_of(i)).is_none(),
-                "duplicate key"
-            );
-        }
-        m
+    fn with_capacity(count: usize, hasher: PolicyBuildHasher) -> Self {
+        Self::with_capacity_and_hasher(count, hasher)
+    }
+    fn put(&mut self, key: Box<[u8]>, value: u64) -> Option<u64> {
+        self.insert(key, value)
     }
     #[inline]
     fn get(&self, key: &[u8]) -> Option<u64> {
