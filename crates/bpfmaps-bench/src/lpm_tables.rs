@@ -4,7 +4,9 @@
 //! | name | type | lookup |
 //! |---|---|---|
 //! | `kernel` | `bpfmaps::lpm::KernelLpmTrie` (port of `lpm_trie.c`) | `lookup_data(addr, &guard)` |
-//! | `bpfmaps` | `bpfmaps::lpm::LpmTrie` | `get(addr, &guard)` |
+//! | `bpfmaps` | `bpfmaps::lpm::LpmTrie` | `get_as::<u32>(addr, &guard)` |
+//! | `bpfmaps-get` (`lpm-real`) | the same | `get(addr, &guard)` (bytes) |
+//! | `bpfmaps-get_many` (`lpm-real`) | the same | `get_many(addrs, &guard, out)` |
 //! | `prefix-trie` | `prefix_trie::PrefixMap<Ipv4Net/Ipv6Net, u32>` | `get_lpm(&addr/32)` |
 //! | `ip_network_table` | `ip_network_table::IpNetworkTable<u32>` | `longest_match_ipv4/6(addr)` |
 //!
@@ -16,6 +18,7 @@
 //! implementations agree.
 
 use std::hint::black_box;
+use std::marker::PhantomData;
 use std::time::{Duration, Instant};
 
 use bpfmaps::lpm::{KernelLpmTrie, LpmTrie};
@@ -152,15 +155,64 @@ impl<F: Family> LpmTable<F> for LpmTrie {
     }
 }
 
-/// bpfmaps' `LpmTrie` looked up a batch at a time with `get_many`, which
-/// overlaps the cache misses of its lookups in stages: what a dataplane
-/// handling packets in bursts would call.
-pub struct ManyLpm(pub LpmTrie);
+/// bpfmaps' `LpmTrie` looked up through another of its APIs than the
+/// `bpfmaps` row's `get_as`, to show what each costs in the same run.
+pub struct LpmVia<A: LookupApi>(pub LpmTrie, PhantomData<A>);
 
-impl<F: Family> LpmTable<F> for ManyLpm {
+/// A lookup API of `LpmTrie`: the row's name and its batch loop.
+pub trait LookupApi {
+    /// Implementation name in records.
+    const NAME: &'static str;
+    /// `LpmTable::sum_batch` through this API.
+    fn sum_batch<F: Family>(t: &LpmTrie, addrs: &[F::Addr]) -> u64;
+}
+
+/// `get_many`, which overlaps the cache misses of a batch's lookups in
+/// stages: what a dataplane handling packets in bursts would call.
+pub struct GetMany;
+
+impl LookupApi for GetMany {
     const NAME: &'static str = "bpfmaps-get_many";
+    #[inline]
+    fn sum_batch<F: Family>(t: &LpmTrie, addrs: &[F::Addr]) -> u64 {
+        let guard = bpfmaps::pin();
+        let mut out = [None; BATCH];
+        let out = &mut out[..addrs.len()];
+        t.get_many(black_box(addrs), &guard, out)
+            .expect("room for every answer");
+        out.iter().flatten().map(|v| u64::from(value_u32(v))).sum()
+    }
+}
+
+/// `get`, the byte-level lookup: its `Value` answer keeps a branch on
+/// whether anything matched in the caller's loop, which `get_as` avoids.
+pub struct GetValue;
+
+impl LookupApi for GetValue {
+    const NAME: &'static str = "bpfmaps-get";
+    #[inline]
+    fn sum_batch<F: Family>(t: &LpmTrie, addrs: &[F::Addr]) -> u64 {
+        let guard = bpfmaps::pin();
+        let mut acc = 0u64;
+        for a in addrs {
+            if let Some(v) = t.get(black_box(a).as_ref(), &guard) {
+                acc += u64::from(value_u32(&v));
+            }
+        }
+        acc
+    }
+}
+
+/// The `bpfmaps-get_many` row.
+pub type ManyLpm = LpmVia<GetMany>;
+
+/// The `bpfmaps-get` row.
+pub type ValueLpm = LpmVia<GetValue>;
+
+impl<F: Family, A: LookupApi> LpmTable<F> for LpmVia<A> {
+    const NAME: &'static str = A::NAME;
     fn empty() -> Self {
-        ManyLpm(<LpmTrie as LpmTable<F>>::empty())
+        LpmVia(<LpmTrie as LpmTable<F>>::empty(), PhantomData)
     }
     fn insert(&mut self, p: &Prefix<F>, value: u32) {
         LpmTable::<F>::insert(&mut self.0, p, value);
@@ -173,13 +225,7 @@ impl<F: Family> LpmTable<F> for ManyLpm {
     }
     #[inline]
     fn sum_batch(&self, addrs: &[F::Addr]) -> u64 {
-        let guard = bpfmaps::pin();
-        let mut out = [None; BATCH];
-        let out = &mut out[..addrs.len()];
-        self.0
-            .get_many(black_box(addrs), &guard, out)
-            .expect("room for every answer");
-        out.iter().flatten().map(|v| u64::from(value_u32(v))).sum()
+        A::sum_batch::<F>(&self.0, addrs)
     }
     fn count(&self) -> usize {
         Map::len(&self.0)
@@ -207,7 +253,7 @@ impl<F: Family> SharedLpm<F> for LpmTrie {
     // have it (out of line, the call itself shows in the timings).
     #[inline(always)]
     fn get_pinned(&self, a: &F::Addr, guard: &Guard) -> Option<u32> {
-        LpmTrie::get(self, a.as_ref(), guard).map(|v| value_u32(&v))
+        LpmTrie::get_as::<u32>(self, a.as_ref(), guard)
     }
 }
 

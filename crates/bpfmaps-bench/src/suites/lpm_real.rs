@@ -17,7 +17,7 @@ use clap::{Args, Command};
 use ip_network_table::IpNetworkTable;
 
 use crate::lpm_tables::{
-    Answers, AnyLpm, BATCH, LpmTable, ManyLpm, PrefixTrie, build, check_agreement,
+    Answers, AnyLpm, BATCH, LpmTable, ManyLpm, PrefixTrie, ValueLpm, build, check_agreement,
 };
 use crate::measure::{rate_samples_interleaved, settle_reaper};
 use crate::prefixes::{
@@ -53,9 +53,10 @@ struct Opts {
 }
 
 /// Implementations in report order; the first is the baseline.
-const IMPLS: [&str; 5] = [
+const IMPLS: [&str; 6] = [
     "kernel",
     "bpfmaps",
+    "bpfmaps-get",
     "bpfmaps-get_many",
     "prefix-trie",
     "ip_network_table",
@@ -153,6 +154,7 @@ impl<F: Family> Real<'_, F> {
         let mut kept = vec![
             kernel,
             self.build::<LpmTrie>(Some(&reference)).0,
+            self.build::<ValueLpm>(Some(&reference)).0,
             self.build::<ManyLpm>(Some(&reference)).0,
         ];
         if peers {
@@ -248,11 +250,15 @@ impl Suite for LpmReal {
          implementation: `random` (uniform over IPv4; IPv6 inside 2000::/3, so \
          many miss or stop at a short prefix) and `inside` (inside a stored \
          prefix picked uniformly, host bits random); looked up back to back, \
-         one guard per 256 lookups for bpfmaps and the kernel port; \
-         `bpfmaps-get_many` is the same trie (built again) looked up 256 \
-         addresses per `get_many` call, which overlaps their cache misses in \
-         stages (what a dataplane handling packets in bursts would call); the \
-         others look up one address per call. The summed \
+         one guard per 256 lookups for bpfmaps and the kernel port. \
+         `bpfmaps` looks up with `get_as::<u32>` (the value copied out as a \
+         u32, so the caller's match/miss test can be a conditional move); \
+         `bpfmaps-get` is the same trie (built again) looked up with `get` \
+         (the value as bytes: the caller branches on the match); \
+         `bpfmaps-get_many` is the same trie looked up 256 addresses per \
+         `get_many` call, which overlaps their cache misses in stages (what a \
+         dataplane handling packets in bursts would call); the others look up \
+         one address per call. The summed \
          values must match the kernel port's. Every implementation of a family \
          is built first and kept; then, per lookup set, their lookups are \
          timed in turns (interleaved): one repetition of each implementation \
@@ -271,7 +277,7 @@ impl Suite for LpmReal {
 
     fn run(&self, ctx: &Ctx) -> Vec<Record> {
         let opts: Opts = ctx.options();
-        let impls = if opts.no_peers { 3 } else { 5 };
+        let impls = if opts.no_peers { 4 } else { 6 };
         let run_v4 = opts.families.iter().any(|f| f == "ipv4");
         let run_v6 = opts.families.iter().any(|f| f == "ipv6");
         // Per family: each implementation's build, then each lookup set.
@@ -311,8 +317,10 @@ impl Suite for LpmReal {
             "lpm-real: bpfmaps vs prefix-trie",
             &[
                 "table",
-                "random lookups",
-                "inside lookups",
+                "random get_as",
+                "inside get_as",
+                "random get",
+                "inside get",
                 "random get_many",
                 "inside get_many",
                 "build",
@@ -366,24 +374,13 @@ impl Suite for LpmReal {
             tables.push(t);
             let look = |s: &str, i: &str| get(&set(s), i, LOOKUPS_PER_SEC.name);
             if look("random", "prefix-trie").is_some() {
-                vs_pt.push(vec![
-                    base.to_string(),
-                    fmt_ratio(ratio(
-                        look("random", "bpfmaps"),
-                        look("random", "prefix-trie"),
-                    )),
-                    fmt_ratio(ratio(
-                        look("inside", "bpfmaps"),
-                        look("inside", "prefix-trie"),
-                    )),
-                    fmt_ratio(ratio(
-                        look("random", "bpfmaps-get_many"),
-                        look("random", "prefix-trie"),
-                    )),
-                    fmt_ratio(ratio(
-                        look("inside", "bpfmaps-get_many"),
-                        look("inside", "prefix-trie"),
-                    )),
+                let mut row = vec![base.to_string()];
+                for imp in ["bpfmaps", "bpfmaps-get", "bpfmaps-get_many"] {
+                    for s in SETS {
+                        row.push(fmt_ratio(ratio(look(s, imp), look(s, "prefix-trie"))));
+                    }
+                }
+                row.extend([
                     fmt_ratio(ratio(
                         get(base, "prefix-trie", BUILD_MS.name),
                         get(base, "bpfmaps", BUILD_MS.name),
@@ -393,6 +390,7 @@ impl Suite for LpmReal {
                         get(base, "prefix-trie", MEM_BYTES_PER_PREFIX.name),
                     )),
                 ]);
+                vs_pt.push(row);
             }
         }
         if !vs_pt.rows.is_empty() {

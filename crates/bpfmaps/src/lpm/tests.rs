@@ -10,7 +10,7 @@ use super::key::{encode_key, mask_host_bits, prefix_contains};
 use super::model::BruteForce;
 use super::*;
 use crate::core::flags::{BPF_ANY, BPF_EXIST, BPF_NOEXIST};
-use crate::{Error, Map, MapKind, MapSpec, create, pin};
+use crate::{Error, Guard, Map, MapKind, MapSpec, create, pin};
 
 fn v(x: u32) -> [u8; 4] {
     x.to_ne_bytes()
@@ -20,6 +20,14 @@ fn get(t: &LpmTrie, addr: &[u8]) -> Option<u32> {
     let guard = pin();
     t.get(addr, &guard)
         .map(|b| u32::from_ne_bytes((*b).try_into().unwrap()))
+}
+
+/// Whether `get_as::<[u8; N]>` gives what `get` does.
+fn get_as_agrees<const N: usize>(t: &LpmTrie, addr: &[u8], guard: &Guard) -> bool {
+    let want = t
+        .get(addr, guard)
+        .map(|v| <[u8; N]>::try_from(&*v).unwrap());
+    t.get_as::<[u8; N]>(addr, guard) == want
 }
 
 /// Post-order key: (last address, longer first).
@@ -460,6 +468,20 @@ fn check_trie(
         prop_assert_eq!(got.as_deref(), one.as_deref(), "addr {:?}", a);
     }
     prop_assert!(t.get_many(&addrs, &guard, &mut many[1..]).is_err());
+    // get_as answers as get does, for a type of the value's size only.
+    let get_as_agrees = match value_size {
+        1 => get_as_agrees::<1>,
+        3 => get_as_agrees::<3>,
+        4 => get_as_agrees::<4>,
+        6 => get_as_agrees::<6>,
+        8 => get_as_agrees::<8>,
+        12 => get_as_agrees::<12>,
+        _ => unreachable!("no test uses {value_size}-byte values"),
+    };
+    for a in &addrs {
+        prop_assert!(get_as_agrees(&t, a, &guard), "addr {:?}", a);
+        prop_assert_eq!(t.get_as::<[u8; 5]>(a, &guard), None);
+    }
     // Lookups: random probes plus every stored prefix's first address.
     for addr in probes
         .iter()
@@ -843,6 +865,12 @@ fn agrees_with_the_kernel_port_on_the_real_table() {
                 let want = kernel.lookup_data(addr, &guard);
                 assert_eq!(fast.get(addr, &guard).as_deref(), want, "{file}: {addr:?}");
                 assert_eq!(batched.as_deref(), want, "get_many, {file}: {addr:?}");
+                let want_u32 = want.map(|v| u32::from_ne_bytes(v.try_into().unwrap()));
+                assert_eq!(
+                    fast.get_as::<u32>(addr, &guard),
+                    want_u32,
+                    "get_as, {file}: {addr:?}"
+                );
                 checked += 1;
             }
         }
