@@ -11,12 +11,14 @@ use super::trie::{Found, LpmTrie};
 use crate::core::contract::Map;
 use crate::core::error::{Error, Result};
 use crate::core::flags::BPF_ANY;
-use crate::core::reclaim::pin;
+use crate::core::reclaim::{Guard, pin};
 
 /// An IP prefix type the typed table can store (IPv4 or IPv6).
 pub trait IpPrefix: Copy {
     /// Address type.
     type Addr: Copy;
+    /// Address bytes, on the stack.
+    type Octets: AsRef<[u8]>;
     /// Address bytes (network order) of this family.
     const BYTES: usize;
     /// Prefix data (network order, host bits as given) and length.
@@ -24,11 +26,12 @@ pub trait IpPrefix: Copy {
     /// Builds a prefix from data and length.
     fn from_parts(data: &[u8], len: u32) -> Self;
     /// Address bytes.
-    fn addr_bytes(addr: &Self::Addr) -> Vec<u8>;
+    fn addr_bytes(addr: &Self::Addr) -> Self::Octets;
 }
 
 impl IpPrefix for Ipv4Net {
     type Addr = Ipv4Addr;
+    type Octets = [u8; 4];
     const BYTES: usize = 4;
     fn to_parts(&self) -> (Vec<u8>, u32) {
         (self.addr().octets().to_vec(), self.prefix_len() as u32)
@@ -37,13 +40,14 @@ impl IpPrefix for Ipv4Net {
         let octets: [u8; 4] = data.try_into().expect("4 bytes");
         Ipv4Net::new(Ipv4Addr::from(octets), len as u8).expect("valid prefix length")
     }
-    fn addr_bytes(addr: &Ipv4Addr) -> Vec<u8> {
-        addr.octets().to_vec()
+    fn addr_bytes(addr: &Ipv4Addr) -> [u8; 4] {
+        addr.octets()
     }
 }
 
 impl IpPrefix for Ipv6Net {
     type Addr = Ipv6Addr;
+    type Octets = [u8; 16];
     const BYTES: usize = 16;
     fn to_parts(&self) -> (Vec<u8>, u32) {
         (self.addr().octets().to_vec(), self.prefix_len() as u32)
@@ -52,8 +56,8 @@ impl IpPrefix for Ipv6Net {
         let octets: [u8; 16] = data.try_into().expect("16 bytes");
         Ipv6Net::new(Ipv6Addr::from(octets), len as u8).expect("valid prefix length")
     }
-    fn addr_bytes(addr: &Ipv6Addr) -> Vec<u8> {
-        addr.octets().to_vec()
+    fn addr_bytes(addr: &Ipv6Addr) -> [u8; 16] {
+        addr.octets()
     }
 }
 
@@ -107,12 +111,32 @@ impl<P: IpPrefix, V: Pod> IpLpm<P, V> {
         Ok(value)
     }
 
+    /// The value of the longest stored prefix containing `addr`, read
+    /// under the caller's `guard` (pin once for a burst of lookups): the
+    /// fast path, `LpmTrie::get_as`, with no prefix built.
+    ///
+    /// ```
+    /// use bpfmaps::lpm::Ipv4Lpm;
+    ///
+    /// let table: Ipv4Lpm<u32> = Ipv4Lpm::new(1000).unwrap();
+    /// table.insert("10.0.0.0/8".parse().unwrap(), 1).unwrap();
+    /// let guard = bpfmaps::pin();
+    /// let hops: Vec<_> = ["10.1.2.3", "11.0.0.1"]
+    ///     .map(|a| table.get(a.parse().unwrap(), &guard))
+    ///     .into();
+    /// assert_eq!(hops, [Some(1), None]);
+    /// ```
+    #[inline(always)]
+    pub fn get(&self, addr: P::Addr, guard: &Guard) -> Option<V> {
+        self.trie.get_as(P::addr_bytes(&addr).as_ref(), guard)
+    }
+
     /// The longest stored prefix containing `addr`, with its value.
     pub fn longest_match(&self, addr: P::Addr) -> Option<(P, V)> {
         let bytes = P::addr_bytes(&addr);
         let guard = pin();
-        let (len, value) = self.trie.longest_match(&bytes, &guard)?;
-        let mut data = bytes;
+        let (len, value) = self.trie.longest_match(bytes.as_ref(), &guard)?;
+        let mut data = bytes.as_ref().to_vec();
         super::key::mask_host_bits(&mut data, len);
         Some((
             P::from_parts(&data, len),
@@ -167,7 +191,7 @@ impl<P: IpPrefix, V: Pod> IpLpm<P, V> {
         out.into_iter()
     }
 
-    fn collect(&self, found: Vec<Found>, guard: &crate::Guard) -> Vec<(P, V)> {
+    fn collect(&self, found: Vec<Found>, guard: &Guard) -> Vec<(P, V)> {
         found
             .iter()
             .map(|f| {
@@ -253,6 +277,18 @@ mod tests {
         let mut sorted = all.clone();
         sorted.sort_by_key(|n| (n.addr(), n.prefix_len()));
         assert_eq!((all.len(), &all), (7, &sorted));
+        let guard = pin();
+        for a in [
+            "10.1.2.200",
+            "8.8.8.8",
+            "10.1.3.1",
+            "192.168.7.7",
+            "172.31.0.1",
+        ] {
+            let a = a.parse().unwrap();
+            assert_eq!(t.get(a, &guard), t.longest_match(a).map(|m| m.1), "{a}");
+        }
+        drop(guard);
         assert_eq!(t.remove(net4("10.1.0.0/16")), Ok(2));
         assert_eq!(t.remove(net4("10.1.0.0/16")), Err(Error::NotFound));
         assert_eq!(
@@ -271,6 +307,16 @@ mod tests {
         let (p, v) = t.longest_match("2001:db8:1::7".parse().unwrap()).unwrap();
         assert_eq!((p, v), ("2001:db8:1::/48".parse().unwrap(), [4, 5, 6]));
         assert_eq!(t.longest_match("2001:db9::1".parse().unwrap()), None);
+        let guard = pin();
+        assert_eq!(
+            t.get("2001:db8:1::7".parse().unwrap(), &guard),
+            Some([4, 5, 6])
+        );
+        assert_eq!(
+            t.get("2001:db8:2::7".parse().unwrap(), &guard),
+            Some([1, 2, 3])
+        );
+        assert_eq!(t.get("2001:db9::1".parse().unwrap(), &guard), None);
         assert_eq!(t.covered("2001:db8::/32".parse().unwrap()).len(), 2);
     }
 }
