@@ -971,6 +971,15 @@ fn concurrent_readers_during_a_real_bgp_trace() {
                         }
                         None => assert_eq!(floor, None, "untouched route missing for {addr:?}"),
                     }
+                    // The branch-free lookup, checked the same way.
+                    match trie.get_as::<u32>(&addr, &guard) {
+                        Some(id) => {
+                            let (d, pl) = prefixes[id as usize];
+                            assert!(prefix_contains(&d, pl, &addr), "get_as: foreign route");
+                            assert!(Some(pl) >= floor, "get_as: /{pl} shorter than /{floor:?}");
+                        }
+                        None => assert_eq!(floor, None, "get_as: untouched route missing"),
+                    }
                     n += 1;
                 }
                 n
