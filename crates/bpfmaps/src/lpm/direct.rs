@@ -29,7 +29,7 @@
 use std::ptr;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use super::node::{DataBlock, Leaf, NONE_BLOCK, Node};
+use super::node::{DataBlock, Leaf, LeafCell, NONE_BLOCK, Node};
 
 /// Lookups `start_group` (and so `LpmTrie::get_many`) runs side by side.
 pub(super) const GROUP: usize = 32;
@@ -118,7 +118,7 @@ impl DirectIndex {
             let packed = data & LEAF_TAG != 0;
             let none = ptr::from_ref(NONE_BLOCK.block());
             let block = std::hint::select_unpredictable(packed, none, data as *const DataBlock);
-            let from_block = *(*block).leaf(b);
+            let from_block = (*block).leaf(b);
             Err(std::hint::select_unpredictable(
                 packed,
                 unpack(data),
@@ -155,10 +155,10 @@ impl DirectIndex {
             *blk = std::hint::select_unpredictable(*w & TAGS == 0, *w as *const DataBlock, none);
             prefetch(*blk);
         }
-        let mut leaves: [*const Leaf; N] = [ptr::null(); N];
+        let mut leaves: [*const LeafCell; N] = [ptr::null(); N];
         for ((l, &blk), a) in leaves.iter_mut().zip(&blocks).zip(addrs) {
             // SAFETY: a block a slot points at outlives the caller's pin.
-            *l = unsafe { (*blk).leaf(a.as_ref()[2]) };
+            *l = unsafe { (*blk).leaf_cell(a.as_ref()[2]) };
             prefetch(*l);
         }
         for ((o, &w), &l) in out.iter_mut().zip(&words).zip(&leaves) {
@@ -167,7 +167,7 @@ impl DirectIndex {
                 Ok(unsafe { &*((w & !NODE_TAG) as *const Node) })
             } else {
                 // SAFETY: as above.
-                let from_block = unsafe { *l };
+                let from_block = unsafe { (*l).load() };
                 Err(std::hint::select_unpredictable(
                     w & TAGS == LEAF_TAG,
                     unpack(w),
@@ -216,10 +216,10 @@ impl DirectIndex {
         // SAFETY: writer-side reads.
         unsafe {
             match root.child(b0) {
-                None => self.hold_leaf(slot, *root.data().leaf(b0)),
+                None => self.hold_leaf(slot, root.data().leaf(b0)),
                 Some(n1) => match n1.child(b1) {
                     Some(n2) => self.copy_node(slot, n2),
-                    None => self.hold_leaf(slot, *n1.data().leaf(b1)),
+                    None => self.hold_leaf(slot, n1.data().leaf(b1)),
                 },
             }
         }

@@ -44,7 +44,7 @@
 use std::alloc::Layout;
 use std::mem::MaybeUninit;
 use std::ptr::{self, NonNull};
-use std::sync::atomic::{AtomicPtr, Ordering};
+use std::sync::atomic::{AtomicPtr, AtomicU32, AtomicU64, Ordering};
 
 use super::arena::Arena;
 use super::bits::Bits;
@@ -308,6 +308,53 @@ impl Leaf {
     pub fn is_none(&self) -> bool {
         self.prefixlen == u32::MAX
     }
+
+    /// The leaf's bytes as one word: a `LeafCell` holds the same bytes
+    /// as a `Leaf`, so blocks are filled and copied with `memcpy`.
+    #[inline(always)]
+    const fn to_word(self) -> u64 {
+        let [p0, p1, p2, p3] = self.payload;
+        let [l0, l1, l2, l3] = self.prefixlen.to_ne_bytes();
+        u64::from_ne_bytes([p0, p1, p2, p3, l0, l1, l2, l3])
+    }
+
+    #[inline(always)]
+    const fn from_word(word: u64) -> Leaf {
+        let [p0, p1, p2, p3, l0, l1, l2, l3] = word.to_ne_bytes();
+        Leaf {
+            payload: [p0, p1, p2, p3],
+            prefixlen: u32::from_ne_bytes([l0, l1, l2, l3]),
+        }
+    }
+}
+
+const _: () = assert!(size_of::<LeafCell>() == size_of::<Leaf>());
+const _: () = assert!(align_of::<LeafCell>() >= align_of::<Leaf>());
+
+/// A leaf as a block stores it: one word, which readers load whole, so
+/// the writer can give a stored prefix a new payload in place while
+/// lookups run (`LpmTrie::insert` over an existing prefix).
+#[repr(transparent)]
+pub(super) struct LeafCell(AtomicU64);
+
+impl LeafCell {
+    pub const fn new(leaf: Leaf) -> Self {
+        LeafCell(AtomicU64::new(leaf.to_word()))
+    }
+
+    #[inline(always)]
+    pub fn load(&self) -> Leaf {
+        Leaf::from_word(self.0.load(Ordering::Relaxed))
+    }
+
+    /// Writer: the same prefix with a new payload.
+    pub fn set_payload(&self, payload: [u8; 4]) {
+        let leaf = Leaf {
+            payload,
+            ..self.load()
+        };
+        self.0.store(leaf.to_word(), Ordering::Release);
+    }
 }
 
 /// Set bits of `W` words, in increasing order.
@@ -379,7 +426,7 @@ impl Runs {
         if count == 0 {
             return;
         }
-        if self.last() == Some(old.leaf_at_run(first)) {
+        if self.last() == Some(&old.leaf_at_run(first).load()) {
             // The first old run continues our last one: drop its start.
             let w = starts.iter().position(|w| *w != 0).expect("count > 0");
             starts[w] &= starts[w] - 1;
@@ -388,9 +435,15 @@ impl Runs {
         }
         self.bits.or_words(&starts);
         let from = &old.leaves()[first..first + count];
-        for (dst, src) in self.leaves[self.n..self.n + count].iter_mut().zip(from) {
-            dst.write(*src);
-        }
+        // SAFETY: a LeafCell holds a Leaf's bytes; only this thread (the
+        // writer) ever stores into them, so a plain read races with nothing.
+        unsafe {
+            ptr::copy_nonoverlapping(
+                from.as_ptr().cast::<Leaf>(),
+                self.leaves[self.n..].as_mut_ptr().cast::<Leaf>(),
+                count,
+            )
+        };
         self.n += count;
     }
 
@@ -405,11 +458,13 @@ impl Runs {
 
 /// Header of a data block. Then, in order: `n_leaves` leaves (8 B each, so
 /// the leaves a lookup reads sit right after the bits it just read), the
-/// prefix bits (80 B) and `n_prefixes` payloads (4 B each).
+/// prefix bits (80 B) and `n_prefixes` payloads (4 B each). Everything
+/// but the leaves' payloads (in the runs, the default and the payload
+/// slots, which `LpmTrie` may replace in place) is fixed once published.
 #[repr(C)]
 pub(super) struct DataBlock {
     pub leaf_bits: Bits<4>,
-    pub default: Leaf,
+    pub default: LeafCell,
     n_leaves: u16,
     n_prefixes: u16,
 }
@@ -419,20 +474,17 @@ pub(super) struct DataBlock {
 #[repr(C)]
 pub(super) struct StaticBlock {
     header: DataBlock,
-    leaf: Leaf,
+    leaf: LeafCell,
 }
-
-// SAFETY: immutable.
-unsafe impl Sync for StaticBlock {}
 
 pub(super) static NONE_BLOCK: StaticBlock = StaticBlock {
     header: DataBlock {
         leaf_bits: Bits::FIRST,
-        default: Leaf::NONE,
+        default: LeafCell::new(Leaf::NONE),
         n_leaves: 1,
         n_prefixes: 0,
     },
-    leaf: Leaf::NONE,
+    leaf: LeafCell::new(Leaf::NONE),
 };
 
 impl StaticBlock {
@@ -483,7 +535,7 @@ impl DataBlock {
         };
         let (l, bits) = l.extend(bits_layout).expect("layout");
         let (l, payloads) = l
-            .extend(Layout::array::<[u8; 4]>(n_prefixes).expect("payloads"))
+            .extend(Layout::array::<AtomicU32>(n_prefixes).expect("payloads"))
             .expect("layout");
         let layout = l.pad_to_align();
         debug_assert_eq!(
@@ -579,7 +631,7 @@ impl DataBlock {
         if let Some(o) = old
             && hi < 256
         {
-            runs.push(hi, *o.leaf(hi as u8));
+            runs.push(hi, o.leaf(hi as u8));
             runs.copy_old(o, hi + 1, 256);
         }
         let (leaf_bits, leaves) = runs.finish();
@@ -593,10 +645,11 @@ impl DataBlock {
         unsafe {
             block.as_ptr().write(DataBlock {
                 leaf_bits,
-                default,
+                default: LeafCell::new(default),
                 n_leaves: leaves.len() as u16,
                 n_prefixes: payloads.len() as u16,
             });
+            // A LeafCell holds a Leaf's bytes, a payload slot a payload's.
             ptr::copy_nonoverlapping(
                 leaves.as_ptr(),
                 p.add(at_leaves).cast::<Leaf>(),
@@ -627,16 +680,16 @@ impl DataBlock {
 
     /// Leaf run `i`.
     #[inline(always)]
-    fn leaf_at_run(&self, i: usize) -> &Leaf {
+    fn leaf_at_run(&self, i: usize) -> &LeafCell {
         &self.leaves()[i]
     }
 
     /// All leaf runs.
-    fn leaves(&self) -> &[Leaf] {
+    fn leaves(&self) -> &[LeafCell] {
         // SAFETY: n_leaves leaves start right after the header.
         unsafe {
             std::slice::from_raw_parts(
-                self.at(LEAVES_OFFSET).cast::<Leaf>(),
+                self.at(LEAVES_OFFSET).cast::<LeafCell>(),
                 self.n_leaves as usize,
             )
         }
@@ -644,12 +697,45 @@ impl DataBlock {
 
     /// The leaf for byte `b`. Only meaningful where there is no child.
     #[inline(always)]
-    pub fn leaf(&self, b: u8) -> &Leaf {
+    pub fn leaf(&self, b: u8) -> Leaf {
+        self.leaf_cell(b).load()
+    }
+
+    /// Writer: gives every run in bytes `lo..hi` whose leaf is a prefix of
+    /// `prefixlen` bits the new `payload` (the caller's prefix: no other of
+    /// that length reaches these bytes). False, with nothing changed, if
+    /// such a run reaches outside `lo..hi`: it was merged with a neighbour
+    /// of the same length and value, so only a rebuild can split it.
+    pub fn set_run_payloads(&self, lo: usize, hi: usize, prefixlen: u32, payload: [u8; 4]) -> bool {
+        let first = self.leaf_bits.rank_incl(lo) - 1;
+        let last = self.leaf_bits.rank_incl(hi - 1) - 1;
+        let ours = |r: usize| self.leaf_at_run(r).load().prefixlen == prefixlen;
+        let outside = (ours(first) && !self.leaf_bits.get(lo))
+            || (ours(last) && hi < 256 && !self.leaf_bits.get(hi));
+        if outside {
+            return false;
+        }
+        for r in (first..=last).filter(|&r| ours(r)) {
+            self.leaf_at_run(r).set_payload(payload);
+        }
+        true
+    }
+
+    /// Writer: the payload of the stored prefix at `idx` becomes `payload`.
+    pub fn set_prefix_payload(&self, idx: usize, payload: [u8; 4]) {
+        let bits = self.prefix_bits();
+        debug_assert!(bits.get(idx));
+        self.payload_slots()[bits.rank(idx)].store(u32::from_ne_bytes(payload), Ordering::Release);
+    }
+
+    /// Where the leaf for byte `b` is (to prefetch, then load).
+    #[inline(always)]
+    pub fn leaf_cell(&self, b: u8) -> &LeafCell {
         let run = self.leaf_bits.rank_incl(b as usize) - 1;
         let at_leaves = LEAVES_OFFSET;
         // SAFETY: bit 0 is always set, so 0 <= run < n_leaves; leaves start
         // right after the header.
-        unsafe { &*self.at(at_leaves).cast::<Leaf>().add(run) }
+        unsafe { &*self.at(at_leaves).cast::<LeafCell>().add(run) }
     }
 
     /// The prefixes stored in this node (bit `idx` per prefix).
@@ -663,22 +749,42 @@ impl DataBlock {
         unsafe { &*self.at(at_bits).cast::<Bits<8>>() }
     }
 
-    /// Payloads of the stored prefixes, in index order.
-    pub fn payloads(&self) -> &[[u8; 4]] {
+    /// The stored prefixes' payload slots, in index order.
+    fn payload_slots(&self) -> &[AtomicU32] {
         let [.., at_payloads] = Self::offsets(self.n_leaves as usize, self.n_prefixes as usize);
         // SAFETY: n_prefixes payloads written by `build` at this offset.
         unsafe {
             std::slice::from_raw_parts(
-                self.at(at_payloads).cast::<[u8; 4]>(),
+                self.at(at_payloads).cast::<AtomicU32>(),
                 self.n_prefixes as usize,
             )
         }
     }
 
+    /// Payloads of the stored prefixes, in index order.
+    /// Writer only (a copy, with room for one more to insert).
+    pub fn payloads(&self) -> Vec<[u8; 4]> {
+        let slots = self.payload_slots();
+        let mut out = Vec::with_capacity(slots.len() + 1);
+        // SAFETY: a payload slot holds the payload's bytes, and only the
+        // writer (the caller) stores into them, so a plain copy races with
+        // nothing; `out` has room for them.
+        unsafe {
+            ptr::copy_nonoverlapping(
+                slots.as_ptr().cast::<[u8; 4]>(),
+                out.as_mut_ptr(),
+                slots.len(),
+            );
+            out.set_len(slots.len());
+        }
+        out
+    }
+
     /// Payload of the prefix at `idx`, if stored.
     pub fn prefix(&self, idx: usize) -> Option<[u8; 4]> {
         let bits = self.prefix_bits();
-        bits.get(idx).then(|| self.payloads()[bits.rank(idx)])
+        bits.get(idx)
+            .then(|| load_payload(&self.payload_slots()[bits.rank(idx)]))
     }
 
     /// The longest match for byte `b` among the prefixes of this node (at
@@ -692,7 +798,7 @@ impl DataBlock {
                     prefixlen: 8 * depth as u32 + l,
                 })
             })
-            .unwrap_or(self.default)
+            .unwrap_or(self.default.load())
     }
 
     /// Whether the node stores no prefixes.
@@ -711,6 +817,11 @@ impl DataBlock {
             arena.release(block.cast(), Self::layout(n, m).0.size())
         }
     }
+}
+
+/// A payload slot holds the payload's bytes (`u32::from_ne_bytes`).
+fn load_payload(slot: &AtomicU32) -> [u8; 4] {
+    slot.load(Ordering::Relaxed).to_ne_bytes()
 }
 
 /// Gives a whole subtree back to the arena: every block reachable from
@@ -813,7 +924,7 @@ mod tests {
         let d = unsafe { block.as_ref() };
         let got: Vec<Leaf> = [0, 0x10, 0x11, 0x7f, 0x80, 0xff]
             .iter()
-            .map(|&b| *d.leaf(b))
+            .map(|&b| d.leaf(b))
             .collect();
         assert_eq!(
             got,

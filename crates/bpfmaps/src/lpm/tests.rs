@@ -381,6 +381,9 @@ fn arb_prefix(n: usize) -> impl Strategy<Value = (Vec<u8>, u32)> {
 enum Op {
     Insert(Vec<u8>, u32, u32),
     Remove(Vec<u8>, u32),
+    /// A new value (one of four, so that neighbours often share it) for
+    /// the stored prefix picked by the index: the in-place path.
+    Replace(usize, u32),
 }
 
 fn ops(n: usize) -> impl Strategy<Value = Vec<Op>> {
@@ -388,6 +391,7 @@ fn ops(n: usize) -> impl Strategy<Value = Vec<Op>> {
         prop_oneof![
             3 => (arb_prefix(n), any::<u32>()).prop_map(|((d, l), x)| Op::Insert(d, l, x)),
             1 => arb_prefix(n).prop_map(|(d, l)| Op::Remove(d, l)),
+            2 => (any::<usize>(), 0..4u32).prop_map(|(i, x)| Op::Replace(i, x)),
         ],
         1..120,
     )
@@ -452,6 +456,14 @@ fn check_trie(
                     Err(Error::NotFound)
                 };
                 prop_assert_eq!(t.remove(&d, l, None), want);
+            }
+            Op::Replace(i, x) => {
+                if model.entries.is_empty() {
+                    continue;
+                }
+                let (d, l, _) = model.entries[i % model.entries.len()].clone();
+                prop_assert_eq!(t.insert(&d, l, &v(x), BPF_EXIST), Ok(()));
+                model.insert(&d, l, &v(x));
             }
         }
         prop_assert_eq!(t.len(), model.entries.len());
@@ -1000,4 +1012,109 @@ fn concurrent_readers_during_a_real_bgp_trace() {
     for r in readers {
         assert!(r.join().unwrap() > 0);
     }
+}
+
+/// Readers look up while the writer gives every prefix a new value, round
+/// after round: in place, or by a rebuild where equal neighbours share a
+/// run. A value names its round (`round << 8 | prefix id`): a reader must
+/// never see a round older than the last one it knows finished (no stale
+/// value after a completed update) or newer than the last one begun, and
+/// an 8-byte value must have equal halves (never torn). The prefixes nest
+/// from /0 to /32, so new values are also inherited down the tree, and
+/// number over 4,096, so the direct index is in use.
+#[test]
+fn value_updates_are_never_stale_or_torn() {
+    for value_size in [4, 8] {
+        value_updates_round_by_round(value_size);
+    }
+}
+
+fn value_updates_round_by_round(value_size: usize) {
+    use std::sync::atomic::AtomicU32;
+    let mut prefixes: Vec<([u8; 4], u32)> = vec![
+        ([0, 0, 0, 0], 0),
+        ([10, 0, 0, 0], 8),
+        ([10, 1, 0, 0], 16),
+        ([10, 1, 2, 0], 24),
+        ([10, 1, 2, 128], 25),
+        ([10, 1, 2, 200], 32),
+    ];
+    let mut x = 0x2545_f491u32;
+    while prefixes.len() < 6000 {
+        x ^= x << 13;
+        x ^= x >> 17;
+        x ^= x << 5;
+        let l = [12, 16, 20, 24, 24, 28][x as usize % 6];
+        let mut d = (x | 0x0a00_0000).to_be_bytes();
+        mask_host_bits(&mut d, l);
+        if !prefixes.contains(&(d, l)) {
+            prefixes.push((d, l));
+        }
+    }
+    let value = |round: u32, id: usize| -> Vec<u8> {
+        let v = (round << 8 | (id as u32 & 0xff)).to_ne_bytes();
+        v.iter().cycle().take(value_size).copied().collect()
+    };
+    let t = Arc::new(LpmTrie::new(4, value_size, 10_000).unwrap());
+    for (id, (d, l)) in prefixes.iter().enumerate() {
+        t.insert(d, *l, &value(0, id), BPF_ANY).unwrap();
+    }
+    assert!(t.has_direct_index());
+    let (begun, done) = (Arc::new(AtomicU32::new(0)), Arc::new(AtomicU32::new(0)));
+    let stop = Arc::new(AtomicBool::new(false));
+    // Addresses inside the prefixes, and some matched only by /0.
+    let addrs: Arc<Vec<[u8; 4]>> = Arc::new(
+        prefixes
+            .iter()
+            .flat_map(|(d, l)| {
+                let last = u32::from_be_bytes(*d) | (u32::MAX.checked_shr(*l).unwrap_or(0));
+                [*d, last.to_be_bytes(), [200, d[1], d[2], d[3]]]
+            })
+            .collect(),
+    );
+    let readers: Vec<_> = (0..2usize)
+        .map(|r| {
+            let (t, begun, done, stop, addrs) = (
+                t.clone(),
+                begun.clone(),
+                done.clone(),
+                stop.clone(),
+                addrs.clone(),
+            );
+            std::thread::spawn(move || {
+                let mut n = 0u64;
+                let mut i = r * 7919;
+                while !stop.load(Ordering::Relaxed) {
+                    i = (i + 104_729) % addrs.len();
+                    let before = done.load(Ordering::Acquire);
+                    let guard = pin();
+                    let v = t.get(&addrs[i], &guard).expect("/0 matches every address");
+                    let round = u32::from_ne_bytes(v[..4].try_into().unwrap()) >> 8;
+                    if value_size == 8 {
+                        assert_eq!(v[..4], v[4..], "torn value");
+                    }
+                    let after = begun.load(Ordering::Acquire);
+                    assert!(
+                        round >= before,
+                        "round {round} after round {before} was done"
+                    );
+                    assert!(round <= after, "round {round} before it began ({after})");
+                    n += 1;
+                }
+                n
+            })
+        })
+        .collect();
+    for round in 1..=40 {
+        begun.store(round, Ordering::Release);
+        for (id, (d, l)) in prefixes.iter().enumerate() {
+            t.insert(d, *l, &value(round, id), BPF_EXIST).unwrap();
+        }
+        done.store(round, Ordering::Release);
+    }
+    stop.store(true, Ordering::Relaxed);
+    for r in readers {
+        assert!(r.join().unwrap() > 0);
+    }
+    assert!(t.direct_index_matches_tree());
 }

@@ -318,7 +318,7 @@ impl LpmTrie {
             if !skip.is_none() {
                 if !skip.matches(&addr[depth..]) {
                     // SAFETY: pinned; nothing is stored along a skip.
-                    return unsafe { node.data() }.default;
+                    return unsafe { node.data() }.default.load();
                 }
                 depth += skip.len();
             }
@@ -330,7 +330,7 @@ impl LpmTrie {
                     depth += 1;
                 }
                 // SAFETY: as above; the block outlives the guard.
-                None => return *unsafe { node.data() }.leaf(b),
+                None => return unsafe { node.data() }.leaf(b),
             }
         }
     }
@@ -546,10 +546,15 @@ impl LpmTrie {
         }
         let payload = self.payload_of(&mut alloc, value)?;
         let node = self.ensure_path(path, &guard);
-        self.set_prefix(node, Pos::of(path), idx, Some(payload), &guard);
         match old {
-            Some(old) => self.retire_payload(old, &guard),
+            Some(old) => {
+                if !self.replace_payload(node, Pos::of(path), idx, prefixlen, payload) {
+                    self.set_prefix(node, Pos::of(path), idx, Some(payload), &guard);
+                }
+                self.retire_payload(old, &guard);
+            }
             None => {
+                self.set_prefix(node, Pos::of(path), idx, Some(payload), &guard);
                 self.len.fetch_add(1, Ordering::Relaxed);
                 self.maybe_build_direct();
             }
@@ -814,24 +819,96 @@ impl LpmTrie {
         // The old payloads (in index order) with the one at `idx` inserted,
         // replaced or removed.
         let at = bits.rank(idx);
-        let kept = old.payloads();
-        let skip = usize::from(old.prefix_bits().get(idx));
-        let mut payloads = Vec::with_capacity(kept.len() + 1);
-        payloads.extend_from_slice(&kept[..at]);
-        payloads.extend(payload);
-        payloads.extend_from_slice(&kept[at + skip..]);
+        let mut payloads = old.payloads();
+        match (old.prefix_bits().get(idx), payload) {
+            (true, Some(p)) => payloads[at] = p,
+            (true, None) => drop(payloads.remove(at)),
+            (false, Some(p)) => payloads.insert(at, p),
+            (false, None) => {}
+        }
         let (_, lo, hi) = index_range(idx);
         let new = DataBlock::build(
             &self.arena,
             pos.depth,
             &bits,
             &payloads,
-            old.default,
+            old.default.load(),
             Some(old),
             (lo, hi),
         );
         self.publish_data(node, pos, new, guard);
         self.push_down(node, pos, lo, hi, guard);
+    }
+
+    /// Gives the stored prefix at `idx` of `node` (at `pos`; the prefix is
+    /// `prefixlen` bits long) a new payload in place, without rebuilding a
+    /// block: one word store into its payload slot, into each of the node's
+    /// runs it answers for, and into the defaults and runs of the children
+    /// that inherit it, then the direct index's copies. A lookup reads one
+    /// of those words, whole: the old payload or the new one; once this
+    /// returns, only the new. False, with nothing changed, when a run of
+    /// the prefix was merged with a neighbour's (same length and value):
+    /// then the caller rebuilds.
+    fn replace_payload(
+        &self,
+        node: &Node,
+        pos: Pos,
+        idx: usize,
+        prefixlen: u32,
+        payload: [u8; 4],
+    ) -> bool {
+        // SAFETY: writer.
+        let data = unsafe { node.data() };
+        let (_, lo, hi) = index_range(idx);
+        if !data.set_run_payloads(lo, hi, prefixlen, payload) {
+            return false;
+        }
+        data.set_prefix_payload(idx, payload);
+        // SAFETY: writer.
+        if let Some(children) = unsafe { node.children() } {
+            for b in (lo..hi).filter(|&b| children.bits.get(b)) {
+                // SAFETY: the bit is set.
+                Self::inherit_payload(
+                    unsafe { children.node(children.bits.rank(b)) },
+                    prefixlen,
+                    payload,
+                );
+            }
+        }
+        // Packed leaves in the index come from the root's and depth-1
+        // nodes' runs (and those they pushed down to depth 1).
+        if let Some(direct) = self.direct.get() {
+            match pos.depth {
+                0 => (lo..hi)
+                    .for_each(|b0| direct.mirror(&self.root, 0, pos.top, node, Some(b0 as u8))),
+                1 => direct.mirror(&self.root, 1, pos.top, node, None),
+                _ => {}
+            }
+        }
+        true
+    }
+
+    /// The new payload of a `prefixlen`-bit prefix into `node`'s subtree,
+    /// wherever it was inherited. A node whose default is another prefix
+    /// inherits a longer one, which hides this one in its whole subtree.
+    fn inherit_payload(node: &Node, prefixlen: u32, payload: [u8; 4]) {
+        // SAFETY: writer.
+        let data = unsafe { node.data() };
+        if data.default.load().prefixlen != prefixlen {
+            return;
+        }
+        data.default.set_payload(payload);
+        // No other prefix of this length reaches below the node, so no run
+        // of it can be merged with another's.
+        let whole = data.set_run_payloads(0, 256, prefixlen, payload);
+        debug_assert!(whole);
+        // SAFETY: writer.
+        if let Some(children) = unsafe { node.children() } {
+            for i in 0..children.len() {
+                // SAFETY: i < len.
+                Self::inherit_payload(unsafe { children.node(i) }, prefixlen, payload);
+            }
+        }
     }
 
     /// Children in bytes `lo..hi` of `node` (at `pos`) re-inherit their
@@ -853,13 +930,13 @@ impl LpmTrie {
             let inherit = data.best_for(pos.depth, b as u8);
             // SAFETY: writer.
             let cd = unsafe { child.data() };
-            if cd.default != inherit {
+            if cd.default.load() != inherit {
                 let at = pos.child(b as u8, child.skip);
                 let rebuilt = DataBlock::build(
                     &self.arena,
                     at.depth,
                     cd.prefix_bits(),
-                    cd.payloads(),
+                    &cd.payloads(),
                     inherit,
                     None,
                     (0, 256),
