@@ -6,7 +6,7 @@
 //! | `kernel` | `bpfmaps::lpm::KernelLpmTrie` (port of `lpm_trie.c`) | `lookup_data(addr, &guard)` |
 //! | `bpfmaps` | `bpfmaps::lpm::LpmTrie` | `get_as::<u32>(addr, &guard)` |
 //! | `bpfmaps-get` (`lpm-real`) | the same | `get(addr, &guard)` (bytes) |
-//! | `bpfmaps-get_many` (`lpm-real`) | the same | `get_many(addrs, &guard, out)` |
+//! | `bpfmaps-get_many_as` (`lpm-real`) | the same | `get_many_as::<u32>(addrs, &guard, out)` |
 //! | `prefix-trie` | `prefix_trie::PrefixMap<Ipv4Net/Ipv6Net, u32>` | `get_lpm(&addr/32)` |
 //! | `ip_network_table` | `ip_network_table::IpNetworkTable<u32>` | `longest_match_ipv4/6(addr)` |
 //!
@@ -167,20 +167,21 @@ pub trait LookupApi {
     fn sum_batch<F: Family>(t: &LpmTrie, addrs: &[F::Addr]) -> u64;
 }
 
-/// `get_many`, which overlaps the cache misses of a batch's lookups in
-/// stages: what a dataplane handling packets in bursts would call.
+/// `get_many_as`, which overlaps the cache misses of a batch's lookups in
+/// stages (what a dataplane handling packets in bursts would call), its
+/// answers copied out as `u32` as `get_as` gives them.
 pub struct GetMany;
 
 impl LookupApi for GetMany {
-    const NAME: &'static str = "bpfmaps-get_many";
+    const NAME: &'static str = "bpfmaps-get_many_as";
     #[inline]
     fn sum_batch<F: Family>(t: &LpmTrie, addrs: &[F::Addr]) -> u64 {
         let guard = bpfmaps::pin();
         let mut out = [None; BATCH];
         let out = &mut out[..addrs.len()];
-        t.get_many(black_box(addrs), &guard, out)
+        t.get_many_as::<u32, _>(black_box(addrs), &guard, out)
             .expect("room for every answer");
-        out.iter().flatten().map(|v| u64::from(value_u32(v))).sum()
+        out.iter().map(|v| u64::from(v.unwrap_or(0))).sum()
     }
 }
 
@@ -203,7 +204,7 @@ impl LookupApi for GetValue {
     }
 }
 
-/// The `bpfmaps-get_many` row.
+/// The `bpfmaps-get_many_as` row.
 pub type ManyLpm = LpmVia<GetMany>;
 
 /// The `bpfmaps-get` row.

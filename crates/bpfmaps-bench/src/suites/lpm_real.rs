@@ -57,7 +57,7 @@ const IMPLS: [&str; 6] = [
     "kernel",
     "bpfmaps",
     "bpfmaps-get",
-    "bpfmaps-get_many",
+    "bpfmaps-get_many_as",
     "prefix-trie",
     "ip_network_table",
 ];
@@ -255,10 +255,10 @@ impl Suite for LpmReal {
          u32, so the caller's match/miss test can be a conditional move); \
          `bpfmaps-get` is the same trie (built again) looked up with `get` \
          (the value as bytes: the caller branches on the match); \
-         `bpfmaps-get_many` is the same trie looked up 256 addresses per \
-         `get_many` call, which overlaps their cache misses in stages (what a \
-         dataplane handling packets in bursts would call); the others look up \
-         one address per call. The summed \
+         `bpfmaps-get_many_as` is the same trie looked up 256 addresses per \
+         `get_many_as::<u32>` call, which overlaps their cache misses in \
+         stages (what a dataplane handling packets in bursts would call); the \
+         others look up one address per call. The summed \
          values must match the kernel port's. Every implementation of a family \
          is built first and kept; then, per lookup set, their lookups are \
          timed in turns (interleaved): one repetition of each implementation \
@@ -321,8 +321,8 @@ impl Suite for LpmReal {
                 "inside get_as",
                 "random get",
                 "inside get",
-                "random get_many",
-                "inside get_many",
+                "random get_many_as",
+                "inside get_many_as",
                 "build",
                 "memory",
             ],
@@ -375,7 +375,7 @@ impl Suite for LpmReal {
             let look = |s: &str, i: &str| get(&set(s), i, LOOKUPS_PER_SEC.name);
             if look("random", "prefix-trie").is_some() {
                 let mut row = vec![base.to_string()];
-                for imp in ["bpfmaps", "bpfmaps-get", "bpfmaps-get_many"] {
+                for imp in ["bpfmaps", "bpfmaps-get", "bpfmaps-get_many_as"] {
                     for s in SETS {
                         row.push(fmt_ratio(ratio(look(s, imp), look(s, "prefix-trie"))));
                     }

@@ -348,6 +348,45 @@ impl LpmTrie {
         guard: &'g Guard,
         out: &mut [Option<Value<'g>>],
     ) -> Result<()> {
+        self.lookup_many(addrs, guard, out, |leaf| {
+            (!leaf.is_none()).then(|| self.value(leaf.payload, guard))
+        })
+    }
+
+    /// `get_many` with each value copied out as a `V`, as `get_as` gives
+    /// it (all `None` if `V` is not `value_size` bytes). `EINVAL` if `out`
+    /// is shorter than `addrs`.
+    pub fn get_many_as<V: Pod, A: AsRef<[u8]>>(
+        &self,
+        addrs: &[A],
+        guard: &Guard,
+        out: &mut [Option<V>],
+    ) -> Result<()> {
+        if size_of::<V>() != self.value_size {
+            return self.lookup_many(addrs, guard, out, |_| None);
+        }
+        self.lookup_many(addrs, guard, out, |leaf| {
+            if size_of::<V>() <= 4 {
+                let value = bytemuck::pod_read_unaligned(&leaf.payload[..size_of::<V>()]);
+                (!leaf.is_none()).then_some(value)
+            } else {
+                (!leaf.is_none())
+                    .then(|| bytemuck::pod_read_unaligned(&self.value(leaf.payload, guard)))
+            }
+        })
+    }
+
+    /// The staged lookups behind `get_many` and `get_many_as`: `answer`
+    /// turns each leaf into an output (an address of the wrong length
+    /// gets `answer(Leaf::NONE)`).
+    #[inline(always)]
+    fn lookup_many<A: AsRef<[u8]>, T>(
+        &self,
+        addrs: &[A],
+        guard: &Guard,
+        out: &mut [T],
+        answer: impl Fn(Leaf) -> T,
+    ) -> Result<()> {
         if out.len() < addrs.len() {
             return Err(Error::invalid(format!(
                 "{} addresses but room for {} answers",
@@ -355,10 +394,16 @@ impl LpmTrie {
                 out.len()
             )));
         }
-        let answer = |leaf: Leaf| (!leaf.is_none()).then(|| self.value(leaf.payload, guard));
+        let one = |a: &[u8]| {
+            answer(if a.len() == self.data_size {
+                self.lookup_leaf(a, guard)
+            } else {
+                Leaf::NONE
+            })
+        };
         let Some(direct) = self.direct.get() else {
             for (a, o) in addrs.iter().zip(out.iter_mut()) {
-                *o = self.get(a.as_ref(), guard);
+                *o = one(a.as_ref());
             }
             return Ok(());
         };
@@ -366,7 +411,7 @@ impl LpmTrie {
         for (group, outs) in addrs.chunks(GROUP).zip(out.chunks_mut(GROUP)) {
             if group.iter().any(|a| a.as_ref().len() != self.data_size) {
                 for (a, o) in group.iter().zip(outs.iter_mut()) {
-                    *o = self.get(a.as_ref(), guard);
+                    *o = one(a.as_ref());
                 }
                 continue;
             }
@@ -473,15 +518,30 @@ impl LpmTrie {
         self.value(found.payload, guard)
     }
 
-    fn payload_of(&self, alloc: &mut RouteAlloc, value: &[u8]) -> Result<[u8; 4]> {
+    fn payload_of(&self, alloc: &mut RouteAlloc, value: &[u8], guard: &Guard) -> Result<[u8; 4]> {
         if self.inline_values {
             let mut payload = [0u8; 4];
             payload[..value.len()].copy_from_slice(value);
-            Ok(payload)
-        } else {
-            Ok(self.routes.alloc(alloc, value)?.to_ne_bytes())
+            return Ok(payload);
+        }
+        // With every slot live or in its grace period, push the grace
+        // periods along (readers pin and unpin all the time, but one may
+        // be descheduled while pinned) for a while before giving up with
+        // EBUSY: only a reader pinned throughout keeps them back.
+        let deadline = std::time::Instant::now() + Self::ROUTE_WAIT;
+        loop {
+            match self.routes.alloc(alloc, value) {
+                Err(Error::Busy) if std::time::Instant::now() < deadline => {
+                    guard.flush();
+                    std::thread::yield_now();
+                }
+                r => return Ok(r?.to_ne_bytes()),
+            }
         }
     }
+
+    /// How long `insert` tries to reclaim route slots before `EBUSY`.
+    const ROUTE_WAIT: std::time::Duration = std::time::Duration::from_millis(20);
 
     /// The nodes along `path` from the root with their positions, as far
     /// as the tree has them: up to the node at depth `path.len()`, or the
@@ -526,7 +586,12 @@ impl LpmTrie {
     }
 
     /// Stores `value` for the prefix `data/prefixlen` (host bits ignored)
-    /// under update `flags`.
+    /// under update `flags`. A new value for a stored prefix is written in
+    /// place; a new prefix rebuilds its node's blocks. `E2BIG` when the map
+    /// holds `max_entries` prefixes; `EBUSY` (map unchanged) when a value
+    /// over 4 bytes finds no free route slot because `max_entries` replaced
+    /// values still wait out a grace period behind a reader pinned all
+    /// along.
     pub fn insert(&self, data: &[u8], prefixlen: u32, value: &[u8], flags: u64) -> Result<()> {
         let flag = UpdateFlag::from_bits(flags)?;
         check_value(self.value_size, value)?;
@@ -544,7 +609,7 @@ impl LpmTrie {
         if old.is_none() && self.len.load(Ordering::Relaxed) >= self.max_entries as usize {
             return Err(Error::Full);
         }
-        let payload = self.payload_of(&mut alloc, value)?;
+        let payload = self.payload_of(&mut alloc, value, &guard)?;
         let node = self.ensure_path(path, &guard);
         match old {
             Some(old) => {
