@@ -1,8 +1,10 @@
-//! Trie nodes and their two kinds of immutable blocks.
+//! Trie nodes and their two kinds of blocks, immutable but for payloads.
 //!
 //! A node covers one byte (8 bits) of the key. It is two atomic pointers,
 //! each to an immutable, popcount-compressed block that a writer replaces
-//! whole (copy-on-write):
+//! whole (copy-on-write). The one exception: a prefix's payload, wherever
+//! a leaf or a payload slot holds it, is an atomic word that the writer may
+//! overwrite in place when the prefix gets a new value (`LeafCell`):
 //!
 //! ```text
 //! Node (24 B) = { children: *ChildBlock, data: *DataBlock, skip }

@@ -16,7 +16,10 @@
 //! node's prefixes builds a new data block and swaps it in with one release
 //! store; children whose inherited default changes get new data blocks too,
 //! recursively ("push down"). Adding or removing a child builds a new child
-//! block. Every replaced block is freed after an epoch grace period.
+//! block. Every replaced block is freed after an epoch grace period. A new
+//! value for a stored prefix changes no run boundary, so it is written in
+//! place instead: one atomic word store per leaf, default and payload slot
+//! holding the prefix's payload, down every subtree that inherits it.
 //!
 //! A reader walks one path and its answer comes from one leaf. Each block
 //! it reads is wholly old or wholly new, and every byte of a data block,
