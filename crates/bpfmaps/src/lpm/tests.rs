@@ -2,7 +2,7 @@
 //! covering/covered, bad input, and concurrent readers during updates.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
 use proptest::prelude::*;
 
@@ -32,6 +32,23 @@ fn get_as_agrees<const N: usize>(t: &LpmTrie, addrs: &[&[u8]], guard: &Guard) ->
         let want = t.get(a, guard).map(|v| <[u8; N]>::try_from(&*v).unwrap());
         t.get_as::<[u8; N]>(a, guard) == want && *batched == want
     })
+}
+
+/// Concurrency tests: each reader bumps `looking` after its first lookup,
+/// and the writer waits here for all of them before it writes, so the
+/// writes overlap running readers even on a machine too loaded to
+/// schedule them at once.
+fn wait_for_readers(looking: &AtomicUsize, readers: usize) {
+    while looking.load(Ordering::Acquire) < readers {
+        std::thread::yield_now();
+    }
+}
+
+/// A reader's lookup `n` (from 0) is done.
+fn looked(looking: &AtomicUsize, n: u64) {
+    if n == 0 {
+        looking.fetch_add(1, Ordering::Release);
+    }
 }
 
 /// Post-order key: (last address, longer first).
@@ -264,7 +281,7 @@ fn covering_and_covered() {
 }
 
 #[test]
-fn clear_returns_blocks_for_reuse_and_drop_is_quick() {
+fn clear_returns_blocks_for_reuse() {
     let t = LpmTrie::new(4, 4, 100_000).unwrap();
     for i in 0..100_000u32 {
         t.insert(&(i << 8).to_be_bytes(), 24, &v(i), BPF_ANY)
@@ -300,10 +317,7 @@ fn clear_returns_blocks_for_reuse_and_drop_is_quick() {
         "{} > {full}",
         t.memory_usage()
     );
-    let start = std::time::Instant::now();
-    drop(t);
-    // Generous: the arena frees a few chunks, not 100K blocks one by one.
-    assert!(start.elapsed() < std::time::Duration::from_millis(200));
+    // How fast a big trie drops is measured, not asserted: `lpm-free`.
 }
 
 /// Sparse levels take compressed edges (of up to 7 bytes) below depth 2,
@@ -673,12 +687,12 @@ fn readers_never_miss_a_stable_route(direct: bool) {
     churn.sort();
     churn.dedup();
     let stop = Arc::new(AtomicBool::new(false));
-    let start = Arc::new(std::sync::Barrier::new(3));
+    let looking = Arc::new(AtomicUsize::new(0));
     let readers: Vec<_> = (0..2)
         .map(|r| {
-            let (t, stop, stable, start) = (t.clone(), stop.clone(), stable.clone(), start.clone());
+            let (t, stop, stable, looking) =
+                (t.clone(), stop.clone(), stable.clone(), looking.clone());
             std::thread::spawn(move || {
-                start.wait();
                 let mut n = 0u64;
                 let mut x = 12345u32 + r;
                 while !stop.load(Ordering::Relaxed) {
@@ -686,13 +700,13 @@ fn readers_never_miss_a_stable_route(direct: bool) {
                     x ^= x >> 17;
                     x ^= x << 5;
                     check_answer(&t, &stable, &x.to_be_bytes());
+                    looked(&looking, n);
                     n += 1;
                 }
-                n
             })
         })
         .collect();
-    start.wait();
+    wait_for_readers(&looking, 2);
     churn_while_reading(&t, &churn, 6, encode, &stop, readers);
     assert_eq!(t.len(), stable.len());
 }
@@ -719,15 +733,15 @@ fn check_answer<D: AsRef<[u8]>>(t: &LpmTrie, stable: &[(D, u32)], addr: &[u8]) {
 }
 
 /// Inserts every `churn` prefix (with its `encode`d self as the value),
-/// then removes them all, `rounds / 2` times; then stops the `readers` and
-/// checks that each looked something up.
+/// then removes them all, `rounds / 2` times; then stops the `readers`
+/// (which must be running) and joins them.
 fn churn_while_reading<D: AsRef<[u8]>, V: AsRef<[u8]>>(
     t: &LpmTrie,
     churn: &[(D, u32)],
     rounds: usize,
     encode: impl Fn(&[u8], u32) -> V,
     stop: &AtomicBool,
-    readers: Vec<std::thread::JoinHandle<u64>>,
+    readers: Vec<std::thread::JoinHandle<()>>,
 ) {
     for round in 0..rounds {
         for (d, l) in churn {
@@ -741,7 +755,7 @@ fn churn_while_reading<D: AsRef<[u8]>, V: AsRef<[u8]>>(
     }
     stop.store(true, Ordering::Relaxed);
     for r in readers {
-        assert!(r.join().unwrap() > 0);
+        r.join().unwrap();
     }
 }
 
@@ -784,9 +798,11 @@ fn concurrent_readers_across_edge_splits_and_merges() {
         .flat_map(|(i, j)| [40, 52, 64, 100, 128].map(|l| net(i, j, l)))
         .collect();
     let stop = Arc::new(AtomicBool::new(false));
+    let looking = Arc::new(AtomicUsize::new(0));
     let readers: Vec<_> = (0..2u64)
         .map(|r| {
-            let (t, stop, stable) = (t.clone(), stop.clone(), stable.clone());
+            let (t, stop, stable, looking) =
+                (t.clone(), stop.clone(), stable.clone(), looking.clone());
             std::thread::spawn(move || {
                 let mut x = 0x9e37_79b9_7f4a_7c15u64 ^ r;
                 let mut n = 0u64;
@@ -800,12 +816,13 @@ fn concurrent_readers_across_edge_splits_and_merges() {
                         addr[6 + (x >> 24) as usize % 10] ^= (x >> 32) as u8 | 1;
                     }
                     check_answer(&t, &stable, &addr);
+                    looked(&looking, n);
                     n += 1;
                 }
-                n
             })
         })
         .collect();
+    wait_for_readers(&looking, 2);
     churn_while_reading(&t, &churn, 400, encode, &stop, readers);
     assert_eq!(t.len(), stable.len());
     assert!(t.direct_index_matches_tree());
@@ -966,18 +983,17 @@ fn concurrent_readers_during_a_real_bgp_trace() {
     }
     let prefixes = Arc::new(prefixes);
     let stop = Arc::new(AtomicBool::new(false));
-    let start = Arc::new(std::sync::Barrier::new(3));
+    let looking = Arc::new(AtomicUsize::new(0));
     let readers: Vec<_> = (0..2u32)
         .map(|r| {
-            let (trie, stable, prefixes, stop, start) = (
+            let (trie, stable, prefixes, stop, looking) = (
                 trie.clone(),
                 stable.clone(),
                 prefixes.clone(),
                 stop.clone(),
-                start.clone(),
+                looking.clone(),
             );
             std::thread::spawn(move || {
-                start.wait();
                 let (mut x, mut n) = (0x1234_5678u32 ^ r, 0u64);
                 while !stop.load(Ordering::Relaxed) {
                     x ^= x << 13;
@@ -1008,13 +1024,13 @@ fn concurrent_readers_during_a_real_bgp_trace() {
                         }
                         None => assert_eq!(floor, None, "get_as: untouched route missing"),
                     }
+                    looked(&looking, n);
                     n += 1;
                 }
-                n
             })
         })
         .collect();
-    start.wait();
+    wait_for_readers(&looking, 2);
     for &(announce, id) in &ops {
         let (d, l) = prefixes[id as usize];
         if announce {
@@ -1026,7 +1042,7 @@ fn concurrent_readers_during_a_real_bgp_trace() {
     }
     stop.store(true, Ordering::Relaxed);
     for r in readers {
-        assert!(r.join().unwrap() > 0);
+        r.join().unwrap();
     }
 }
 
@@ -1078,6 +1094,7 @@ fn value_updates_round_by_round(value_size: usize) {
     assert!(t.has_direct_index());
     let (begun, done) = (Arc::new(AtomicU32::new(0)), Arc::new(AtomicU32::new(0)));
     let stop = Arc::new(AtomicBool::new(false));
+    let looking = Arc::new(AtomicUsize::new(0));
     // Addresses inside the prefixes, and some matched only by /0.
     let addrs: Arc<Vec<[u8; 4]>> = Arc::new(
         prefixes
@@ -1090,12 +1107,13 @@ fn value_updates_round_by_round(value_size: usize) {
     );
     let readers: Vec<_> = (0..2usize)
         .map(|r| {
-            let (t, begun, done, stop, addrs) = (
+            let (t, begun, done, stop, addrs, looking) = (
                 t.clone(),
                 begun.clone(),
                 done.clone(),
                 stop.clone(),
                 addrs.clone(),
+                looking.clone(),
             );
             std::thread::spawn(move || {
                 let mut n = 0u64;
@@ -1115,12 +1133,13 @@ fn value_updates_round_by_round(value_size: usize) {
                         "round {round} after round {before} was done"
                     );
                     assert!(round <= after, "round {round} before it began ({after})");
+                    looked(&looking, n);
                     n += 1;
                 }
-                n
             })
         })
         .collect();
+    wait_for_readers(&looking, 2);
     for round in 1..=40 {
         begun.store(round, Ordering::Release);
         for (id, (d, l)) in prefixes.iter().enumerate() {
@@ -1135,7 +1154,7 @@ fn value_updates_round_by_round(value_size: usize) {
     }
     stop.store(true, Ordering::Relaxed);
     for r in readers {
-        assert!(r.join().unwrap() > 0);
+        r.join().unwrap();
     }
     assert!(t.direct_index_matches_tree());
 }
