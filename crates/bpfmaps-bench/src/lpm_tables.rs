@@ -126,34 +126,44 @@ fn removed(r: bpfmaps::Result<()>) -> bool {
     }
 }
 
-impl<F: Family> LpmTable<F> for LpmTrie {
-    const NAME: &'static str = "bpfmaps";
-    fn empty() -> Self {
-        LpmTrie::new(F::BITS as usize / 8, 4, MAX_ENTRIES).expect("creating the trie")
-    }
-    fn insert(&mut self, p: &Prefix<F>, value: u32) {
-        self.insert_shared(p, value);
-    }
-    fn remove(&mut self, p: &Prefix<F>) -> bool {
-        self.remove_shared(p)
-    }
-    fn get(&self, a: &F::Addr) -> Option<u32> {
-        SharedLpm::<F>::get_pinned(self, a, &bpfmaps::pin())
-    }
-    #[inline]
-    fn sum_batch(&self, addrs: &[F::Addr]) -> u64 {
-        pinned_sum::<F, _>(self, addrs)
-    }
-    fn visit_batch(&self, addrs: &[F::Addr], f: impl FnMut(Option<u32>)) {
-        pinned_visit::<F, _>(self, addrs, f);
-    }
-    fn count(&self) -> usize {
-        Map::len(self)
-    }
-    fn reported(&self) -> Option<usize> {
-        Some(LpmTrie::memory_usage(self))
-    }
+/// `LpmTable` for a `SharedLpm` made by `new(data_size, value_size,
+/// max_entries)` (bpfmaps and the kernel port): changes go through `&self`,
+/// and a batch's lookups run under one guard.
+macro_rules! shared_lpm_table {
+    ($t:ty, $name:literal) => {
+        impl<F: Family> LpmTable<F> for $t {
+            const NAME: &'static str = $name;
+            fn empty() -> Self {
+                <$t>::new(F::BITS as usize / 8, 4, MAX_ENTRIES).expect("creating the trie")
+            }
+            fn insert(&mut self, p: &Prefix<F>, value: u32) {
+                self.insert_shared(p, value);
+            }
+            fn remove(&mut self, p: &Prefix<F>) -> bool {
+                self.remove_shared(p)
+            }
+            fn get(&self, a: &F::Addr) -> Option<u32> {
+                SharedLpm::<F>::get_pinned(self, a, &bpfmaps::pin())
+            }
+            #[inline]
+            fn sum_batch(&self, addrs: &[F::Addr]) -> u64 {
+                pinned_sum::<F, _>(self, addrs)
+            }
+            fn visit_batch(&self, addrs: &[F::Addr], f: impl FnMut(Option<u32>)) {
+                pinned_visit::<F, _>(self, addrs, f);
+            }
+            fn count(&self) -> usize {
+                Map::len(self)
+            }
+            fn reported(&self) -> Option<usize> {
+                Some(Map::memory_usage(self))
+            }
+        }
+    };
 }
+
+shared_lpm_table!(LpmTrie, "bpfmaps");
+shared_lpm_table!(KernelLpmTrie, "kernel");
 
 /// bpfmaps' `LpmTrie` looked up through another of its APIs than the
 /// `bpfmaps` row's `get_as`, to show what each costs in the same run.
@@ -170,9 +180,9 @@ pub trait LookupApi {
 /// `get_many_as`, which overlaps the cache misses of a batch's lookups in
 /// stages (what a dataplane handling packets in bursts would call), its
 /// answers copied out as `u32` as `get_as` gives them.
-pub struct GetMany;
+pub struct GetManyAs;
 
-impl LookupApi for GetMany {
+impl LookupApi for GetManyAs {
     const NAME: &'static str = "bpfmaps-get_many_as";
     #[inline]
     fn sum_batch<F: Family>(t: &LpmTrie, addrs: &[F::Addr]) -> u64 {
@@ -205,7 +215,7 @@ impl LookupApi for GetValue {
 }
 
 /// The `bpfmaps-get_many_as` row.
-pub type ManyLpm = LpmVia<GetMany>;
+pub type ManyLpm = LpmVia<GetManyAs>;
 
 /// The `bpfmaps-get` row.
 pub type ValueLpm = LpmVia<GetValue>;
@@ -255,35 +265,6 @@ impl<F: Family> SharedLpm<F> for LpmTrie {
     #[inline(always)]
     fn get_pinned(&self, a: &F::Addr, guard: &Guard) -> Option<u32> {
         LpmTrie::get_as::<u32>(self, a.as_ref(), guard)
-    }
-}
-
-impl<F: Family> LpmTable<F> for KernelLpmTrie {
-    const NAME: &'static str = "kernel";
-    fn empty() -> Self {
-        KernelLpmTrie::new(F::BITS as usize / 8, 4, MAX_ENTRIES).expect("creating the trie")
-    }
-    fn insert(&mut self, p: &Prefix<F>, value: u32) {
-        self.insert_shared(p, value);
-    }
-    fn remove(&mut self, p: &Prefix<F>) -> bool {
-        self.remove_shared(p)
-    }
-    fn get(&self, a: &F::Addr) -> Option<u32> {
-        SharedLpm::<F>::get_pinned(self, a, &bpfmaps::pin())
-    }
-    #[inline]
-    fn sum_batch(&self, addrs: &[F::Addr]) -> u64 {
-        pinned_sum::<F, _>(self, addrs)
-    }
-    fn visit_batch(&self, addrs: &[F::Addr], f: impl FnMut(Option<u32>)) {
-        pinned_visit::<F, _>(self, addrs, f);
-    }
-    fn count(&self) -> usize {
-        Map::len(self)
-    }
-    fn reported(&self) -> Option<usize> {
-        Some(Map::memory_usage(self))
     }
 }
 

@@ -104,26 +104,15 @@ impl DirectIndex {
     pub unsafe fn start<'a>(&self, addr: &[u8]) -> Result<&'a Node, Leaf> {
         let slot = self.slot(addr[0], addr[1]);
         let b = addr[2];
-        // SAFETY: blocks a slot points at live until a grace period after
-        // the slot stops pointing at them; the caller is pinned.
+        let word = slot.load(Ordering::Acquire);
+        // SAFETY: blocks (and nodes) a slot points at live until a grace
+        // period after the slot stops pointing at them; the caller is
+        // pinned.
         unsafe {
-            let data = slot.load(Ordering::Acquire);
-            if data & TAGS == NODE_TAG {
-                return Ok(&*((data & !NODE_TAG) as *const Node));
+            match node_of(word) {
+                Some(node) => Ok(node),
+                None => Err(answer(word, (*block_of(word)).leaf(b))),
             }
-            // Whether a /16 has a node is unpredictable for random keys,
-            // and a mispredicted branch here throws away the loads of the
-            // lookups in flight behind it. So both ways run: a packed leaf
-            // reads the always-cached static block instead of its own.
-            let packed = data & LEAF_TAG != 0;
-            let none = ptr::from_ref(NONE_BLOCK.block());
-            let block = std::hint::select_unpredictable(packed, none, data as *const DataBlock);
-            let from_block = (*block).leaf(b);
-            Err(std::hint::select_unpredictable(
-                packed,
-                unpack(data),
-                from_block,
-            ))
         }
     }
 
@@ -145,14 +134,11 @@ impl DirectIndex {
         for a in addrs {
             prefetch(slot(a));
         }
-        // Branch-free, as `start`: a word that is not a block stands in
-        // for the static block in the stages that follow.
-        let none = ptr::from_ref(NONE_BLOCK.block());
         let mut words = [0u64; N];
-        let mut blocks = [none; N];
+        let mut blocks = [ptr::null(); N];
         for ((w, blk), a) in words.iter_mut().zip(blocks.iter_mut()).zip(addrs) {
             *w = slot(a).load(Ordering::Acquire);
-            *blk = std::hint::select_unpredictable(*w & TAGS == 0, *w as *const DataBlock, none);
+            *blk = block_of(*w);
             prefetch(*blk);
         }
         let mut leaves: [*const LeafCell; N] = [ptr::null(); N];
@@ -162,17 +148,11 @@ impl DirectIndex {
             prefetch(*l);
         }
         for ((o, &w), &l) in out.iter_mut().zip(&words).zip(&leaves) {
-            *o = if w & TAGS == NODE_TAG {
-                // SAFETY: as above (a node lives as its block does).
-                Ok(unsafe { &*((w & !NODE_TAG) as *const Node) })
-            } else {
+            // SAFETY: as above (a node lives as its block does).
+            *o = match unsafe { node_of(w) } {
+                Some(node) => Ok(node),
                 // SAFETY: as above.
-                let from_block = unsafe { (*l).load() };
-                Err(std::hint::select_unpredictable(
-                    w & TAGS == LEAF_TAG,
-                    unpack(w),
-                    from_block,
-                ))
+                None => Err(answer(w, unsafe { (*l).load() })),
             };
         }
     }
@@ -251,6 +231,33 @@ impl DirectIndex {
     fn hold_leaf(&self, slot: &Slot, leaf: Leaf) {
         slot.store(pack(leaf), Ordering::Release);
     }
+}
+
+/// The node a slot word points at, if it is a node.
+///
+/// # Safety
+/// The word was loaded from a slot by a caller pinned for `'a`.
+#[inline(always)]
+unsafe fn node_of<'a>(word: u64) -> Option<&'a Node> {
+    // SAFETY: a node-tagged word points at a live node (caller pinned).
+    (word & TAGS == NODE_TAG).then(|| unsafe { &*((word & !NODE_TAG) as *const Node) })
+}
+
+/// The data block a slot word points at, else the static one-run block.
+/// Whether a /16 has a block is unpredictable for random keys, and a
+/// mispredicted branch throws away the lookups in flight behind it, so
+/// every word gets a block to read its leaf from, without a branch.
+#[inline(always)]
+fn block_of(word: u64) -> *const DataBlock {
+    let none = ptr::from_ref(NONE_BLOCK.block());
+    std::hint::select_unpredictable(word & TAGS == 0, word as *const DataBlock, none)
+}
+
+/// The leaf a slot word that is not a node answers with: its packed leaf,
+/// else `from_block`, the leaf its block gave (chosen without a branch).
+#[inline(always)]
+fn answer(word: u64, from_block: Leaf) -> Leaf {
+    std::hint::select_unpredictable(word & LEAF_TAG != 0, unpack(word), from_block)
 }
 
 /// Asks for the cache line at `p` (no effect on other targets).

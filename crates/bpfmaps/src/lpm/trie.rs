@@ -351,9 +351,7 @@ impl LpmTrie {
         guard: &'g Guard,
         out: &mut [Option<Value<'g>>],
     ) -> Result<()> {
-        self.lookup_many(addrs, guard, out, |leaf| {
-            (!leaf.is_none()).then(|| self.value(leaf.payload, guard))
-        })
+        self.lookup_many(addrs, guard, out, |leaf| self.answer(leaf, guard))
     }
 
     /// `get_many` with each value copied out as a `V`, as `get_as` gives
@@ -368,15 +366,7 @@ impl LpmTrie {
         if size_of::<V>() != self.value_size {
             return self.lookup_many(addrs, guard, out, |_| None);
         }
-        self.lookup_many(addrs, guard, out, |leaf| {
-            if size_of::<V>() <= 4 {
-                let value = bytemuck::pod_read_unaligned(&leaf.payload[..size_of::<V>()]);
-                (!leaf.is_none()).then_some(value)
-            } else {
-                (!leaf.is_none())
-                    .then(|| bytemuck::pod_read_unaligned(&self.value(leaf.payload, guard)))
-            }
-        })
+        self.lookup_many(addrs, guard, out, |leaf| self.answer_as(leaf, guard))
     }
 
     /// The staged lookups behind `get_many` and `get_many_as`: `answer`
@@ -432,6 +422,27 @@ impl LpmTrie {
         Ok(())
     }
 
+    /// `get`'s answer from the leaf a lookup ended at.
+    #[inline(always)]
+    fn answer<'g>(&self, leaf: Leaf, guard: &'g Guard) -> Option<Value<'g>> {
+        (!leaf.is_none()).then(|| self.value(leaf.payload, guard))
+    }
+
+    /// `get_as`'s answer from the leaf a lookup ended at (`V` is
+    /// `value_size` bytes). Values of up to 4 bytes are made from the leaf
+    /// whether it matched or not, so the caller's test of the answer can be
+    /// a conditional move instead of a branch.
+    #[inline(always)]
+    fn answer_as<V: Pod>(&self, leaf: Leaf, guard: &Guard) -> Option<V> {
+        if size_of::<V>() <= 4 {
+            let value = bytemuck::pod_read_unaligned(&leaf.payload[..size_of::<V>()]);
+            (!leaf.is_none()).then_some(value)
+        } else {
+            (!leaf.is_none())
+                .then(|| bytemuck::pod_read_unaligned(&self.value(leaf.payload, guard)))
+        }
+    }
+
     /// The value a payload stands for.
     #[inline(always)]
     fn value<'g>(&self, payload: [u8; 4], _guard: &'g Guard) -> Value<'g> {
@@ -459,8 +470,7 @@ impl LpmTrie {
         if addr.len() != self.data_size {
             return None;
         }
-        let leaf = self.lookup_leaf(addr, guard);
-        (!leaf.is_none()).then(|| self.value(leaf.payload, guard))
+        self.answer(self.lookup_leaf(addr, guard), guard)
     }
 
     /// The value of the longest prefix matching `addr`, copied out as a
@@ -491,14 +501,7 @@ impl LpmTrie {
         if addr.len() != self.data_size || size_of::<V>() != self.value_size {
             return None;
         }
-        let leaf = self.lookup_leaf(addr, guard);
-        if size_of::<V>() <= 4 {
-            let value = bytemuck::pod_read_unaligned(&leaf.payload[..size_of::<V>()]);
-            (!leaf.is_none()).then_some(value)
-        } else {
-            (!leaf.is_none())
-                .then(|| bytemuck::pod_read_unaligned(&self.value(leaf.payload, guard)))
-        }
+        self.answer_as(self.lookup_leaf(addr, guard), guard)
     }
 
     /// The longest prefix matching `addr`: its length and value.
@@ -912,11 +915,12 @@ impl LpmTrie {
     /// `prefixlen` bits long) a new payload in place, without rebuilding a
     /// block: one word store into its payload slot, into each of the node's
     /// runs it answers for, and into the defaults and runs of the children
-    /// that inherit it, then the direct index's copies. A lookup reads one
-    /// of those words, whole: the old payload or the new one; once this
-    /// returns, only the new. False, with nothing changed, when a run of
-    /// the prefix was merged with a neighbour's (same length and value):
-    /// then the caller rebuilds.
+    /// that inherit it; each changed node then refills the direct index, as
+    /// after any store into it. A lookup reads one of those words, whole:
+    /// the old payload or the new one; once this returns, only the new.
+    /// False, with nothing changed, when a run of the prefix was merged
+    /// with a neighbour's (same length and value): then the caller
+    /// rebuilds.
     fn replace_payload(
         &self,
         node: &Node,
@@ -932,50 +936,44 @@ impl LpmTrie {
             return false;
         }
         data.set_prefix_payload(idx, payload);
-        // SAFETY: writer.
-        if let Some(children) = unsafe { node.children() } {
-            for b in (lo..hi).filter(|&b| children.bits.get(b)) {
-                // SAFETY: the bit is set.
-                Self::inherit_payload(
-                    unsafe { children.node(children.bits.rank(b)) },
-                    prefixlen,
-                    payload,
-                );
-            }
-        }
-        // Packed leaves in the index come from the root's and depth-1
-        // nodes' runs (and those they pushed down to depth 1).
-        if let Some(direct) = self.direct.get() {
-            match pos.depth {
-                0 => (lo..hi)
-                    .for_each(|b0| direct.mirror(&self.root, 0, pos.top, node, Some(b0 as u8))),
-                1 => direct.mirror(&self.root, 1, pos.top, node, None),
-                _ => {}
-            }
-        }
+        self.mirror(node, pos, None);
+        self.inherit_payload(node, pos, lo, hi, prefixlen, payload);
         true
     }
 
-    /// The new payload of a `prefixlen`-bit prefix into `node`'s subtree,
-    /// wherever it was inherited. A node whose default is another prefix
-    /// inherits a longer one, which hides this one in its whole subtree.
-    fn inherit_payload(node: &Node, prefixlen: u32, payload: [u8; 4]) {
+    /// The new payload of a `prefixlen`-bit prefix into the children of
+    /// `node` (at `pos`) in bytes `lo..hi` that inherit it, and on down. A
+    /// child whose default is another prefix inherits a longer one, which
+    /// hides this one in its whole subtree.
+    fn inherit_payload(
+        &self,
+        node: &Node,
+        pos: Pos,
+        lo: usize,
+        hi: usize,
+        prefixlen: u32,
+        payload: [u8; 4],
+    ) {
         // SAFETY: writer.
-        let data = unsafe { node.data() };
-        if data.default.load().prefixlen != prefixlen {
+        let Some(children) = (unsafe { node.children() }) else {
             return;
-        }
-        data.default.set_payload(payload);
-        // No other prefix of this length reaches below the node, so no run
-        // of it can be merged with another's.
-        let whole = data.set_run_payloads(0, 256, prefixlen, payload);
-        debug_assert!(whole);
-        // SAFETY: writer.
-        if let Some(children) = unsafe { node.children() } {
-            for i in 0..children.len() {
-                // SAFETY: i < len.
-                Self::inherit_payload(unsafe { children.node(i) }, prefixlen, payload);
+        };
+        for b in (lo..hi).filter(|&b| children.bits.get(b)) {
+            // SAFETY: the bit is set.
+            let child = unsafe { children.node(children.bits.rank(b)) };
+            // SAFETY: writer.
+            let data = unsafe { child.data() };
+            if data.default.load().prefixlen != prefixlen {
+                continue;
             }
+            data.default.set_payload(payload);
+            // No other prefix of this length reaches below `node`, so no
+            // run of it can be merged with another's.
+            let whole = data.set_run_payloads(0, 256, prefixlen, payload);
+            debug_assert!(whole);
+            let at = pos.child(b as u8, child.skip);
+            self.mirror(child, at, None);
+            self.inherit_payload(child, at, 0, 256, prefixlen, payload);
         }
     }
 
