@@ -116,6 +116,16 @@ impl<const W: usize> Bits<W> {
         }
     }
 
+    /// The highest set bit at or below `i`, if any.
+    pub fn last_one_upto(&self, i: usize) -> Option<usize> {
+        let w = i >> 6;
+        let upto = self.words[w] & (2u64 << (i & 63)).wrapping_sub(1);
+        std::iter::once((w, upto))
+            .chain((0..w).rev().map(|v| (v, self.words[v])))
+            .find(|&(_, word)| word != 0)
+            .map(|(v, word)| 64 * v + 63 - word.leading_zeros() as usize)
+    }
+
     /// Set bits in increasing order.
     pub fn ones(&self) -> Ones<'_, W> {
         Ones {
@@ -180,6 +190,18 @@ mod tests {
         only.fix_ranks();
         assert_eq!(only.ones().collect::<Vec<_>>(), vec![5, 63, 64, 100]);
         assert_eq!(b.words_in(7, 7), [0; 4]);
+        assert_eq!(
+            [0, 4, 5, 6, 64, 99, 255].map(|i| b.last_one_upto(i)),
+            [
+                Some(0),
+                Some(0),
+                Some(5),
+                Some(5),
+                Some(64),
+                Some(64),
+                Some(255)
+            ]
+        );
         b.clear_raw(5);
         b.fix_ranks();
         assert_eq!(b.rank(64), 2);

@@ -29,7 +29,7 @@
 use std::ptr;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use super::node::{DataBlock, Leaf, LeafCell, NONE_BLOCK, Node};
+use super::node::{Answer, DataBlock, Hit, Leaf, NONE_BLOCK, Node};
 
 /// Lookups `start_group` (and so `LpmTrie::get_many`) runs side by side.
 pub(super) const GROUP: usize = 32;
@@ -59,6 +59,26 @@ fn unpack(word: u64) -> Leaf {
     Leaf {
         payload: ((word >> 32) as u32).to_ne_bytes(),
         prefixlen: (((word >> 2) & 0xffff) as u32).wrapping_sub(1),
+    }
+}
+
+/// An answer from a packed leaf.
+pub(super) trait FromSlot: Answer {
+    fn from_slot(word: u64) -> Self;
+}
+
+impl FromSlot for Leaf {
+    #[inline(always)]
+    fn from_slot(word: u64) -> Self {
+        unpack(word)
+    }
+}
+
+impl FromSlot for Hit {
+    /// The payload to the low half, the length + 1 to bit 34 and up.
+    #[inline(always)]
+    fn from_slot(word: u64) -> Self {
+        Hit::from_bits(word.rotate_right(32))
     }
 }
 
@@ -101,7 +121,7 @@ impl DirectIndex {
     /// # Safety
     /// The caller is pinned for `'a`.
     #[inline(always)]
-    pub unsafe fn start<'a>(&self, addr: &[u8]) -> Result<&'a Node, Leaf> {
+    pub unsafe fn start<'a, R: FromSlot>(&self, addr: &[u8]) -> Result<&'a Node, R> {
         let slot = self.slot(addr[0], addr[1]);
         let b = addr[2];
         let word = slot.load(Ordering::Acquire);
@@ -111,7 +131,10 @@ impl DirectIndex {
         unsafe {
             match node_of(word) {
                 Some(node) => Ok(node),
-                None => Err(answer(word, (*block_of(word)).leaf(b))),
+                None => {
+                    let block = &*block_of(word);
+                    Err(answer(word, R::from_run(block, block.run_of(b))))
+                }
             }
         }
     }
@@ -119,12 +142,16 @@ impl DirectIndex {
     /// `start` for each of `addrs` (all of 3 bytes or more) into `out`, in
     /// stages over the whole group so that their loads overlap: prefetch
     /// every slot; read the slots and prefetch the blocks they point at;
-    /// rank each key byte in its block's header and prefetch the leaf; read
-    /// the leaves.
+    /// rank each key byte in its block's header and prefetch its run's
+    /// payload and code; read the runs.
     ///
     /// # Safety
     /// As for `start`; `out.len() == addrs.len()`.
-    pub unsafe fn start_group<A: AsRef<[u8]>>(&self, addrs: &[A], out: &mut [Result<&Node, Leaf>]) {
+    pub unsafe fn start_group<A: AsRef<[u8]>, R: FromSlot>(
+        &self,
+        addrs: &[A],
+        out: &mut [Result<&Node, R>],
+    ) {
         const N: usize = GROUP;
         debug_assert!(addrs.len() <= N && out.len() == addrs.len());
         let slot = |a: &A| {
@@ -141,18 +168,21 @@ impl DirectIndex {
             *blk = block_of(*w);
             prefetch(*blk);
         }
-        let mut leaves: [*const LeafCell; N] = [ptr::null(); N];
-        for ((l, &blk), a) in leaves.iter_mut().zip(&blocks).zip(addrs) {
+        let mut runs = [0usize; N];
+        for ((run, &blk), a) in runs.iter_mut().zip(&blocks).zip(addrs) {
             // SAFETY: a block a slot points at outlives the caller's pin.
-            *l = unsafe { (*blk).leaf_cell(a.as_ref()[2]) };
-            prefetch(*l);
+            let blk = unsafe { &*blk };
+            *run = blk.run_of(a.as_ref()[2]);
+            for p in blk.run_addresses(*run) {
+                prefetch(p);
+            }
         }
-        for ((o, &w), &l) in out.iter_mut().zip(&words).zip(&leaves) {
+        for (((o, &w), &blk), &run) in out.iter_mut().zip(&words).zip(&blocks).zip(&runs) {
             // SAFETY: as above (a node lives as its block does).
             *o = match unsafe { node_of(w) } {
                 Some(node) => Ok(node),
-                // SAFETY: as above.
-                None => Err(answer(w, unsafe { (*l).load() })),
+                // SAFETY: as above; `run` is a run of `blk`.
+                None => Err(answer(w, R::from_run(unsafe { &*blk }, run))),
             };
         }
     }
@@ -253,11 +283,11 @@ fn block_of(word: u64) -> *const DataBlock {
     std::hint::select_unpredictable(word & TAGS == 0, word as *const DataBlock, none)
 }
 
-/// The leaf a slot word that is not a node answers with: its packed leaf,
-/// else `from_block`, the leaf its block gave (chosen without a branch).
+/// The answer of a slot word that is not a node: from its packed leaf,
+/// else `from_block`, the answer its block gave (chosen without a branch).
 #[inline(always)]
-fn answer(word: u64, from_block: Leaf) -> Leaf {
-    std::hint::select_unpredictable(word & LEAF_TAG != 0, unpack(word), from_block)
+fn answer<R: FromSlot>(word: u64, from_block: R) -> R {
+    std::hint::select_unpredictable(word & LEAF_TAG != 0, R::from_slot(word), from_block)
 }
 
 /// Asks for the cache line at `p` (no effect on other targets).
@@ -291,6 +321,11 @@ mod tests {
         ] {
             assert_eq!(unpack(pack(leaf)), leaf);
             assert_eq!(pack(leaf) & TAGS, LEAF_TAG);
+            let (hit, want) = (Hit::from_slot(pack(leaf)), Hit::from_leaf(leaf));
+            assert_eq!(
+                (hit.is_none(), hit.payload()),
+                (want.is_none(), want.payload())
+            );
         }
     }
 }

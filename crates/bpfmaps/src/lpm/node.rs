@@ -3,8 +3,8 @@
 //! A node covers one byte (8 bits) of the key. It is two atomic pointers,
 //! each to an immutable, popcount-compressed block that a writer replaces
 //! whole (copy-on-write). The one exception: a prefix's payload, wherever
-//! a leaf or a payload slot holds it, is an atomic word that the writer may
-//! overwrite in place when the prefix gets a new value (`LeafCell`):
+//! a block holds it, is an atomic word that the writer may overwrite in
+//! place when the prefix gets a new value:
 //!
 //! ```text
 //! Node (24 B) = { children: *ChildBlock, data: *DataBlock, skip }
@@ -12,22 +12,32 @@
 //! ChildBlock = [ child bits: 256 + ranks (40 B) | len | Node x len ]
 //!                 bit b set <=> a child node exists for key byte b
 //!
-//! DataBlock  = [ leaf bits (40 B) | default (8 B) | n_leaves | n_prefixes |
-//!                Leaf x n_leaves | prefix bits: 512 + ranks (80 B) |
-//!                payload x n_prefixes ]
-//! Leaf (8 B) = { payload: value or route id (4 B), prefixlen (4 B) }
+//! DataBlock  = [ leaf bits (40 B) | default leaf (8 B) | counts, depth,
+//!                levels (8 B) | runs, in groups of 4: 4 codes (1 B each),
+//!                then their 4 payloads (4 B each) |
+//!                hidden prefix index x h (2 B) | hidden payload x h (4 B) ]
 //! ```
 //!
-//! * Prefix bits: the prefixes stored in this node, as a complete binary
-//!   tree over the byte: a prefix with `l` bits inside the byte (1..=8, or 0
-//!   for `/0` at the root) and bit pattern `p` has index `(1 << l) | p`.
-//! * Leaves: for every byte value `b`, the longest prefix at this node or
-//!   above that covers `b` ("leaf pushing", as in poptrie): its length and
-//!   payload (the value itself when values fit in 4 bytes). Run-length
-//!   encoded: leaf bit `b` is set where a new run starts, and the run
-//!   holding `b` is entry `rank(bits <= b) - 1`. Bytes that have a child
-//!   get their true leaf too: a reader that loaded the child block before
-//!   the child existed reads it.
+//! * Prefixes: a prefix with `l` bits inside the node's byte (1..=8, or 0
+//!   for `/0` at the root) and bit pattern `p` has index `(1 << l) | p`, a
+//!   complete binary tree over the byte.
+//! * Runs: for every byte value `b`, the longest prefix at this node or
+//!   above that covers `b` ("leaf pushing", as in poptrie) wins `b`.
+//!   Run-length encoded: leaf bit `b` is set where a new winner starts,
+//!   and the run holding `b` is entry `rank(bits <= b) - 1`. A run holds
+//!   its winner's payload (the value itself when values fit in 4 bytes)
+//!   and a code: `l + 1` for the node's prefix of `l` bits, else
+//!   `INHERITED` (the default, a match) or `NO_MATCH` (0), so whether a
+//!   run matched is its code alone. The code and the run's first byte
+//!   name the prefix, so the runs are also the node's set of prefixes:
+//!   only those that win no byte (longer prefixes of the node cover them
+//!   all) are listed apart, as hidden. Each payload is stored once
+//!   (5 bytes per run; the blocks used to hold 8-byte leaves, a 512-bit
+//!   prefix set and a payload slot per prefix: 22 bytes per prefix of the
+//!   real IPv4 table held, 12.2 now). A lookup reads a run's code and
+//!   payload, nearly always from one cache line.
+//!   Bytes that have a child get their true run too: a reader that loaded
+//!   the child block before the child existed reads it.
 //! * Default: the route this node inherits from above (the parent's best
 //!   match for the byte leading here), painted under this node's prefixes.
 //!
@@ -289,9 +299,11 @@ impl ChildBlock {
     }
 }
 
-/// What a leaf holds: the matched prefix's length and its payload (the
-/// value itself when values fit in 4 bytes, else a route slot id), so a
-/// lookup ends at the leaf with no further load for small values.
+/// What a lookup answers with: the matched prefix's length and its payload
+/// (the value itself when values fit in 4 bytes, else a route slot id), so
+/// a lookup ends at the leaf with no further load for small values. Blocks
+/// store it in two halves (a run's payload and a one-byte code that gives
+/// the length); the inherited default and the direct index store it whole.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[repr(C)]
 pub(super) struct Leaf {
@@ -311,8 +323,7 @@ impl Leaf {
         self.prefixlen == u32::MAX
     }
 
-    /// The leaf's bytes as one word: a `LeafCell` holds the same bytes
-    /// as a `Leaf`, so blocks are filled and copied with `memcpy`.
+    /// The leaf's bytes as one word.
     #[inline(always)]
     const fn to_word(self) -> u64 {
         let [p0, p1, p2, p3] = self.payload;
@@ -330,12 +341,9 @@ impl Leaf {
     }
 }
 
-const _: () = assert!(size_of::<LeafCell>() == size_of::<Leaf>());
-const _: () = assert!(align_of::<LeafCell>() >= align_of::<Leaf>());
-
-/// A leaf as a block stores it: one word, which readers load whole, so
-/// the writer can give a stored prefix a new payload in place while
-/// lookups run (`LpmTrie::insert` over an existing prefix).
+/// A whole leaf as one word, which readers load whole, so the writer can
+/// give the prefix a new payload in place while lookups run: a block's
+/// inherited default.
 #[repr(transparent)]
 pub(super) struct LeafCell(AtomicU64);
 
@@ -350,12 +358,127 @@ impl LeafCell {
     }
 
     /// Writer: the same prefix with a new payload.
-    pub fn set_payload(&self, payload: [u8; 4]) {
+    fn set_payload(&self, payload: [u8; 4]) {
         let leaf = Leaf {
             payload,
             ..self.load()
         };
         self.0.store(leaf.to_word(), Ordering::Release);
+    }
+}
+
+/// A payload as a block stores it (a run's, or a hidden prefix's): its
+/// bytes as one word (`u32::from_ne_bytes`), which readers load whole and
+/// the writer may overwrite in place.
+type PayloadCell = AtomicU32;
+
+#[inline(always)]
+fn load_payload(cell: &PayloadCell) -> [u8; 4] {
+    cell.load(Ordering::Relaxed).to_ne_bytes()
+}
+
+fn store_payload(cell: &PayloadCell, payload: [u8; 4]) {
+    cell.store(u32::from_ne_bytes(payload), Ordering::Release);
+}
+
+/// A run's code: `l + 1` for the node's prefix of `l` bits (0..=8) that
+/// covers the run, else [`INHERITED`] or [`NO_MATCH`].
+fn code_of(l: u32) -> u8 {
+    l as u8 + 1
+}
+
+/// Code of a run that inherits the node's default, a matching prefix.
+const INHERITED: u8 = 10;
+/// Code of a run that matches nothing (the node's default is no match), so
+/// whether a run matched is one compare of its code with 0.
+const NO_MATCH: u8 = 0;
+
+/// The code of runs inheriting `default`.
+fn default_code(default: Leaf) -> u8 {
+    if default.is_none() {
+        NO_MATCH
+    } else {
+        INHERITED
+    }
+}
+
+/// Bits inside the node of the prefix a run with `code` answers with, if
+/// it is one of the node's own.
+fn own_bits(code: u8) -> Option<u32> {
+    (code != NO_MATCH && code != INHERITED).then(|| u32::from(code) - 1)
+}
+
+/// Whether runs with the same `code` starting at bytes `a` and `b` have
+/// the same winner: the default, or one prefix of the node.
+fn same_winner(code: u8, a: usize, b: usize) -> bool {
+    own_bits(code).is_none_or(|l| (a ^ b) >> (8 - l) == 0)
+}
+
+/// What a lookup reads from where it ends: a whole [`Leaf`] (value and
+/// prefix length, for `longest_match`), or a [`Hit`] (value and whether
+/// anything matched, for `get`), which takes fewer instructions, so more
+/// lookups fit in the CPU's reorder window at once.
+pub(super) trait Answer: Copy {
+    /// No match.
+    const NONE: Self;
+    fn from_leaf(leaf: Leaf) -> Self;
+    /// The answer of run `run` of `block` (`run < n_leaves`).
+    fn from_run(block: &DataBlock, run: usize) -> Self;
+}
+
+impl Answer for Leaf {
+    const NONE: Self = Leaf::NONE;
+    #[inline(always)]
+    fn from_leaf(leaf: Leaf) -> Self {
+        leaf
+    }
+    #[inline(always)]
+    fn from_run(block: &DataBlock, run: usize) -> Self {
+        block.leaf_at(run)
+    }
+}
+
+/// A lookup's answer without the prefix length, in one register (so a
+/// caller's choice between answers is one conditional move): the payload
+/// in the low 32 bits; from bit 34 up, something nonzero for a match and
+/// zero for none (a run's code, or the direct index's packed length + 1,
+/// which `Hit::from_bits` takes as they are).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) struct Hit(u64);
+
+impl Hit {
+    /// A hit whose bits are laid out as above.
+    #[inline(always)]
+    pub fn from_bits(bits: u64) -> Self {
+        Hit(bits)
+    }
+
+    #[inline(always)]
+    fn new(payload: [u8; 4], matched: u64) -> Self {
+        Hit(u64::from(u32::from_ne_bytes(payload)) | matched << 34)
+    }
+
+    #[inline(always)]
+    pub fn payload(self) -> [u8; 4] {
+        (self.0 as u32).to_ne_bytes()
+    }
+
+    #[inline(always)]
+    pub fn is_none(self) -> bool {
+        self.0 >> 34 == 0
+    }
+}
+
+impl Answer for Hit {
+    const NONE: Self = Hit(0);
+    #[inline(always)]
+    fn from_leaf(leaf: Leaf) -> Self {
+        Hit::new(leaf.payload, u64::from(!leaf.is_none()))
+    }
+    #[inline(always)]
+    fn from_run(block: &DataBlock, run: usize) -> Self {
+        // Nonzero codes match.
+        Hit::new(block.payload(run), u64::from(block.code(run)))
     }
 }
 
@@ -379,45 +502,122 @@ impl<const W: usize> Iterator for OnesOfW<W> {
     }
 }
 
-/// Run-length encoder for leaves.
+/// The prefixes a node stores, with their payloads: decoded from its data
+/// block, for the writer to change and rebuild from, and for iteration.
+#[derive(Clone)]
+pub(super) struct Prefixes {
+    /// Bit `idx` per stored prefix (see `prefix_index`).
+    pub bits: Bits<8>,
+    /// The payload of the prefix at each set index (only those are
+    /// written: no 2 KiB of zeroes per update).
+    payloads: [MaybeUninit<[u8; 4]>; 512],
+}
+
+impl Prefixes {
+    pub fn new() -> Self {
+        Prefixes {
+            bits: Bits::EMPTY,
+            payloads: [MaybeUninit::uninit(); 512],
+        }
+    }
+
+    /// The payload of the prefix at `idx`, if stored.
+    pub fn get(&self, idx: usize) -> Option<[u8; 4]> {
+        // SAFETY: the payloads of set indices are written.
+        self.bits
+            .get(idx)
+            .then(|| unsafe { self.payloads[idx].assume_init() })
+    }
+
+    /// Stores (`Some`) or removes (`None`) the prefix at `idx`.
+    pub fn set(&mut self, idx: usize, payload: Option<[u8; 4]>) {
+        match payload {
+            Some(p) => {
+                self.bits.set_raw(idx);
+                self.payloads[idx].write(p);
+            }
+            None => self.bits.clear_raw(idx),
+        }
+        self.bits.fix_ranks();
+    }
+
+    /// Number of prefixes.
+    pub fn len(&self) -> usize {
+        self.bits.count()
+    }
+}
+
+impl PartialEq for Prefixes {
+    fn eq(&self, other: &Self) -> bool {
+        self.bits == other.bits && self.bits.ones().all(|i| self.get(i) == other.get(i))
+    }
+}
+
+impl std::fmt::Debug for Prefixes {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_map()
+            .entries(self.bits.ones().map(|i| (i, self.get(i))))
+            .finish()
+    }
+}
+
+/// Run-length encoder for a block's runs: a run is a maximal range of
+/// bytes with the same winner (the inherited default, or one prefix). The
+/// runs are kept as the block lays them out, so the block gets them with
+/// one copy.
 struct Runs {
     bits: Bits<4>,
-    /// The first `n` are written (no 2 KiB of zeroes per build).
-    leaves: [MaybeUninit<Leaf>; 256],
+    /// The first `n` runs are written (no 1 KiB of zeroes per build).
+    buf: [MaybeUninit<u8>; runs_bytes(256)],
     n: usize,
+    /// Where the last run starts, and its code.
+    last_start: usize,
+    last_code: u8,
 }
 
 impl Runs {
     fn new() -> Self {
         Runs {
             bits: Bits::default(),
-            leaves: [const { MaybeUninit::uninit() }; 256],
+            buf: [MaybeUninit::uninit(); runs_bytes(256)],
             n: 0,
+            last_start: 0,
+            last_code: 0,
         }
     }
 
-    /// The last run's leaf, if any.
-    fn last(&self) -> Option<&Leaf> {
-        // SAFETY: the first n leaves are written.
-        self.n
-            .checked_sub(1)
-            .map(|i| unsafe { self.leaves[i].assume_init_ref() })
+    /// Whether a run starting at `start` with `code` has the last run's
+    /// winner, so it continues that run.
+    fn continues(&self, start: usize, code: u8) -> bool {
+        self.n > 0 && self.last_code == code && same_winner(code, self.last_start, start)
     }
 
-    /// Bytes from `start` on hold `leaf`: a new run, unless the previous
-    /// run already holds it.
-    fn push(&mut self, start: usize, leaf: Leaf) {
-        if self.last() == Some(&leaf) {
+    /// Appends a run (its start bit is the caller's).
+    fn append(&mut self, payload: [u8; 4], code: u8) {
+        let [at_code, at_payload] = run_offsets(self.n);
+        self.buf[at_code].write(code);
+        for (i, b) in payload.into_iter().enumerate() {
+            self.buf[at_payload + i].write(b);
+        }
+        self.n += 1;
+        self.last_code = code;
+    }
+
+    /// Bytes from `start` on are won by the run with `code` and `payload`:
+    /// a new run, unless the last run has the same winner.
+    fn push(&mut self, start: usize, payload: [u8; 4], code: u8) {
+        if self.continues(start, code) {
             return;
         }
         self.bits.set_raw(start);
-        self.leaves[self.n].write(leaf);
-        self.n += 1;
+        self.append(payload, code);
+        self.last_start = start;
     }
 
     /// Copies the old runs that start in `a..b` (each ending at the next
-    /// start, or `b`), a word at a time; the first folds into ours if it
-    /// holds the same leaf.
+    /// start, or `b`); the first folds into ours if it has the same
+    /// winner. Whole groups of four are copied at once when old and new
+    /// runs line up (always for the runs before a change).
     fn copy_old(&mut self, old: &DataBlock, a: usize, b: usize) {
         if a >= b {
             return;
@@ -428,165 +628,55 @@ impl Runs {
         if count == 0 {
             return;
         }
-        if self.last() == Some(&old.leaf_at_run(first).load()) {
+        let w = starts.iter().position(|w| *w != 0).expect("count > 0");
+        let first_start = 64 * w + starts[w].trailing_zeros() as usize;
+        if self.continues(first_start, old.code(first)) {
             // The first old run continues our last one: drop its start.
-            let w = starts.iter().position(|w| *w != 0).expect("count > 0");
             starts[w] &= starts[w] - 1;
             first += 1;
             count -= 1;
+            if count == 0 {
+                return;
+            }
         }
         self.bits.or_words(&starts);
-        let from = &old.leaves()[first..first + count];
-        // SAFETY: a LeafCell holds a Leaf's bytes; only this thread (the
-        // writer) ever stores into them, so a plain read races with nothing.
-        unsafe {
-            ptr::copy_nonoverlapping(
-                from.as_ptr().cast::<Leaf>(),
-                self.leaves[self.n..].as_mut_ptr().cast::<Leaf>(),
-                count,
-            )
-        };
-        self.n += count;
-    }
-
-    fn finish(&mut self) -> (Bits<4>, &[Leaf]) {
-        self.bits.fix_ranks();
-        // SAFETY: the first n leaves are written; MaybeUninit<Leaf> has
-        // Leaf's layout.
-        let leaves = unsafe { &*(ptr::from_ref(&self.leaves[..self.n]) as *const [Leaf]) };
-        (self.bits, leaves)
-    }
-}
-
-/// Header of a data block. Then, in order: `n_leaves` leaves (8 B each, so
-/// the leaves a lookup reads sit right after the bits it just read), the
-/// prefix bits (80 B) and `n_prefixes` payloads (4 B each). Everything
-/// but the leaves' payloads (in the runs, the default and the payload
-/// slots, which `LpmTrie` may replace in place) is fixed once published.
-#[repr(C)]
-pub(super) struct DataBlock {
-    pub leaf_bits: Bits<4>,
-    pub default: LeafCell,
-    n_leaves: u16,
-    n_prefixes: u16,
-}
-
-/// A data block of one run holding `Leaf::NONE`, never freed: lets a
-/// reader load "some block's leaf" without a branch (see `direct.rs`).
-#[repr(C)]
-pub(super) struct StaticBlock {
-    header: DataBlock,
-    leaf: LeafCell,
-}
-
-pub(super) static NONE_BLOCK: StaticBlock = StaticBlock {
-    header: DataBlock {
-        leaf_bits: Bits::FIRST,
-        default: LeafCell::new(Leaf::NONE),
-        n_leaves: 1,
-        n_prefixes: 0,
-    },
-    leaf: LeafCell::new(Leaf::NONE),
-};
-
-impl StaticBlock {
-    /// The block.
-    pub fn block(&'static self) -> &'static DataBlock {
-        debug_assert_eq!(
-            std::mem::offset_of!(StaticBlock, leaf),
-            LEAVES_OFFSET,
-            "the leaf sits where a block's leaves start"
-        );
-        &self.header
-    }
-}
-
-/// Index of the prefix with `l` bits (0..=8) and pattern `p` in a node.
-#[inline]
-pub(super) fn prefix_index(l: u32, byte: u8) -> usize {
-    if l == 0 {
-        1
-    } else {
-        (1 << l) | (byte as usize >> (8 - l))
-    }
-}
-
-/// Bits of a prefix index inside its byte: (l, first byte, one past last).
-#[inline]
-pub(super) fn index_range(idx: usize) -> (u32, usize, usize) {
-    let l = usize::BITS - 1 - idx.leading_zeros();
-    let p = idx & ((1 << l) - 1);
-    (l, p << (8 - l), (p + 1) << (8 - l))
-}
-
-/// Where the leaves start in a data block (what `DataBlock::layout` gives).
-const LEAVES_OFFSET: usize = size_of::<DataBlock>().next_multiple_of(align_of::<Leaf>());
-
-impl DataBlock {
-    /// Layout and the offsets of (leaves, prefix bits, payloads).
-    /// A node without prefixes (most interior nodes of a sparse trie) has
-    /// no prefix-bits region at all: 80 bytes saved per such node.
-    fn layout(n_leaves: usize, n_prefixes: usize) -> (Layout, [usize; 3]) {
-        let (l, leaves) = Layout::new::<DataBlock>()
-            .extend(Layout::array::<Leaf>(n_leaves).expect("leaves"))
-            .expect("layout");
-        let bits_layout = if n_prefixes == 0 {
-            Layout::new::<()>()
-        } else {
-            Layout::new::<Bits<8>>()
-        };
-        let (l, bits) = l.extend(bits_layout).expect("layout");
-        let (l, payloads) = l
-            .extend(Layout::array::<AtomicU32>(n_prefixes).expect("payloads"))
-            .expect("layout");
-        let layout = l.pad_to_align();
-        debug_assert_eq!(
-            Self::offsets(n_leaves, n_prefixes),
-            [leaves, bits, payloads]
-        );
-        (layout, [leaves, bits, payloads])
-    }
-
-    /// The offsets `layout` gives, by plain arithmetic: readers of a block's
-    /// prefixes (`prefix`, `best_for`) need them often.
-    #[inline(always)]
-    fn offsets(n_leaves: usize, n_prefixes: usize) -> [usize; 3] {
-        let end_of_leaves = LEAVES_OFFSET + n_leaves * size_of::<Leaf>();
-        if n_prefixes == 0 {
-            [LEAVES_OFFSET, end_of_leaves, end_of_leaves]
-        } else {
-            let bits = end_of_leaves.next_multiple_of(align_of::<Bits<8>>());
-            [LEAVES_OFFSET, bits, bits + size_of::<Bits<8>>()]
+        let end = first + count;
+        let mut run = first;
+        if first % 4 == self.n % 4 {
+            while run < end && !run.is_multiple_of(4) {
+                self.append(old.payload(run), old.code(run));
+                run += 1;
+            }
+            let groups = (end - run) / 4;
+            if groups > 0 {
+                // SAFETY: both are whole groups of runs: `groups` of the
+                // old block's from `run` and of ours from `n`, in bounds.
+                unsafe {
+                    ptr::copy_nonoverlapping(
+                        old.run_addresses(run)[0],
+                        self.buf[run_offsets(self.n)[0]..].as_mut_ptr().cast::<u8>(),
+                        20 * groups,
+                    )
+                };
+                self.n += 4 * groups;
+                run += 4 * groups;
+                self.last_code = old.code(run - 1);
+            }
         }
+        for run in run..end {
+            self.append(old.payload(run), old.code(run));
+        }
+        let w = starts.iter().rposition(|w| *w != 0).expect("count > 0");
+        self.last_start = 64 * w + 63 - starts[w].leading_zeros() as usize;
     }
 
-    /// Builds the block of a node at `depth` for `prefix_bits`/`payloads`
-    /// and `default`. Leaves are computed only for bytes in `changed`
-    /// (`lo..hi`); the others are copied, run by run, from `old` (pass
-    /// `None` and `0..256` for a full build). Every byte gets its true
-    /// leaf, those with a child too: a reader that loaded the child block
-    /// before the child was added may read this block's leaf for it.
-    pub fn build(
-        arena: &Arena,
-        depth: usize,
-        prefix_bits: &Bits<8>,
-        payloads: &[[u8; 4]],
-        default: Leaf,
-        old: Option<&DataBlock>,
-        (lo, hi): (usize, usize),
-    ) -> NonNull<DataBlock> {
-        debug_assert_eq!(prefix_bits.count(), payloads.len());
-        debug_assert!(old.is_some() || (lo, hi) == (0, 256));
-        let mut runs = Runs::new();
-
-        // 1. Old runs starting before `lo`.
-        if let Some(o) = old {
-            runs.copy_old(o, 0, lo);
-        }
-
-        // 2. Fresh leaves for `lo..hi`: the value can change only where a
-        // prefix inside the range starts or ends, so cut there and give each
-        // segment the longest prefix covering its first byte.
+    /// Fresh runs for bytes `lo..hi` from `prefixes` (all those inside
+    /// the range, and the longest above it) under `default`: the winner
+    /// can change only where a prefix inside the range starts or ends, so
+    /// cut there and give each segment the longest prefix covering its
+    /// first byte.
+    fn fill(&mut self, prefixes: &Prefixes, default: Leaf, lo: usize, hi: usize) {
+        let prefix_bits = &prefixes.bits;
         let mut cut_bits = Bits::<5>::default();
         cut_bits.set_raw(lo);
         cut_bits.set_raw(hi);
@@ -612,66 +702,404 @@ impl DataBlock {
         let best = |b: usize| {
             (0..=8u32)
                 .rev()
-                .map(|l| prefix_index(l, b as u8))
-                .find(|&idx| prefix_bits.get(idx))
-                .map(|idx| Leaf {
-                    payload: payloads[prefix_bits.rank(idx)],
-                    prefixlen: 8 * depth as u32 + index_range(idx).0,
+                .map(|l| (l, prefix_index(l, b as u8)))
+                .find(|&(_, idx)| prefix_bits.get(idx))
+                .map_or((default.payload, default_code(default)), |(l, idx)| {
+                    (prefixes.get(idx).expect("stored"), code_of(l))
                 })
-                .unwrap_or(default)
         };
         let mut cuts = cut_bits.ones().peekable();
         while let Some(start) = cuts.next() {
             match cuts.peek() {
-                Some(_) if start < hi => runs.push(start, best(start)),
+                Some(_) if start < hi => {
+                    let (payload, code) = best(start);
+                    self.push(start, payload, code);
+                }
                 _ => break,
             }
         }
+    }
 
-        // 3. Old leaves from `hi` on: the old value at `hi` up to the next
-        // old run, then the old runs.
-        if let Some(o) = old
-            && hi < 256
-        {
-            runs.push(hi, o.leaf(hi as u8));
-            runs.copy_old(o, hi + 1, 256);
+    /// Ends the runs: ranks, and the last group's unused codes.
+    fn finish(&mut self) {
+        self.bits.fix_ranks();
+        for run in self.n..self.n.next_multiple_of(4) {
+            self.buf[run_offsets(run)[0]].write(NO_MATCH);
         }
-        let (leaf_bits, leaves) = runs.finish();
+    }
 
-        let (layout, [at_leaves, at_bits, at_payloads]) =
-            Self::layout(leaves.len(), payloads.len());
-        debug_assert_eq!(at_leaves, LEAVES_OFFSET);
+    fn code(&self, run: usize) -> u8 {
+        // SAFETY: the first n runs are written.
+        unsafe { self.buf[run_offsets(run)[0]].assume_init() }
+    }
+
+    /// The node's prefixes that win a byte in `lo..hi` (after `finish`).
+    fn winners_in(&self, lo: usize, hi: usize) -> Bits<8> {
+        let mut out = Bits::default();
+        for (run, start) in runs_overlapping(&self.bits, lo, hi) {
+            if let Some(l) = own_bits(self.code(run)) {
+                out.set_raw(prefix_index(l, start as u8));
+            }
+        }
+        out
+    }
+
+    /// The runs as the block lays them out (after `finish`).
+    fn bytes(&self) -> &[MaybeUninit<u8>] {
+        &self.buf[..runs_bytes(self.n)]
+    }
+}
+
+/// The runs of `bits` (run starts, ranks fixed) that overlap bytes
+/// `lo..hi`, as (run, its first byte).
+fn runs_overlapping(bits: &Bits<4>, lo: usize, hi: usize) -> impl Iterator<Item = (usize, usize)> {
+    let first = bits.rank_incl(lo) - 1;
+    let first_start = bits.last_one_upto(lo).expect("bit 0 is set");
+    let later = OnesOfW {
+        words: bits.words_in(lo + 1, hi),
+        w: 0,
+    };
+    std::iter::once(first_start)
+        .chain(later)
+        .enumerate()
+        .map(move |(i, start)| (first + i, start))
+}
+
+/// Whether prefix index `i` lies under index `idx` (or is `idx`).
+fn in_subtree(i: usize, idx: usize) -> bool {
+    let (li, l) = (index_range(i).0, index_range(idx).0);
+    li >= l && i >> (li - l) == idx
+}
+
+/// Header of a data block. Then, in order: the runs, in groups of four
+/// (their four codes, then their four payloads: 20 B, so a run's code and
+/// payload nearly always share a cache line, and the runs a lookup reads
+/// sit right after the bits it just read), and the hidden prefixes: their
+/// indices (2 B each) and payloads (4 B each). A hidden prefix is one that
+/// no byte answers with (longer prefixes of the node cover it all); every
+/// other prefix's payload is in the runs it wins, so it is stored once.
+/// Everything but the payloads (the default's, the runs' and the hidden
+/// prefixes', which `LpmTrie` may replace in place) is fixed once
+/// published.
+#[repr(C)]
+pub(super) struct DataBlock {
+    pub leaf_bits: Bits<4>,
+    pub default: LeafCell,
+    n_leaves: u16,
+    /// Prefixes stored in the node, hidden ones included.
+    n_prefixes: u16,
+    /// At most 255: only prefixes shorter than 8 bits inside the byte hide.
+    n_hidden: u8,
+    /// The node's depth: an own run of code `c` answers with a prefix of
+    /// `8 * depth + c - 1` bits.
+    depth: u8,
+    /// Bit `l` set if the node may store a prefix of `l` bits inside the
+    /// byte (exact after a full build; removals leave bits set), so a
+    /// rebuild knows when no prefix can lie above the changed one.
+    levels: u16,
+}
+
+/// A data block of one run holding `Leaf::NONE`, never freed: lets a
+/// reader load "some block's leaf" without a branch (see `direct.rs`).
+#[repr(C)]
+pub(super) struct StaticBlock {
+    header: DataBlock,
+    /// The run's group: its code and three unused ones.
+    code: [u8; 4],
+    payload: PayloadCell,
+}
+
+pub(super) static NONE_BLOCK: StaticBlock = StaticBlock {
+    header: DataBlock {
+        leaf_bits: Bits::FIRST,
+        default: LeafCell::new(Leaf::NONE),
+        n_leaves: 1,
+        n_prefixes: 0,
+        n_hidden: 0,
+        depth: 0,
+        levels: 0,
+    },
+    code: [0; 4],
+    payload: PayloadCell::new(0),
+};
+
+impl StaticBlock {
+    /// The block.
+    pub fn block(&'static self) -> &'static DataBlock {
+        debug_assert_eq!(
+            (
+                std::mem::offset_of!(StaticBlock, payload),
+                std::mem::offset_of!(StaticBlock, code)
+            ),
+            (LEAVES_OFFSET + 4, LEAVES_OFFSET),
+            "the run sits where a block's runs are"
+        );
+        &self.header
+    }
+}
+
+/// Index of the prefix with `l` bits (0..=8) and pattern `p` in a node.
+#[inline]
+pub(super) fn prefix_index(l: u32, byte: u8) -> usize {
+    if l == 0 {
+        1
+    } else {
+        (1 << l) | (byte as usize >> (8 - l))
+    }
+}
+
+/// Bits of a prefix index inside its byte: (l, first byte, one past last).
+#[inline]
+pub(super) fn index_range(idx: usize) -> (u32, usize, usize) {
+    let l = usize::BITS - 1 - idx.leading_zeros();
+    let p = idx & ((1 << l) - 1);
+    (l, p << (8 - l), (p + 1) << (8 - l))
+}
+
+/// Where the runs start in a data block (what `layout` gives).
+const LEAVES_OFFSET: usize = size_of::<DataBlock>();
+const _: () = assert!(LEAVES_OFFSET.is_multiple_of(align_of::<PayloadCell>()));
+
+/// Bytes of `n` runs: whole groups of four codes and four payloads, and a
+/// last group with four codes and its payloads.
+const fn runs_bytes(n: usize) -> usize {
+    20 * (n / 4) + [0, 8, 12, 16][n % 4]
+}
+
+/// Offsets of run `run`'s code and payload from the start of the runs.
+#[inline(always)]
+const fn run_offsets(run: usize) -> [usize; 2] {
+    let group = 20 * (run / 4);
+    [group + run % 4, group + 4 + 4 * (run % 4)]
+}
+impl DataBlock {
+    /// Layout and the offsets of (hidden indices, hidden payloads).
+    fn layout(n_leaves: usize, n_hidden: usize) -> (Layout, [usize; 2]) {
+        let runs =
+            Layout::from_size_align(runs_bytes(n_leaves), align_of::<PayloadCell>()).expect("runs");
+        let (l, at_runs) = Layout::new::<DataBlock>().extend(runs).expect("layout");
+        debug_assert_eq!(at_runs, LEAVES_OFFSET);
+        let (l, hidden) = l
+            .extend(Layout::array::<u16>(n_hidden).expect("hidden"))
+            .expect("layout");
+        let (l, hidden_payloads) = l
+            .extend(Layout::array::<PayloadCell>(n_hidden).expect("hidden payloads"))
+            .expect("layout");
+        let offsets = [hidden, hidden_payloads];
+        debug_assert_eq!(Self::offsets(n_leaves, n_hidden), offsets);
+        (l.pad_to_align(), offsets)
+    }
+
+    /// The offsets `layout` gives, by plain arithmetic.
+    fn offsets(n_leaves: usize, n_hidden: usize) -> [usize; 2] {
+        let hidden = LEAVES_OFFSET + runs_bytes(n_leaves);
+        [hidden, (hidden + 2 * n_hidden).next_multiple_of(4)]
+    }
+
+    /// Builds the block of a node at `depth` storing `prefixes` under
+    /// `default`. Every byte gets its true run, those with a child too: a
+    /// reader that loaded the child block before the child was added may
+    /// read this block's run for it.
+    pub fn build(
+        arena: &Arena,
+        depth: usize,
+        prefixes: &Prefixes,
+        default: Leaf,
+    ) -> NonNull<DataBlock> {
+        let mut runs = Runs::new();
+        runs.fill(prefixes, default, 0, 256);
+        runs.finish();
+        let winners = runs.winners_in(0, 256);
+        let hidden: Vec<_> = prefixes
+            .bits
+            .ones()
+            .filter(|&i| !winners.get(i))
+            .map(|i| (i as u16, prefixes.get(i).expect("stored")))
+            .collect();
+        let levels = prefixes
+            .bits
+            .ones()
+            .fold(0, |acc, i| acc | 1 << index_range(i).0);
+        Self::assemble(
+            arena,
+            depth,
+            default,
+            &runs,
+            &hidden,
+            prefixes.len(),
+            levels,
+        )
+    }
+
+    /// The block of the same node (at `depth`) with the prefix at `idx`
+    /// stored with `payload` (`Some`) or removed (`None`). Only what the
+    /// change can touch is recomputed: the runs in `idx`'s byte range, and
+    /// whether `idx`, the prefixes inside its range and the longest one
+    /// above it win any byte; the other runs and hidden prefixes are
+    /// copied.
+    pub fn with_prefix(
+        &self,
+        arena: &Arena,
+        depth: usize,
+        idx: usize,
+        payload: Option<[u8; 4]>,
+    ) -> NonNull<DataBlock> {
+        let (_, lo, hi) = index_range(idx);
+        let default = self.default.load();
+        let (mut near, above) = self.prefixes_around(idx);
+        let had = near.get(idx).is_some();
+        near.set(idx, payload);
+        let n_prefixes =
+            self.n_prefixes as usize + usize::from(payload.is_some()) - usize::from(had);
+
+        let mut runs = Runs::new();
+        runs.copy_old(self, 0, lo);
+        runs.fill(&near, default, lo, hi);
+        if hi < 256 {
+            // The old run holding `hi` up to the next old run, then those.
+            let run = self.run_of(hi as u8);
+            runs.push(hi, self.payload(run), self.code(run));
+            runs.copy_old(self, hi + 1, 256);
+        }
+        runs.finish();
+
+        let touched = |i: usize| in_subtree(i, idx) || Some(i) == above;
+        let (old_hidden, slots) = self.hidden();
+        let mut hidden: Vec<_> = old_hidden
+            .iter()
+            .zip(slots)
+            .filter(|(i, _)| !touched(**i as usize))
+            .map(|(&i, slot)| (i, load_payload(slot)))
+            .collect();
+        let winners = runs.winners_in(lo, hi);
+        for i in near.bits.ones() {
+            // Bytes outside `lo..hi` keep their runs: only the prefix
+            // above can win some of them.
+            let wins_outside = Some(i) == above && self.wins_outside(i, lo, hi);
+            if !winners.get(i) && !wins_outside {
+                hidden.push((i as u16, near.get(i).expect("stored")));
+            }
+        }
+        hidden.sort_unstable_by_key(|&(i, _)| i);
+        let levels = self.levels | u16::from(payload.is_some()) << index_range(idx).0;
+        Self::assemble(arena, depth, default, &runs, &hidden, n_prefixes, levels)
+    }
+
+    /// The prefixes inside `idx`'s byte range (`idx` included), and the
+    /// longest prefix above it, which wins the bytes of the range that
+    /// none inside wins: what a rebuild of the range reads.
+    fn prefixes_around(&self, idx: usize) -> (Prefixes, Option<usize>) {
+        let (l_idx, lo, hi) = index_range(idx);
+        let mut out = Prefixes::new();
+        let mut above: Option<(usize, [u8; 4])> = None;
+        // Sorts a stored prefix: inside the range, above it, or neither.
+        let take = |i: usize, payload: [u8; 4], out: &mut Prefixes, above: &mut Option<_>| {
+            let li = index_range(i).0;
+            if in_subtree(i, idx) {
+                out.bits.set_raw(i);
+                out.payloads[i].write(payload);
+            } else if li < l_idx && idx >> (l_idx - li) == i && above.is_none_or(|(a, _)| a < i) {
+                *above = Some((i, payload));
+            }
+        };
+        // Takes the prefixes that win bytes in `lo..hi`; true if one of
+        // those bytes inherits the default (no prefix covers it).
+        let scan = |lo: usize, hi: usize, out: &mut Prefixes, above: &mut Option<_>| {
+            let mut inherits = false;
+            for (run, start) in runs_overlapping(&self.leaf_bits, lo, hi) {
+                match own_bits(self.code(run)) {
+                    Some(l) => take(prefix_index(l, start as u8), self.payload(run), out, above),
+                    None => inherits = true,
+                }
+            }
+            inherits
+        };
+        // Whether the longest visible prefix above is known: found, or
+        // none can exist (a byte of its range inherits the default, or the
+        // node stores nothing that short).
+        let mut settled = self.levels & ((1 << l_idx) - 1) == 0;
+        settled |= scan(lo, hi, &mut out, &mut above);
+        // One above that wins no byte in the range wins some in the range
+        // of a shorter one: look in ever larger ranges, one sibling half
+        // at a time (a longer one above, if visible, wins there first).
+        let mut level = l_idx;
+        while !settled && above.is_none() && level > 0 {
+            let (_, slo, shi) = index_range((idx >> (l_idx - level)) ^ 1);
+            settled |= scan(slo, shi, &mut out, &mut above);
+            level -= 1;
+        }
+        // Hidden ones, last: one above may be longer than the visible one.
+        let (hidden, slots) = self.hidden();
+        for (&i, slot) in hidden.iter().zip(slots) {
+            take(i as usize, load_payload(slot), &mut out, &mut above);
+        }
+        out.bits.fix_ranks();
+        if let Some((a, payload)) = above {
+            out.set(a, Some(payload));
+        }
+        (out, above.map(|(a, _)| a))
+    }
+
+    /// Whether the node's prefix at `i`, which covers `lo..hi`, wins a byte
+    /// of its range outside `lo..hi`.
+    fn wins_outside(&self, i: usize, lo: usize, hi: usize) -> bool {
+        let (l, alo, ahi) = index_range(i);
+        let code = code_of(l);
+        let left = (alo < lo).then(|| self.run_of(alo as u8)..=self.run_of((lo - 1) as u8));
+        let right = (hi < ahi).then(|| self.run_of(hi as u8)..=self.run_of((ahi - 1) as u8));
+        left.into_iter()
+            .chain(right)
+            .flatten()
+            .any(|run| self.code(run) == code)
+    }
+
+    /// Allocates and fills a block: `runs` (finished), then `hidden`
+    /// (ascending indices).
+    fn assemble(
+        arena: &Arena,
+        depth: usize,
+        default: Leaf,
+        runs: &Runs,
+        hidden: &[(u16, [u8; 4])],
+        n_prefixes: usize,
+        levels: u16,
+    ) -> NonNull<DataBlock> {
+        let (layout, [at_hidden, at_hidden_payloads]) = Self::layout(runs.n, hidden.len());
         let p = arena.alloc(layout).as_ptr();
         let block = NonNull::new(p.cast::<DataBlock>()).expect("arena block");
-        // SAFETY: fresh allocation of the right layout; offsets from `layout`.
+        // SAFETY: fresh allocation of the right layout; offsets from
+        // `layout`. A payload cell holds a payload's bytes.
         unsafe {
             block.as_ptr().write(DataBlock {
-                leaf_bits,
+                leaf_bits: runs.bits,
                 default: LeafCell::new(default),
-                n_leaves: leaves.len() as u16,
-                n_prefixes: payloads.len() as u16,
+                n_leaves: runs.n as u16,
+                n_prefixes: n_prefixes as u16,
+                n_hidden: hidden.len() as u8,
+                depth: depth as u8,
+                levels,
             });
-            // A LeafCell holds a Leaf's bytes, a payload slot a payload's.
+            let bytes = runs.bytes();
             ptr::copy_nonoverlapping(
-                leaves.as_ptr(),
-                p.add(at_leaves).cast::<Leaf>(),
-                leaves.len(),
+                bytes.as_ptr().cast::<u8>(),
+                p.add(LEAVES_OFFSET),
+                bytes.len(),
             );
-            if !payloads.is_empty() {
-                p.add(at_bits).cast::<Bits<8>>().write(*prefix_bits);
+            let (at_idx, at_payload) = (
+                p.add(at_hidden).cast::<u16>(),
+                p.add(at_hidden_payloads).cast::<[u8; 4]>(),
+            );
+            for (i, &(idx, payload)) in hidden.iter().enumerate() {
+                at_idx.add(i).write(idx);
+                at_payload.add(i).write(payload);
             }
-            ptr::copy_nonoverlapping(
-                payloads.as_ptr(),
-                p.add(at_payloads).cast::<[u8; 4]>(),
-                payloads.len(),
-            );
         }
         block
     }
 
     /// A block with no prefixes: every byte maps to `default`.
     pub fn empty(arena: &Arena, default: Leaf) -> NonNull<DataBlock> {
-        Self::build(arena, 0, &Bits::default(), &[], default, None, (0, 256))
+        Self::build(arena, 0, &Prefixes::new(), default)
     }
 
     #[inline(always)]
@@ -680,127 +1108,152 @@ impl DataBlock {
         unsafe { ptr::from_ref(self).cast::<u8>().add(offset) }
     }
 
-    /// Leaf run `i`.
     #[inline(always)]
-    fn leaf_at_run(&self, i: usize) -> &LeafCell {
-        &self.leaves()[i]
+    fn offsets_here(&self) -> [usize; 2] {
+        Self::offsets(self.n_leaves as usize, self.n_hidden as usize)
     }
 
-    /// All leaf runs.
-    fn leaves(&self) -> &[LeafCell] {
-        // SAFETY: n_leaves leaves start right after the header.
+    /// Where run `run`'s code and payload are (to prefetch, then load).
+    #[inline(always)]
+    pub fn run_addresses(&self, run: usize) -> [*const u8; 2] {
+        run_offsets(run).map(|offset| self.at(LEAVES_OFFSET + offset))
+    }
+
+    /// Run `run`'s payload cell (`run < n_leaves`).
+    #[inline(always)]
+    fn payload_cell(&self, run: usize) -> &PayloadCell {
+        debug_assert!(run < self.n_leaves as usize);
+        // SAFETY: run < n_leaves: written by `build` at this offset.
+        unsafe { &*self.run_addresses(run)[1].cast::<PayloadCell>() }
+    }
+
+    /// Run `run`'s payload.
+    #[inline(always)]
+    fn payload(&self, run: usize) -> [u8; 4] {
+        load_payload(self.payload_cell(run))
+    }
+
+    /// Run `run`'s code (`run < n_leaves`).
+    #[inline(always)]
+    fn code(&self, run: usize) -> u8 {
+        debug_assert!(run < self.n_leaves as usize);
+        // SAFETY: run < n_leaves: written by `build` at this offset.
+        unsafe { *self.run_addresses(run)[0] }
+    }
+
+    /// Runs `first..=last` that hold `code`.
+    fn runs_with(&self, code: u8, first: usize, last: usize) -> impl Iterator<Item = usize> {
+        (first..=last).filter(move |&run| self.code(run) == code)
+    }
+
+    /// The hidden prefixes' indices (ascending) and payloads.
+    fn hidden(&self) -> (&[u16], &[PayloadCell]) {
+        let [at_hidden, at_payloads] = self.offsets_here();
+        let n = self.n_hidden as usize;
+        // SAFETY: n hidden indices and payloads at these offsets.
         unsafe {
-            std::slice::from_raw_parts(
-                self.at(LEAVES_OFFSET).cast::<LeafCell>(),
-                self.n_leaves as usize,
+            (
+                std::slice::from_raw_parts(self.at(at_hidden).cast::<u16>(), n),
+                std::slice::from_raw_parts(self.at(at_payloads).cast::<PayloadCell>(), n),
             )
         }
     }
 
-    /// The leaf for byte `b`. Only meaningful where there is no child.
+    /// The run holding byte `b`.
+    #[inline(always)]
+    pub fn run_of(&self, b: u8) -> usize {
+        // Bit 0 is always set, so the rank is at least 1.
+        self.leaf_bits.rank_incl(b as usize) - 1
+    }
+
+    /// The leaf of run `run` (`run < n_leaves`): its payload, and the
+    /// length its code gives (chosen without a branch: whether a run is
+    /// inherited is unpredictable for random keys).
+    #[inline(always)]
+    pub fn leaf_at(&self, run: usize) -> Leaf {
+        let (payload, code) = (self.payload(run), self.code(run));
+        let own = (u32::from(self.depth) << 3).wrapping_add(u32::from(code).wrapping_sub(1));
+        // The default's length, or no match (`u32::MAX`) for NO_MATCH.
+        let inherited = self.default.load().prefixlen;
+        Leaf {
+            payload,
+            prefixlen: std::hint::select_unpredictable(
+                code == NO_MATCH || code == INHERITED,
+                inherited,
+                own,
+            ),
+        }
+    }
+
+    /// The leaf for byte `b`: the longest prefix of this node covering
+    /// `b`, else the inherited default. For a byte with a child, that is
+    /// what the child inherits.
     #[inline(always)]
     pub fn leaf(&self, b: u8) -> Leaf {
-        self.leaf_cell(b).load()
+        self.leaf_at(self.run_of(b))
     }
 
-    /// Writer: gives every run in bytes `lo..hi` whose leaf is a prefix of
-    /// `prefixlen` bits the new `payload` (the caller's prefix: no other of
-    /// that length reaches these bytes). False, with nothing changed, if
-    /// such a run reaches outside `lo..hi`: it was merged with a neighbour
-    /// of the same length and value, so only a rebuild can split it.
-    pub fn set_run_payloads(&self, lo: usize, hi: usize, prefixlen: u32, payload: [u8; 4]) -> bool {
-        let first = self.leaf_bits.rank_incl(lo) - 1;
-        let last = self.leaf_bits.rank_incl(hi - 1) - 1;
-        let ours = |r: usize| self.leaf_at_run(r).load().prefixlen == prefixlen;
-        let outside = (ours(first) && !self.leaf_bits.get(lo))
-            || (ours(last) && hi < 256 && !self.leaf_bits.get(hi));
-        if outside {
-            return false;
-        }
-        for r in (first..=last).filter(|&r| ours(r)) {
-            self.leaf_at_run(r).set_payload(payload);
-        }
-        true
-    }
-
-    /// Writer: the payload of the stored prefix at `idx` becomes `payload`.
+    /// Writer: the stored prefix at `idx` gets the new `payload`, in each
+    /// run it wins, or in its hidden slot.
     pub fn set_prefix_payload(&self, idx: usize, payload: [u8; 4]) {
-        let bits = self.prefix_bits();
-        debug_assert!(bits.get(idx));
-        self.payload_slots()[bits.rank(idx)].store(u32::from_ne_bytes(payload), Ordering::Release);
-    }
-
-    /// Where the leaf for byte `b` is (to prefetch, then load).
-    #[inline(always)]
-    pub fn leaf_cell(&self, b: u8) -> &LeafCell {
-        let run = self.leaf_bits.rank_incl(b as usize) - 1;
-        let at_leaves = LEAVES_OFFSET;
-        // SAFETY: bit 0 is always set, so 0 <= run < n_leaves; leaves start
-        // right after the header.
-        unsafe { &*self.at(at_leaves).cast::<LeafCell>().add(run) }
-    }
-
-    /// The prefixes stored in this node (bit `idx` per prefix).
-    pub fn prefix_bits(&self) -> &Bits<8> {
-        static NONE: Bits<8> = Bits::EMPTY;
-        if self.n_prefixes == 0 {
-            return &NONE;
+        let (hidden, slots) = self.hidden();
+        if let Ok(i) = hidden.binary_search(&(idx as u16)) {
+            store_payload(&slots[i], payload);
+            return;
         }
-        let [_, at_bits, _] = Self::offsets(self.n_leaves as usize, self.n_prefixes as usize);
-        // SAFETY: written by `build` at this offset when there are prefixes.
-        unsafe { &*self.at(at_bits).cast::<Bits<8>>() }
-    }
-
-    /// The stored prefixes' payload slots, in index order.
-    fn payload_slots(&self) -> &[AtomicU32] {
-        let [.., at_payloads] = Self::offsets(self.n_leaves as usize, self.n_prefixes as usize);
-        // SAFETY: n_prefixes payloads written by `build` at this offset.
-        unsafe {
-            std::slice::from_raw_parts(
-                self.at(at_payloads).cast::<AtomicU32>(),
-                self.n_prefixes as usize,
-            )
+        let (l, lo, hi) = index_range(idx);
+        // Only this prefix has its length in its own byte range.
+        for run in self.runs_with(
+            code_of(l),
+            self.run_of(lo as u8),
+            self.run_of((hi - 1) as u8),
+        ) {
+            store_payload(self.payload_cell(run), payload);
         }
     }
 
-    /// Payloads of the stored prefixes, in index order.
-    /// Writer only (a copy, with room for one more to insert).
-    pub fn payloads(&self) -> Vec<[u8; 4]> {
-        let slots = self.payload_slots();
-        let mut out = Vec::with_capacity(slots.len() + 1);
-        // SAFETY: a payload slot holds the payload's bytes, and only the
-        // writer (the caller) stores into them, so a plain copy races with
-        // nothing; `out` has room for them.
-        unsafe {
-            ptr::copy_nonoverlapping(
-                slots.as_ptr().cast::<[u8; 4]>(),
-                out.as_mut_ptr(),
-                slots.len(),
-            );
-            out.set_len(slots.len());
+    /// Writer: the inherited default (the same prefix) gets the new
+    /// `payload`, and so does every run that inherits it.
+    pub fn set_inherited_payload(&self, payload: [u8; 4]) {
+        self.default.set_payload(payload);
+        for run in self.runs_with(INHERITED, 0, self.n_leaves as usize - 1) {
+            store_payload(self.payload_cell(run), payload);
         }
+    }
+
+    /// The prefixes stored in this node, with their payloads.
+    pub fn prefixes(&self) -> Prefixes {
+        let mut out = Prefixes::new();
+        for (run, start) in self.leaf_bits.ones().enumerate() {
+            if let Some(l) = own_bits(self.code(run)) {
+                let idx = prefix_index(l, start as u8);
+                out.bits.set_raw(idx);
+                out.payloads[idx].write(self.payload(run));
+            }
+        }
+        let (hidden, slots) = self.hidden();
+        for (&idx, slot) in hidden.iter().zip(slots) {
+            out.bits.set_raw(idx as usize);
+            out.payloads[idx as usize].write(load_payload(slot));
+        }
+        out.bits.fix_ranks();
         out
     }
 
     /// Payload of the prefix at `idx`, if stored.
     pub fn prefix(&self, idx: usize) -> Option<[u8; 4]> {
-        let bits = self.prefix_bits();
-        bits.get(idx)
-            .then(|| load_payload(&self.payload_slots()[bits.rank(idx)]))
-    }
-
-    /// The longest match for byte `b` among the prefixes of this node (at
-    /// `depth`), else the inherited default: what a child at `b` inherits.
-    pub fn best_for(&self, depth: usize, b: u8) -> Leaf {
-        (0..=8)
-            .rev()
-            .find_map(|l| {
-                self.prefix(prefix_index(l, b)).map(|payload| Leaf {
-                    payload,
-                    prefixlen: 8 * depth as u32 + l,
-                })
-            })
-            .unwrap_or(self.default.load())
+        let (hidden, slots) = self.hidden();
+        if let Ok(i) = hidden.binary_search(&(idx as u16)) {
+            return Some(load_payload(&slots[i]));
+        }
+        let (l, lo, hi) = index_range(idx);
+        self.runs_with(
+            code_of(l),
+            self.run_of(lo as u8),
+            self.run_of((hi - 1) as u8),
+        )
+        .next()
+        .map(|run| self.payload(run))
     }
 
     /// Whether the node stores no prefixes.
@@ -815,15 +1268,10 @@ impl DataBlock {
     pub unsafe fn free(arena: &Arena, block: *mut DataBlock) {
         // SAFETY: allocated by `build` from this arena with these counts.
         unsafe {
-            let (n, m) = ((*block).n_leaves as usize, (*block).n_prefixes as usize);
-            arena.release(block.cast(), Self::layout(n, m).0.size())
+            let (n, h) = ((*block).n_leaves as usize, (*block).n_hidden as usize);
+            arena.release(block.cast(), Self::layout(n, h).0.size())
         }
     }
-}
-
-/// A payload slot holds the payload's bytes (`u32::from_ne_bytes`).
-fn load_payload(slot: &AtomicU32) -> [u8; 4] {
-    slot.load(Ordering::Relaxed).to_ne_bytes()
 }
 
 /// Gives a whole subtree back to the arena: every block reachable from
@@ -904,27 +1352,21 @@ mod tests {
 
     #[test]
     fn data_block_paints_longest_prefix_per_byte() {
-        let mut bits = Bits::<8>::default();
-        bits.set_raw(prefix_index(1, 0x00)); // 0xxxxxxx -> 7
-        bits.set_raw(prefix_index(8, 0x10)); // 00010000 -> 9
-        bits.fix_ranks();
+        let mut prefixes = Prefixes::new();
+        prefixes.set(prefix_index(1, 0x00), Some([7; 4])); // 0xxxxxxx -> 7
+        prefixes.set(prefix_index(8, 0x10), Some([9; 4])); // 00010000 -> 9
+        prefixes.set(prefix_index(2, 0xc0), Some([5; 4])); // 11xxxxxx -> 5, hidden:
+        prefixes.set(prefix_index(3, 0xc0), Some([6; 4])); // 110xxxxx
+        prefixes.set(prefix_index(3, 0xe0), Some([8; 4])); // 111xxxxx
         let leaf = |x: u8, prefixlen| Leaf {
             payload: [x; 4],
             prefixlen,
         };
         let arena = Arena::new();
-        let block = DataBlock::build(
-            &arena,
-            1,
-            &bits,
-            &[[7; 4], [9; 4]],
-            leaf(3, 4),
-            None,
-            (0, 256),
-        );
+        let block = DataBlock::build(&arena, 1, &prefixes, leaf(3, 4));
         // SAFETY: just built, private.
         let d = unsafe { block.as_ref() };
-        let got: Vec<Leaf> = [0, 0x10, 0x11, 0x7f, 0x80, 0xff]
+        let got: Vec<Leaf> = [0, 0x10, 0x11, 0x7f, 0x80, 0xbf, 0xc0, 0xff]
             .iter()
             .map(|&b| d.leaf(b))
             .collect();
@@ -936,70 +1378,131 @@ mod tests {
                 leaf(7, 9),
                 leaf(7, 9),
                 leaf(3, 4),
-                leaf(3, 4)
+                leaf(3, 4),
+                leaf(6, 11),
+                leaf(8, 11),
             ]
         );
+        assert_eq!((d.n_leaves, d.n_hidden, d.n_prefixes), (6, 1, 5));
+        assert_eq!(d.levels, 1 << 1 | 1 << 2 | 1 << 3 | 1 << 8);
         assert_eq!(
             (
-                d.best_for(1, 0x10),
-                d.best_for(1, 0x20),
-                d.best_for(1, 0x90)
+                d.prefix(prefix_index(8, 0x10)),
+                d.prefix(prefix_index(2, 0xc0)),
+                d.prefix(3)
             ),
-            (leaf(9, 16), leaf(7, 9), leaf(3, 4))
+            (Some([9; 4]), Some([5; 4]), None)
         );
+        assert_eq!(d.prefixes(), prefixes);
+        // New payloads in place: a visible prefix, a hidden one, the default.
+        d.set_prefix_payload(prefix_index(1, 0x00), [1; 4]);
+        d.set_prefix_payload(prefix_index(2, 0xc0), [2; 4]);
+        d.set_inherited_payload([4; 4]);
         assert_eq!(
-            (d.n_leaves, d.prefix(prefix_index(8, 0x10)), d.prefix(3)),
-            (4, Some([9; 4]), None)
+            (d.leaf(0x11), d.leaf(0x10), d.leaf(0x80), d.default.load()),
+            (leaf(1, 9), leaf(9, 16), leaf(4, 4), leaf(4, 4))
         );
+        prefixes.set(prefix_index(1, 0x00), Some([1; 4]));
+        prefixes.set(prefix_index(2, 0xc0), Some([2; 4]));
+        assert_eq!(d.prefixes(), prefixes);
         // SAFETY: private.
         unsafe { DataBlock::free(&arena, block.as_ptr()) };
     }
 
-    use proptest::prelude::*;
-
-    /// Prefix indices of a node.
-    fn node_contents() -> impl Strategy<Value = Vec<usize>> {
-        prop::collection::vec(2usize..512, 0..40)
+    /// Removing a prefix whose range is all its own: the bytes go to the
+    /// longest prefix above, found outside the range (here past a hidden
+    /// shorter one), as a full build gives them.
+    #[test]
+    fn a_removal_uncovers_the_longest_prefix_above() {
+        let arena = Arena::new();
+        let mut set = Prefixes::new();
+        set.set(prefix_index(1, 0x00), Some([1; 4])); // hidden by the two below
+        set.set(prefix_index(2, 0x00), Some([2; 4]));
+        set.set(prefix_index(2, 0x40), Some([3; 4]));
+        set.set(prefix_index(8, 0x00), Some([4; 4]));
+        let before = DataBlock::build(&arena, 0, &set, Leaf::NONE);
+        // SAFETY: private blocks.
+        let after = unsafe { before.as_ref() }.with_prefix(&arena, 0, prefix_index(8, 0x00), None);
+        set.set(prefix_index(8, 0x00), None);
+        let full = DataBlock::build(&arena, 0, &set, Leaf::NONE);
+        // SAFETY: private blocks.
+        let (after, full) = unsafe { (after.as_ref(), full.as_ref()) };
+        assert_eq!(after.leaf(0x00).payload, [2; 4]);
+        assert_eq!(
+            (0..=255).map(|b| after.leaf(b)).collect::<Vec<_>>(),
+            (0..=255).map(|b| full.leaf(b)).collect::<Vec<_>>()
+        );
+        assert_eq!(after.prefixes(), set);
     }
 
-    fn block_for(
-        arena: &Arena,
-        idxs: &[usize],
-        old: Option<&DataBlock>,
-        range: (usize, usize),
-    ) -> NonNull<DataBlock> {
-        let mut bits = Bits::<8>::default();
-        idxs.iter().for_each(|&i| bits.set_raw(i));
-        bits.fix_ranks();
-        let payloads: Vec<[u8; 4]> = bits.ones().map(|i| (i as u32).to_ne_bytes()).collect();
-        let default = Leaf {
+    #[test]
+    fn the_static_block_answers_none() {
+        let d = NONE_BLOCK.block();
+        assert_eq!((d.leaf(0), d.leaf(255)), (Leaf::NONE, Leaf::NONE));
+        assert_eq!(d.prefixes(), Prefixes::new());
+    }
+
+    use proptest::prelude::*;
+
+    /// Prefix indices of a node, each with a payload from a few values
+    /// (so neighbours of the same length often share one).
+    fn node_contents() -> impl Strategy<Value = Vec<(usize, u8)>> {
+        prop::collection::vec((2usize..512, 0u8..3), 0..40)
+    }
+
+    fn prefixes_of(idxs: &[(usize, u8)]) -> Prefixes {
+        let mut p = Prefixes::new();
+        for &(i, v) in idxs {
+            p.set(i, Some([v; 4]));
+        }
+        p
+    }
+
+    fn default_leaf() -> Leaf {
+        Leaf {
             payload: [1; 4],
             prefixlen: 3,
-        };
-        DataBlock::build(arena, 2, &bits, &payloads, default, old, range)
+        }
     }
 
     proptest! {
-        /// Changing one prefix and rebuilding only its byte range gives the
-        /// same leaves and runs as a full rebuild, at every byte.
+        /// A chain of changes, each rebuilding only the changed prefix's
+        /// byte range from the block before, gives the same runs, leaves,
+        /// hidden prefixes and counts as a full build of the same prefixes,
+        /// and the block gives back the prefixes it holds.
         #[test]
-        fn incremental_build_matches_full(idxs in node_contents(), changed in 2usize..512) {
+        fn incremental_builds_match_full(
+            idxs in node_contents(),
+            changes in prop::collection::vec((1usize..512, prop::option::of(0u8..3)), 1..12),
+            no_default in any::<bool>(),
+        ) {
             let arena = Arena::new();
-            let before = block_for(&arena, &idxs, None, (0, 256));
-            let mut after_idxs = idxs.clone();
-            if let Some(pos) = after_idxs.iter().position(|&i| i == changed) { after_idxs.remove(pos); } else { after_idxs.push(changed); }
-            let (_, lo, hi) = index_range(changed);
-            // SAFETY: private blocks.
-            let incremental = block_for(&arena, &after_idxs, Some(unsafe { before.as_ref() }), (lo, hi));
-            let full = block_for(&arena, &after_idxs, None, (0, 256));
-            // SAFETY: private blocks.
-            let (inc, full_ref) = unsafe { (incremental.as_ref(), full.as_ref()) };
-            for b in 0..=255u8 {
-                prop_assert_eq!(inc.leaf(b), full_ref.leaf(b), "byte {}", b);
+            let default = if no_default { Leaf::NONE } else { default_leaf() };
+            let mut set = prefixes_of(&idxs);
+            let mut block = DataBlock::build(&arena, 2, &set, default);
+            let mut blocks = vec![block];
+            for (idx, value) in changes {
+                let payload = value.map(|v| [v; 4]);
+                set.set(idx, payload);
+                // SAFETY: private blocks.
+                block = unsafe { block.as_ref() }.with_prefix(&arena, 2, idx, payload);
+                let full = DataBlock::build(&arena, 2, &set, default);
+                blocks.extend([block, full]);
+                // SAFETY: private blocks.
+                let (inc, full) = unsafe { (block.as_ref(), full.as_ref()) };
+                for byte in 0..=255u8 {
+                    prop_assert_eq!(inc.leaf(byte), full.leaf(byte), "byte {}", byte);
+                }
+                prop_assert_eq!(inc.leaf_bits, full.leaf_bits);
+                prop_assert_eq!(inc.hidden().0, full.hidden().0);
+                prop_assert_eq!(inc.n_prefixes, full.n_prefixes);
+                prop_assert_eq!(inc.prefixes(), set.clone());
+                for i in 1..512 {
+                    prop_assert_eq!(inc.prefix(i), set.get(i), "idx {}", i);
+                }
             }
-            prop_assert_eq!(inc.n_leaves, full_ref.n_leaves);
             // SAFETY: private blocks.
-            unsafe { [before, incremental, full].iter().for_each(|p| DataBlock::free(&arena, p.as_ptr())) };
+            unsafe { blocks.iter().for_each(|p| DataBlock::free(&arena, p.as_ptr())) };
         }
     }
 }

@@ -40,10 +40,11 @@ use parking_lot::Mutex;
 
 use super::arena::Arena;
 use super::bits::Bits;
-use super::direct::{DirectIndex, GROUP};
+use super::direct::{DirectIndex, FromSlot, GROUP};
 use super::key::{self, KeyRef, mask_host_bits};
 use super::node::{
-    ChildBlock, DataBlock, Entry, Leaf, Node, Skip, free_subtree, index_range, prefix_index,
+    Answer, ChildBlock, DataBlock, Entry, Hit, Leaf, Node, Prefixes, Skip, free_subtree,
+    index_range, prefix_index,
 };
 use super::routes::{RouteAlloc, RouteStore};
 use crate::core::contract::{Map, MapKind, MapSpec, check_value};
@@ -298,9 +299,10 @@ impl LpmTrie {
         self.data_size
     }
 
-    /// The leaf of the longest prefix matching `addr` (full length).
+    /// The answer (leaf or hit) of the longest prefix matching `addr`
+    /// (full length).
     #[inline(always)]
-    fn lookup_leaf(&self, addr: &[u8], guard: &Guard) -> Leaf {
+    fn lookup<R: FromSlot>(&self, addr: &[u8], guard: &Guard) -> R {
         match self.direct.get() {
             // SAFETY: pinned by `guard`; the index exists only for keys of
             // 3 bytes or more.
@@ -314,14 +316,14 @@ impl LpmTrie {
 
     /// The lookup of `addr` from `node`, entered at `depth`.
     #[inline(always)]
-    fn walk(&self, mut node: &Node, mut depth: usize, addr: &[u8], _guard: &Guard) -> Leaf {
+    fn walk<R: Answer>(&self, mut node: &Node, mut depth: usize, addr: &[u8], _guard: &Guard) -> R {
         loop {
             // `node` was entered at `depth`: first the bytes its edge skips.
             let skip = node.skip;
             if !skip.is_none() {
                 if !skip.matches(&addr[depth..]) {
                     // SAFETY: pinned; nothing is stored along a skip.
-                    return unsafe { node.data() }.default.load();
+                    return R::from_leaf(unsafe { node.data() }.default.load());
                 }
                 depth += skip.len();
             }
@@ -333,7 +335,11 @@ impl LpmTrie {
                     depth += 1;
                 }
                 // SAFETY: as above; the block outlives the guard.
-                None => return unsafe { node.data() }.leaf(b),
+                None => {
+                    // SAFETY: as above.
+                    let data = unsafe { node.data() };
+                    return R::from_run(data, data.run_of(b));
+                }
             }
         }
     }
@@ -351,7 +357,7 @@ impl LpmTrie {
         guard: &'g Guard,
         out: &mut [Option<Value<'g>>],
     ) -> Result<()> {
-        self.lookup_many(addrs, guard, out, |leaf| self.answer(leaf, guard))
+        self.lookup_many(addrs, guard, out, |hit| self.answer(hit, guard))
     }
 
     /// `get_many` with each value copied out as a `V`, as `get_as` gives
@@ -364,21 +370,21 @@ impl LpmTrie {
         out: &mut [Option<V>],
     ) -> Result<()> {
         if size_of::<V>() != self.value_size {
-            return self.lookup_many(addrs, guard, out, |_| None);
+            return self.lookup_many(addrs, guard, out, |_: Hit| None);
         }
-        self.lookup_many(addrs, guard, out, |leaf| self.answer_as(leaf, guard))
+        self.lookup_many(addrs, guard, out, |hit| self.answer_as(hit, guard))
     }
 
     /// The staged lookups behind `get_many` and `get_many_as`: `answer`
-    /// turns each leaf into an output (an address of the wrong length
-    /// gets `answer(Leaf::NONE)`).
+    /// turns each hit into an output (an address of the wrong length
+    /// gets `answer(Hit::NONE)`).
     #[inline(always)]
     fn lookup_many<A: AsRef<[u8]>, T>(
         &self,
         addrs: &[A],
         guard: &Guard,
         out: &mut [T],
-        answer: impl Fn(Leaf) -> T,
+        answer: impl Fn(Hit) -> T,
     ) -> Result<()> {
         if out.len() < addrs.len() {
             return Err(Error::invalid(format!(
@@ -389,9 +395,9 @@ impl LpmTrie {
         }
         let one = |a: &[u8]| {
             answer(if a.len() == self.data_size {
-                self.lookup_leaf(a, guard)
+                self.lookup(a, guard)
             } else {
-                Leaf::NONE
+                Hit::NONE
             })
         };
         let Some(direct) = self.direct.get() else {
@@ -400,7 +406,7 @@ impl LpmTrie {
             }
             return Ok(());
         };
-        let mut starts = [Err(Leaf::NONE); GROUP];
+        let mut starts = [Err(Hit::NONE); GROUP];
         for (group, outs) in addrs.chunks(GROUP).zip(out.chunks_mut(GROUP)) {
             if group.iter().any(|a| a.as_ref().len() != self.data_size) {
                 for (a, o) in group.iter().zip(outs.iter_mut()) {
@@ -414,7 +420,7 @@ impl LpmTrie {
             unsafe { direct.start_group(group, starts) };
             for ((a, start), o) in group.iter().zip(starts.iter()).zip(outs.iter_mut()) {
                 *o = answer(match *start {
-                    Err(leaf) => leaf,
+                    Err(hit) => hit,
                     Ok(node) => self.walk(node, 2, a.as_ref(), guard),
                 });
             }
@@ -422,24 +428,24 @@ impl LpmTrie {
         Ok(())
     }
 
-    /// `get`'s answer from the leaf a lookup ended at.
+    /// `get`'s answer from where a lookup ended.
     #[inline(always)]
-    fn answer<'g>(&self, leaf: Leaf, guard: &'g Guard) -> Option<Value<'g>> {
-        (!leaf.is_none()).then(|| self.value(leaf.payload, guard))
+    fn answer<'g>(&self, hit: Hit, guard: &'g Guard) -> Option<Value<'g>> {
+        (!hit.is_none()).then(|| self.value(hit.payload(), guard))
     }
 
-    /// `get_as`'s answer from the leaf a lookup ended at (`V` is
-    /// `value_size` bytes). Values of up to 4 bytes are made from the leaf
-    /// whether it matched or not, so the caller's test of the answer can be
-    /// a conditional move instead of a branch.
+    /// `get_as`'s answer from where a lookup ended (`V` is `value_size`
+    /// bytes). Values of up to 4 bytes are made from the payload whether
+    /// it matched or not, so the caller's test of the answer can be a
+    /// conditional move instead of a branch.
     #[inline(always)]
-    fn answer_as<V: Pod>(&self, leaf: Leaf, guard: &Guard) -> Option<V> {
+    fn answer_as<V: Pod>(&self, hit: Hit, guard: &Guard) -> Option<V> {
         if size_of::<V>() <= 4 {
-            let value = bytemuck::pod_read_unaligned(&leaf.payload[..size_of::<V>()]);
-            (!leaf.is_none()).then_some(value)
+            let value = bytemuck::pod_read_unaligned(&hit.payload()[..size_of::<V>()]);
+            (!hit.is_none()).then_some(value)
         } else {
-            (!leaf.is_none())
-                .then(|| bytemuck::pod_read_unaligned(&self.value(leaf.payload, guard)))
+            (!hit.is_none())
+                .then(|| bytemuck::pod_read_unaligned(&self.value(hit.payload(), guard)))
         }
     }
 
@@ -470,7 +476,7 @@ impl LpmTrie {
         if addr.len() != self.data_size {
             return None;
         }
-        self.answer(self.lookup_leaf(addr, guard), guard)
+        self.answer(self.lookup(addr, guard), guard)
     }
 
     /// The value of the longest prefix matching `addr`, copied out as a
@@ -501,7 +507,7 @@ impl LpmTrie {
         if addr.len() != self.data_size || size_of::<V>() != self.value_size {
             return None;
         }
-        self.answer_as(self.lookup_leaf(addr, guard), guard)
+        self.answer_as(self.lookup(addr, guard), guard)
     }
 
     /// The longest prefix matching `addr`: its length and value.
@@ -513,7 +519,7 @@ impl LpmTrie {
         if addr.len() != self.data_size {
             return None;
         }
-        let leaf = self.lookup_leaf(addr, guard);
+        let leaf: Leaf = self.lookup(addr, guard);
         (!leaf.is_none()).then(|| (leaf.prefixlen, self.value(leaf.payload, guard)))
     }
 
@@ -619,9 +625,7 @@ impl LpmTrie {
         let node = self.ensure_path(path, &guard);
         match old {
             Some(old) => {
-                if !self.replace_payload(node, Pos::of(path), idx, prefixlen, payload) {
-                    self.set_prefix(node, Pos::of(path), idx, Some(payload), &guard);
-                }
+                self.replace_payload(node, Pos::of(path), idx, prefixlen, payload);
                 self.retire_payload(old, &guard);
             }
             None => {
@@ -755,7 +759,7 @@ impl LpmTrie {
         guard: &Guard,
     ) -> &'a Node {
         // SAFETY: writer.
-        let inherit = unsafe { node.data() }.best_for(pos.depth, b);
+        let inherit = unsafe { node.data() }.leaf(b);
         let data = DataBlock::empty(&self.arena, inherit);
         // SAFETY: writer.
         let (mut bits, mut entries) = match unsafe { node.children() } {
@@ -796,7 +800,7 @@ impl LpmTrie {
         bits.fix_ranks();
         let below = ChildBlock::alloc(&self.arena, bits, &[(c, d, skip.tail(common + 1))]);
         // SAFETY: writer.
-        let inherit = unsafe { node.data() }.best_for(pos.depth, b);
+        let inherit = unsafe { node.data() }.leaf(b);
         let data = DataBlock::empty(&self.arena, inherit);
         entries[at] = (below.as_ptr(), data.as_ptr(), skip.head(common));
         let block = self
@@ -881,64 +885,26 @@ impl LpmTrie {
     ) {
         // SAFETY: writer.
         let old = unsafe { node.data() };
-        let mut bits = *old.prefix_bits();
-        match payload {
-            Some(_) => bits.set_raw(idx),
-            None => bits.clear_raw(idx),
-        }
-        bits.fix_ranks();
-        // The old payloads (in index order) with the one at `idx` inserted,
-        // replaced or removed.
-        let at = bits.rank(idx);
-        let mut payloads = old.payloads();
-        match (old.prefix_bits().get(idx), payload) {
-            (true, Some(p)) => payloads[at] = p,
-            (true, None) => drop(payloads.remove(at)),
-            (false, Some(p)) => payloads.insert(at, p),
-            (false, None) => {}
-        }
+        let new = old.with_prefix(&self.arena, pos.depth, idx, payload);
         let (_, lo, hi) = index_range(idx);
-        let new = DataBlock::build(
-            &self.arena,
-            pos.depth,
-            &bits,
-            &payloads,
-            old.default.load(),
-            Some(old),
-            (lo, hi),
-        );
         self.publish_data(node, pos, new, guard);
         self.push_down(node, pos, lo, hi, guard);
     }
 
     /// Gives the stored prefix at `idx` of `node` (at `pos`; the prefix is
     /// `prefixlen` bits long) a new payload in place, without rebuilding a
-    /// block: one word store into its payload slot, into each of the node's
-    /// runs it answers for, and into the defaults and runs of the children
-    /// that inherit it; each changed node then refills the direct index, as
+    /// block: one word store into each of the node's runs it wins (or its
+    /// hidden slot), and into the defaults and runs of the children that
+    /// inherit it; each changed node then refills the direct index, as
     /// after any store into it. A lookup reads one of those words, whole:
     /// the old payload or the new one; once this returns, only the new.
-    /// False, with nothing changed, when a run of the prefix was merged
-    /// with a neighbour's (same length and value): then the caller
-    /// rebuilds.
-    fn replace_payload(
-        &self,
-        node: &Node,
-        pos: Pos,
-        idx: usize,
-        prefixlen: u32,
-        payload: [u8; 4],
-    ) -> bool {
+    fn replace_payload(&self, node: &Node, pos: Pos, idx: usize, prefixlen: u32, payload: [u8; 4]) {
         // SAFETY: writer.
         let data = unsafe { node.data() };
-        let (_, lo, hi) = index_range(idx);
-        if !data.set_run_payloads(lo, hi, prefixlen, payload) {
-            return false;
-        }
         data.set_prefix_payload(idx, payload);
         self.mirror(node, pos, None);
+        let (_, lo, hi) = index_range(idx);
         self.inherit_payload(node, pos, lo, hi, prefixlen, payload);
-        true
     }
 
     /// The new payload of a `prefixlen`-bit prefix into the children of
@@ -966,11 +932,7 @@ impl LpmTrie {
             if data.default.load().prefixlen != prefixlen {
                 continue;
             }
-            data.default.set_payload(payload);
-            // No other prefix of this length reaches below `node`, so no
-            // run of it can be merged with another's.
-            let whole = data.set_run_payloads(0, 256, prefixlen, payload);
-            debug_assert!(whole);
+            data.set_inherited_payload(payload);
             let at = pos.child(b as u8, child.skip);
             self.mirror(child, at, None);
             self.inherit_payload(child, at, 0, 256, prefixlen, payload);
@@ -993,20 +955,12 @@ impl LpmTrie {
             }
             // SAFETY: the bit is set.
             let child = unsafe { block.node(block.bits.rank(b)) };
-            let inherit = data.best_for(pos.depth, b as u8);
+            let inherit = data.leaf(b as u8);
             // SAFETY: writer.
             let cd = unsafe { child.data() };
             if cd.default.load() != inherit {
                 let at = pos.child(b as u8, child.skip);
-                let rebuilt = DataBlock::build(
-                    &self.arena,
-                    at.depth,
-                    cd.prefix_bits(),
-                    &cd.payloads(),
-                    inherit,
-                    None,
-                    (0, 256),
-                );
+                let rebuilt = DataBlock::build(&self.arena, at.depth, &cd.prefixes(), inherit);
                 self.publish_data(child, at, rebuilt, guard);
                 self.push_down(child, at, 0, 256, guard);
             }
@@ -1134,17 +1088,30 @@ impl LpmTrie {
     /// Pre-order walk of the prefixes under index `idx` of `node`.
     fn walk_pre(&self, node: &Node, path: &mut Vec<u8>, idx: usize, f: Visit<'_>) {
         // SAFETY: pinned.
-        let (nd, children) = unsafe { (node.data(), node.children()) };
-        if subtree_empty(nd, children, idx) {
+        let (prefixes, children) = unsafe { (Box::new(node.data().prefixes()), node.children()) };
+        self.walk_pre_in(&prefixes, children, path, idx, f);
+    }
+
+    /// `walk_pre` inside one node, whose prefixes and child block were
+    /// read once, on entry.
+    fn walk_pre_in(
+        &self,
+        prefixes: &Prefixes,
+        children: Option<&ChildBlock>,
+        path: &mut Vec<u8>,
+        idx: usize,
+        f: Visit<'_>,
+    ) {
+        if subtree_empty(prefixes, children, idx) {
             return;
         }
         let (l, lo, _) = index_range(idx);
-        if let Some(payload) = nd.prefix(idx) {
+        if let Some(payload) = prefixes.get(idx) {
             self.emit(path, lo as u8, l, payload, f);
         }
         if l < 8 {
-            self.walk_pre(node, path, 2 * idx, f);
-            self.walk_pre(node, path, 2 * idx + 1, f);
+            self.walk_pre_in(prefixes, children, path, 2 * idx, f);
+            self.walk_pre_in(prefixes, children, path, 2 * idx + 1, f);
         } else if let Some(child) = children.filter(|c| c.bits.get(lo)) {
             // SAFETY: bit set.
             let child = unsafe { child.node(child.bits.rank(lo)) };
@@ -1195,8 +1162,22 @@ impl LpmTrie {
         found: &mut Option<Found>,
     ) -> bool {
         // SAFETY: pinned.
-        let (nd, children) = unsafe { (node.data(), node.children()) };
-        if subtree_empty(nd, children, idx) {
+        let (prefixes, children) = unsafe { (Box::new(node.data().prefixes()), node.children()) };
+        self.next_post_in(&prefixes, children, path, idx, bound, found)
+    }
+
+    /// `next_post` inside one node, whose prefixes and child block were
+    /// read once, on entry.
+    fn next_post_in(
+        &self,
+        prefixes: &Prefixes,
+        children: Option<&ChildBlock>,
+        path: &mut Vec<u8>,
+        idx: usize,
+        bound: Option<(&[u8], u32)>,
+        found: &mut Option<Found>,
+    ) -> bool {
+        if subtree_empty(prefixes, children, idx) {
             return false;
         }
         let (l, lo, hi) = index_range(idx);
@@ -1215,8 +1196,8 @@ impl LpmTrie {
             return false;
         }
         if l < 8 {
-            if self.next_post(node, path, 2 * idx, bound, found)
-                || self.next_post(node, path, 2 * idx + 1, bound, found)
+            if self.next_post_in(prefixes, children, path, 2 * idx, bound, found)
+                || self.next_post_in(prefixes, children, path, 2 * idx + 1, bound, found)
             {
                 return true;
             }
@@ -1232,7 +1213,7 @@ impl LpmTrie {
                 return true;
             }
         }
-        if let Some(payload) = nd.prefix(idx) {
+        if let Some(payload) = prefixes.get(idx) {
             self.emit(path, lo as u8, l, payload, &mut |d, l, p| {
                 *found = Some(Found {
                     data: d.to_vec(),
@@ -1327,14 +1308,14 @@ fn cmp_last(path: &[u8], last_byte: u8, last: &[u8]) -> Cmp {
 }
 
 /// Whether no prefix and no child lies under index `idx` of a node.
-fn subtree_empty(nd: &DataBlock, children: Option<&ChildBlock>, idx: usize) -> bool {
+fn subtree_empty(prefixes: &Prefixes, children: Option<&ChildBlock>, idx: usize) -> bool {
     let (l, lo, hi) = index_range(idx);
     if children.is_some_and(|c| c.bits.any_in(lo, hi)) {
         return false;
     }
     (l..=8).all(|level| {
         let shift = level - l;
-        !nd.prefix_bits().any_in(idx << shift, (idx + 1) << shift)
+        !prefixes.bits.any_in(idx << shift, (idx + 1) << shift)
     })
 }
 
