@@ -73,6 +73,10 @@ pub trait LpmTable<F: Family>: Sized {
     fn reported(&self) -> Option<usize> {
         None
     }
+    /// The bytes it uses of those, if it tells them apart.
+    fn live(&self) -> Option<usize> {
+        None
+    }
 }
 
 /// A table that writers change through `&self` while readers look up
@@ -130,7 +134,7 @@ fn removed(r: bpfmaps::Result<()>) -> bool {
 /// max_entries)` (bpfmaps and the kernel port): changes go through `&self`,
 /// and a batch's lookups run under one guard.
 macro_rules! shared_lpm_table {
-    ($t:ty, $name:literal) => {
+    ($t:ty, $name:literal, $live:expr) => {
         impl<F: Family> LpmTable<F> for $t {
             const NAME: &'static str = $name;
             fn empty() -> Self {
@@ -158,12 +162,15 @@ macro_rules! shared_lpm_table {
             fn reported(&self) -> Option<usize> {
                 Some(Map::memory_usage(self))
             }
+            fn live(&self) -> Option<usize> {
+                $live(self)
+            }
         }
     };
 }
 
-shared_lpm_table!(LpmTrie, "bpfmaps");
-shared_lpm_table!(KernelLpmTrie, "kernel");
+shared_lpm_table!(LpmTrie, "bpfmaps", |t: &LpmTrie| Some(t.memory_live()));
+shared_lpm_table!(KernelLpmTrie, "kernel", |_| None);
 
 /// bpfmaps' `LpmTrie` looked up through another of its APIs than the
 /// `bpfmaps` row's `get_as`, to show what each costs in the same run.
@@ -243,6 +250,9 @@ impl<F: Family, A: LookupApi> LpmTable<F> for LpmVia<A> {
     }
     fn reported(&self) -> Option<usize> {
         Some(LpmTrie::memory_usage(&self.0))
+    }
+    fn live(&self) -> Option<usize> {
+        Some(self.0.memory_live())
     }
 }
 

@@ -189,6 +189,17 @@ pub const MEM_REPORTED_PER_PREFIX: Metric = Metric {
     doc: "what the map says it holds (`memory_usage()`), per prefix stored",
 };
 
+/// The bytes of the structure in use, per prefix: without the free space it
+/// holds (for bpfmaps' trie, `memory_live()`: free blocks and the not yet
+/// carved end of its last chunk left out).
+pub const MEM_LIVE_PER_PREFIX: Metric = Metric {
+    name: "mem_live_per_prefix",
+    unit: "bytes",
+    label: "live/prefix",
+    higher_is_better: false,
+    doc: "bytes in use by the map (`memory_live()`: live blocks, no free space), per prefix stored",
+};
+
 /// Milliseconds to build a table by inserting its prefixes one by one.
 pub const BUILD_MS: Metric = Metric {
     name: "build_ms",
@@ -261,6 +272,7 @@ pub const METRICS: &[Metric] = &[
     NS_PER_LOOKUP,
     MEM_BYTES_PER_PREFIX,
     MEM_REPORTED_PER_PREFIX,
+    MEM_LIVE_PER_PREFIX,
     BUILD_MS,
     UPDATES_PER_SEC,
     FREE_MS,

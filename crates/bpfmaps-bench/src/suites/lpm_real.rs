@@ -24,11 +24,11 @@ use crate::prefixes::{
     Family, IPV4_TABLE, IPV6_TABLE, Prefix, V4, V6, addrs_inside, addrs_random, generate,
 };
 use crate::record::{
-    BUILD_MS, LOOKUPS_PER_SEC, LPM_DISAGREEMENTS, MEM_BYTES_PER_PREFIX, MEM_REPORTED_PER_PREFIX,
-    Record, case, find, ratio,
+    BUILD_MS, LOOKUPS_PER_SEC, LPM_DISAGREEMENTS, MEM_BYTES_PER_PREFIX, MEM_LIVE_PER_PREFIX,
+    MEM_REPORTED_PER_PREFIX, Record, case, find, ratio,
 };
 use crate::stats::Stats;
-use crate::suite::{Ctx, Suite, fmt_bytes};
+use crate::suite::{Ctx, Suite};
 use crate::suites::lpm_data::{SEED, generated_ipv4, load};
 use crate::table::{Table, fmt_mops, fmt_ratio};
 
@@ -128,6 +128,15 @@ impl<F: Family> Real<'_, F> {
                 T::NAME,
                 &MEM_REPORTED_PER_PREFIX,
                 per(rep),
+            ));
+        }
+        if let Some(live) = t.live() {
+            recs.push(Record::single(
+                s,
+                &self.base,
+                T::NAME,
+                &MEM_LIVE_PER_PREFIX,
+                per(live),
             ));
         }
         let answers = [0, 1].map(|i| Answers::of::<F, T>(&t, &self.sets[i]));
@@ -340,6 +349,7 @@ impl Suite for LpmReal {
                     "impl",
                     "build ms",
                     "bytes/prefix",
+                    "live B/prefix",
                     "random M/s",
                     "inside M/s",
                     "build vs kernel",
@@ -362,7 +372,9 @@ impl Suite for LpmReal {
                 t.push(vec![
                     imp.to_string(),
                     build.map_or("-".into(), |r| format!("{:.0}", r.value)),
-                    mem.map_or("-".into(), |r| fmt_bytes(r.value)),
+                    mem.map_or("-".into(), |r| format!("{:.1} B", r.value)),
+                    get(base, imp, MEM_LIVE_PER_PREFIX.name)
+                        .map_or("-".into(), |r| format!("{:.1} B", r.value)),
                     fmt_mops(look("random", imp).map(|r| r.value)),
                     fmt_mops(look("inside", imp).map(|r| r.value)),
                     fmt_ratio(ratio(get(base, "kernel", BUILD_MS.name), build)),

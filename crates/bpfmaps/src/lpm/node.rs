@@ -1256,6 +1256,12 @@ impl DataBlock {
         .map(|run| self.payload(run))
     }
 
+    /// Number of hidden prefixes (for tests).
+    #[cfg(test)]
+    pub fn hidden_len(&self) -> usize {
+        self.n_hidden as usize
+    }
+
     /// Whether the node stores no prefixes.
     pub fn has_no_prefixes(&self) -> bool {
         self.n_prefixes == 0

@@ -916,8 +916,35 @@ fn agrees_with_the_kernel_port_on_the_real_table() {
             }
         }
         assert_eq!(fast.len(), kernel.len());
+        assert_eq!(fast.hidden_count(), hidden_by_scan(&prefixes), "{file}");
         eprintln!("{file}: {checked} lookups agree");
     }
+}
+
+/// How many of `prefixes` the trie must list as hidden, by brute force: a
+/// prefix of `l` bits lives in the node of key byte `(l - 1) / 8`, and is
+/// hidden when longer prefixes of that byte cover both its halves.
+fn hidden_by_scan(prefixes: &[(Vec<u8>, u32)]) -> usize {
+    let stored: std::collections::HashSet<(Vec<u8>, u32)> = prefixes.iter().cloned().collect();
+    fn covered(
+        stored: &std::collections::HashSet<(Vec<u8>, u32)>,
+        data: &[u8],
+        len: u32,
+        end: u32,
+    ) -> bool {
+        len < end
+            && [false, true].into_iter().all(|one| {
+                let mut half = data.to_vec();
+                if one {
+                    half[len as usize / 8] |= 0x80 >> (len % 8);
+                }
+                stored.contains(&(half.clone(), len + 1)) || covered(stored, &half, len + 1, end)
+            })
+    }
+    prefixes
+        .iter()
+        .filter(|(d, l)| *l > 0 && covered(&stored, d, *l, (*l - 1) / 8 * 8 + 8))
+        .count()
 }
 
 /// Readers look up addresses while a writer replays the real BGP update

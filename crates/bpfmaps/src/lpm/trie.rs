@@ -1252,6 +1252,22 @@ impl LpmTrie {
         count(&self.root)
     }
 
+    /// Number of hidden prefixes over all nodes (for tests).
+    #[cfg(test)]
+    pub(crate) fn hidden_count(&self) -> usize {
+        fn count(node: &Node) -> usize {
+            // SAFETY: tests call this with no writer running.
+            let (data, children) = unsafe { (node.data(), node.children()) };
+            data.hidden_len()
+                + children.map_or(0, |c| {
+                    // SAFETY: i < len.
+                    (0..c.len()).map(|i| count(unsafe { c.node(i) })).sum()
+                })
+        }
+        let _writer = self.writer.lock();
+        count(&self.root)
+    }
+
     /// Whether the arena holds released blocks (for tests).
     #[cfg(test)]
     pub(crate) fn arena_has_returned(&self) -> bool {
