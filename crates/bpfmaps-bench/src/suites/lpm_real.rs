@@ -121,23 +121,13 @@ impl<F: Family> Real<'_, F> {
                 per(built.held),
             ),
         ];
-        if let Some(rep) = t.reported() {
-            recs.push(Record::single(
-                s,
-                &self.base,
-                T::NAME,
-                &MEM_REPORTED_PER_PREFIX,
-                per(rep),
-            ));
-        }
-        if let Some(live) = t.live() {
-            recs.push(Record::single(
-                s,
-                &self.base,
-                T::NAME,
-                &MEM_LIVE_PER_PREFIX,
-                per(live),
-            ));
+        for (metric, bytes) in [
+            (&MEM_REPORTED_PER_PREFIX, t.reported()),
+            (&MEM_LIVE_PER_PREFIX, t.live()),
+        ] {
+            if let Some(bytes) = bytes {
+                recs.push(Record::single(s, &self.base, T::NAME, metric, per(bytes)));
+            }
         }
         let answers = [0, 1].map(|i| Answers::of::<F, T>(&t, &self.sets[i]));
         let bad = [0, 1].map(|i| {

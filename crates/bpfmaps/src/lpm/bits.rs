@@ -127,12 +127,13 @@ impl<const W: usize> Bits<W> {
     }
 
     /// Set bits in increasing order.
-    pub fn ones(&self) -> Ones<'_, W> {
-        Ones {
-            words: &self.words,
-            w: 0,
-            rest: self.words[0],
-        }
+    pub fn ones(&self) -> Ones<W> {
+        Ones::of(self.words)
+    }
+
+    /// The set bits in `lo..hi`, in increasing order.
+    pub fn ones_in(&self, lo: usize, hi: usize) -> Ones<W> {
+        Ones::of(self.words_in(lo, hi))
     }
 }
 
@@ -141,14 +142,24 @@ fn low_bits(n: usize) -> u64 {
     if n >= 64 { u64::MAX } else { (1u64 << n) - 1 }
 }
 
-/// Iterator over the set bits of a [`Bits`].
-pub(super) struct Ones<'a, const W: usize> {
-    words: &'a [u64; W],
+/// Iterator over the set bits of a [`Bits`] (a copy of its words).
+pub(super) struct Ones<const W: usize> {
+    words: [u64; W],
     w: usize,
     rest: u64,
 }
 
-impl<const W: usize> Iterator for Ones<'_, W> {
+impl<const W: usize> Ones<W> {
+    fn of(words: [u64; W]) -> Self {
+        Ones {
+            words,
+            w: 0,
+            rest: words[0],
+        }
+    }
+}
+
+impl<const W: usize> Iterator for Ones<W> {
     type Item = usize;
 
     #[inline]
@@ -190,6 +201,8 @@ mod tests {
         only.fix_ranks();
         assert_eq!(only.ones().collect::<Vec<_>>(), vec![5, 63, 64, 100]);
         assert_eq!(b.words_in(7, 7), [0; 4]);
+        assert_eq!(b.ones_in(5, 101).collect::<Vec<_>>(), vec![5, 63, 64, 100]);
+        assert_eq!(b.ones_in(6, 63).count(), 0);
         assert_eq!(
             [0, 4, 5, 6, 64, 99, 255].map(|i| b.last_one_upto(i)),
             [

@@ -12,7 +12,7 @@
 //! ChildBlock = [ child bits: 256 + ranks (40 B) | len | Node x len ]
 //!                 bit b set <=> a child node exists for key byte b
 //!
-//! DataBlock  = [ leaf bits (40 B) | default leaf (8 B) | counts, depth,
+//! DataBlock  = [ run bits (40 B) | default leaf (8 B) | counts, depth,
 //!                levels (8 B) | runs, in groups of 4: 4 codes (1 B each),
 //!                then their 4 payloads (4 B each) |
 //!                hidden prefix index x h (2 B) | hidden payload x h (4 B) ]
@@ -23,7 +23,7 @@
 //!   complete binary tree over the byte.
 //! * Runs: for every byte value `b`, the longest prefix at this node or
 //!   above that covers `b` ("leaf pushing", as in poptrie) wins `b`.
-//!   Run-length encoded: leaf bit `b` is set where a new winner starts,
+//!   Run-length encoded: run bit `b` is set where a new winner starts,
 //!   and the run holding `b` is entry `rank(bits <= b) - 1`. A run holds
 //!   its winner's payload (the value itself when values fit in 4 bytes)
 //!   and a code: `l + 1` for the node's prefix of `l` bits, else
@@ -408,6 +408,12 @@ fn own_bits(code: u8) -> Option<u32> {
     (code != NO_MATCH && code != INHERITED).then(|| u32::from(code) - 1)
 }
 
+/// The node's prefix a run with `code` starting at byte `start` answers
+/// with, if it is one of the node's own (its index, see `prefix_index`).
+fn winner_of(code: u8, start: usize) -> Option<usize> {
+    own_bits(code).map(|l| prefix_index(l, start as u8))
+}
+
 /// Whether runs with the same `code` starting at bytes `a` and `b` have
 /// the same winner: the default, or one prefix of the node.
 fn same_winner(code: u8, a: usize, b: usize) -> bool {
@@ -419,15 +425,12 @@ fn same_winner(code: u8, a: usize, b: usize) -> bool {
 /// anything matched, for `get`), which takes fewer instructions, so more
 /// lookups fit in the CPU's reorder window at once.
 pub(super) trait Answer: Copy {
-    /// No match.
-    const NONE: Self;
     fn from_leaf(leaf: Leaf) -> Self;
-    /// The answer of run `run` of `block` (`run < n_leaves`).
+    /// The answer of run `run` of `block` (`run < n_runs`).
     fn from_run(block: &DataBlock, run: usize) -> Self;
 }
 
 impl Answer for Leaf {
-    const NONE: Self = Leaf::NONE;
     #[inline(always)]
     fn from_leaf(leaf: Leaf) -> Self {
         leaf
@@ -447,6 +450,9 @@ impl Answer for Leaf {
 pub(super) struct Hit(u64);
 
 impl Hit {
+    /// No match.
+    pub const NONE: Hit = Hit(0);
+
     /// A hit whose bits are laid out as above.
     #[inline(always)]
     pub fn from_bits(bits: u64) -> Self {
@@ -470,7 +476,6 @@ impl Hit {
 }
 
 impl Answer for Hit {
-    const NONE: Self = Hit(0);
     #[inline(always)]
     fn from_leaf(leaf: Leaf) -> Self {
         Hit::new(leaf.payload, u64::from(!leaf.is_none()))
@@ -479,26 +484,6 @@ impl Answer for Hit {
     fn from_run(block: &DataBlock, run: usize) -> Self {
         // Nonzero codes match.
         Hit::new(block.payload(run), u64::from(block.code(run)))
-    }
-}
-
-/// Set bits of `W` words, in increasing order.
-struct OnesOfW<const W: usize> {
-    words: [u64; W],
-    w: usize,
-}
-type OnesOf8 = OnesOfW<8>;
-
-impl<const W: usize> Iterator for OnesOfW<W> {
-    type Item = usize;
-    fn next(&mut self) -> Option<usize> {
-        while self.w < W && self.words[self.w] == 0 {
-            self.w += 1;
-        }
-        let word = self.words.get_mut(self.w)?;
-        let bit = word.trailing_zeros() as usize;
-        *word &= *word - 1;
-        Some(64 * self.w + bit)
     }
 }
 
@@ -532,13 +517,17 @@ impl Prefixes {
     /// Stores (`Some`) or removes (`None`) the prefix at `idx`.
     pub fn set(&mut self, idx: usize, payload: Option<[u8; 4]>) {
         match payload {
-            Some(p) => {
-                self.bits.set_raw(idx);
-                self.payloads[idx].write(p);
-            }
+            Some(p) => self.put(idx, p),
             None => self.bits.clear_raw(idx),
         }
         self.bits.fix_ranks();
+    }
+
+    /// Stores the prefix at `idx` (call `bits.fix_ranks` after a run of
+    /// these).
+    fn put(&mut self, idx: usize, payload: [u8; 4]) {
+        self.bits.set_raw(idx);
+        self.payloads[idx].write(payload);
     }
 
     /// Number of prefixes.
@@ -622,8 +611,8 @@ impl Runs {
         if a >= b {
             return;
         }
-        let mut starts = old.leaf_bits.words_in(a, b);
-        let mut first = old.leaf_bits.rank(a);
+        let mut starts = old.run_bits.words_in(a, b);
+        let mut first = old.run_bits.rank(a);
         let mut count: usize = starts.iter().map(|w| w.count_ones() as usize).sum();
         if count == 0 {
             return;
@@ -689,11 +678,7 @@ impl Runs {
                 continue;
             }
             let base = 1usize << l;
-            let inside = prefix_bits.words_in(base + first, base + end);
-            for idx in (OnesOf8 {
-                words: inside,
-                w: 0,
-            }) {
+            for idx in prefix_bits.ones_in(base + first, base + end) {
                 let (_, plo, phi) = index_range(idx);
                 cut_bits.set_raw(plo);
                 cut_bits.set_raw(phi);
@@ -737,8 +722,8 @@ impl Runs {
     fn winners_in(&self, lo: usize, hi: usize) -> Bits<8> {
         let mut out = Bits::default();
         for (run, start) in runs_overlapping(&self.bits, lo, hi) {
-            if let Some(l) = own_bits(self.code(run)) {
-                out.set_raw(prefix_index(l, start as u8));
+            if let Some(idx) = winner_of(self.code(run), start) {
+                out.set_raw(idx);
             }
         }
         out
@@ -755,12 +740,8 @@ impl Runs {
 fn runs_overlapping(bits: &Bits<4>, lo: usize, hi: usize) -> impl Iterator<Item = (usize, usize)> {
     let first = bits.rank_incl(lo) - 1;
     let first_start = bits.last_one_upto(lo).expect("bit 0 is set");
-    let later = OnesOfW {
-        words: bits.words_in(lo + 1, hi),
-        w: 0,
-    };
     std::iter::once(first_start)
-        .chain(later)
+        .chain(bits.ones_in(lo + 1, hi))
         .enumerate()
         .map(move |(i, start)| (first + i, start))
 }
@@ -783,9 +764,9 @@ fn in_subtree(i: usize, idx: usize) -> bool {
 /// published.
 #[repr(C)]
 pub(super) struct DataBlock {
-    pub leaf_bits: Bits<4>,
+    pub run_bits: Bits<4>,
     pub default: LeafCell,
-    n_leaves: u16,
+    n_runs: u16,
     /// Prefixes stored in the node, hidden ones included.
     n_prefixes: u16,
     /// At most 255: only prefixes shorter than 8 bits inside the byte hide.
@@ -811,9 +792,9 @@ pub(super) struct StaticBlock {
 
 pub(super) static NONE_BLOCK: StaticBlock = StaticBlock {
     header: DataBlock {
-        leaf_bits: Bits::FIRST,
+        run_bits: Bits::FIRST,
         default: LeafCell::new(Leaf::NONE),
-        n_leaves: 1,
+        n_runs: 1,
         n_prefixes: 0,
         n_hidden: 0,
         depth: 0,
@@ -831,7 +812,7 @@ impl StaticBlock {
                 std::mem::offset_of!(StaticBlock, payload),
                 std::mem::offset_of!(StaticBlock, code)
             ),
-            (LEAVES_OFFSET + 4, LEAVES_OFFSET),
+            (RUNS_OFFSET + 4, RUNS_OFFSET),
             "the run sits where a block's runs are"
         );
         &self.header
@@ -857,8 +838,8 @@ pub(super) fn index_range(idx: usize) -> (u32, usize, usize) {
 }
 
 /// Where the runs start in a data block (what `layout` gives).
-const LEAVES_OFFSET: usize = size_of::<DataBlock>();
-const _: () = assert!(LEAVES_OFFSET.is_multiple_of(align_of::<PayloadCell>()));
+const RUNS_OFFSET: usize = size_of::<DataBlock>();
+const _: () = assert!(RUNS_OFFSET.is_multiple_of(align_of::<PayloadCell>()));
 
 /// Bytes of `n` runs: whole groups of four codes and four payloads, and a
 /// last group with four codes and its payloads.
@@ -874,11 +855,11 @@ const fn run_offsets(run: usize) -> [usize; 2] {
 }
 impl DataBlock {
     /// Layout and the offsets of (hidden indices, hidden payloads).
-    fn layout(n_leaves: usize, n_hidden: usize) -> (Layout, [usize; 2]) {
+    fn layout(n_runs: usize, n_hidden: usize) -> (Layout, [usize; 2]) {
         let runs =
-            Layout::from_size_align(runs_bytes(n_leaves), align_of::<PayloadCell>()).expect("runs");
+            Layout::from_size_align(runs_bytes(n_runs), align_of::<PayloadCell>()).expect("runs");
         let (l, at_runs) = Layout::new::<DataBlock>().extend(runs).expect("layout");
-        debug_assert_eq!(at_runs, LEAVES_OFFSET);
+        debug_assert_eq!(at_runs, RUNS_OFFSET);
         let (l, hidden) = l
             .extend(Layout::array::<u16>(n_hidden).expect("hidden"))
             .expect("layout");
@@ -886,13 +867,13 @@ impl DataBlock {
             .extend(Layout::array::<PayloadCell>(n_hidden).expect("hidden payloads"))
             .expect("layout");
         let offsets = [hidden, hidden_payloads];
-        debug_assert_eq!(Self::offsets(n_leaves, n_hidden), offsets);
+        debug_assert_eq!(Self::offsets(n_runs, n_hidden), offsets);
         (l.pad_to_align(), offsets)
     }
 
     /// The offsets `layout` gives, by plain arithmetic.
-    fn offsets(n_leaves: usize, n_hidden: usize) -> [usize; 2] {
-        let hidden = LEAVES_OFFSET + runs_bytes(n_leaves);
+    fn offsets(n_runs: usize, n_hidden: usize) -> [usize; 2] {
+        let hidden = RUNS_OFFSET + runs_bytes(n_runs);
         [hidden, (hidden + 2 * n_hidden).next_multiple_of(4)]
     }
 
@@ -996,8 +977,7 @@ impl DataBlock {
         let take = |i: usize, payload: [u8; 4], out: &mut Prefixes, above: &mut Option<_>| {
             let li = index_range(i).0;
             if in_subtree(i, idx) {
-                out.bits.set_raw(i);
-                out.payloads[i].write(payload);
+                out.put(i, payload);
             } else if li < l_idx && idx >> (l_idx - li) == i && above.is_none_or(|(a, _)| a < i) {
                 *above = Some((i, payload));
             }
@@ -1006,9 +986,9 @@ impl DataBlock {
         // those bytes inherits the default (no prefix covers it).
         let scan = |lo: usize, hi: usize, out: &mut Prefixes, above: &mut Option<_>| {
             let mut inherits = false;
-            for (run, start) in runs_overlapping(&self.leaf_bits, lo, hi) {
-                match own_bits(self.code(run)) {
-                    Some(l) => take(prefix_index(l, start as u8), self.payload(run), out, above),
+            for (run, start) in runs_overlapping(&self.run_bits, lo, hi) {
+                match winner_of(self.code(run), start) {
+                    Some(i) => take(i, self.payload(run), out, above),
                     None => inherits = true,
                 }
             }
@@ -1071,20 +1051,16 @@ impl DataBlock {
         // `layout`. A payload cell holds a payload's bytes.
         unsafe {
             block.as_ptr().write(DataBlock {
-                leaf_bits: runs.bits,
+                run_bits: runs.bits,
                 default: LeafCell::new(default),
-                n_leaves: runs.n as u16,
+                n_runs: runs.n as u16,
                 n_prefixes: n_prefixes as u16,
                 n_hidden: hidden.len() as u8,
                 depth: depth as u8,
                 levels,
             });
             let bytes = runs.bytes();
-            ptr::copy_nonoverlapping(
-                bytes.as_ptr().cast::<u8>(),
-                p.add(LEAVES_OFFSET),
-                bytes.len(),
-            );
+            ptr::copy_nonoverlapping(bytes.as_ptr().cast::<u8>(), p.add(RUNS_OFFSET), bytes.len());
             let (at_idx, at_payload) = (
                 p.add(at_hidden).cast::<u16>(),
                 p.add(at_hidden_payloads).cast::<[u8; 4]>(),
@@ -1110,20 +1086,20 @@ impl DataBlock {
 
     #[inline(always)]
     fn offsets_here(&self) -> [usize; 2] {
-        Self::offsets(self.n_leaves as usize, self.n_hidden as usize)
+        Self::offsets(self.n_runs as usize, self.n_hidden as usize)
     }
 
     /// Where run `run`'s code and payload are (to prefetch, then load).
     #[inline(always)]
     pub fn run_addresses(&self, run: usize) -> [*const u8; 2] {
-        run_offsets(run).map(|offset| self.at(LEAVES_OFFSET + offset))
+        run_offsets(run).map(|offset| self.at(RUNS_OFFSET + offset))
     }
 
-    /// Run `run`'s payload cell (`run < n_leaves`).
+    /// Run `run`'s payload cell (`run < n_runs`).
     #[inline(always)]
     fn payload_cell(&self, run: usize) -> &PayloadCell {
-        debug_assert!(run < self.n_leaves as usize);
-        // SAFETY: run < n_leaves: written by `build` at this offset.
+        debug_assert!(run < self.n_runs as usize);
+        // SAFETY: run < n_runs: written by `build` at this offset.
         unsafe { &*self.run_addresses(run)[1].cast::<PayloadCell>() }
     }
 
@@ -1133,17 +1109,12 @@ impl DataBlock {
         load_payload(self.payload_cell(run))
     }
 
-    /// Run `run`'s code (`run < n_leaves`).
+    /// Run `run`'s code (`run < n_runs`).
     #[inline(always)]
     fn code(&self, run: usize) -> u8 {
-        debug_assert!(run < self.n_leaves as usize);
-        // SAFETY: run < n_leaves: written by `build` at this offset.
+        debug_assert!(run < self.n_runs as usize);
+        // SAFETY: run < n_runs: written by `build` at this offset.
         unsafe { *self.run_addresses(run)[0] }
-    }
-
-    /// Runs `first..=last` that hold `code`.
-    fn runs_with(&self, code: u8, first: usize, last: usize) -> impl Iterator<Item = usize> {
-        (first..=last).filter(move |&run| self.code(run) == code)
     }
 
     /// The hidden prefixes' indices (ascending) and payloads.
@@ -1163,10 +1134,10 @@ impl DataBlock {
     #[inline(always)]
     pub fn run_of(&self, b: u8) -> usize {
         // Bit 0 is always set, so the rank is at least 1.
-        self.leaf_bits.rank_incl(b as usize) - 1
+        self.run_bits.rank_incl(b as usize) - 1
     }
 
-    /// The leaf of run `run` (`run < n_leaves`): its payload, and the
+    /// The leaf of run `run` (`run < n_runs`): its payload, and the
     /// length its code gives (chosen without a branch: whether a run is
     /// inherited is unpredictable for random keys).
     #[inline(always)]
@@ -1193,22 +1164,27 @@ impl DataBlock {
         self.leaf_at(self.run_of(b))
     }
 
-    /// Writer: the stored prefix at `idx` gets the new `payload`, in each
-    /// run it wins, or in its hidden slot.
-    pub fn set_prefix_payload(&self, idx: usize, payload: [u8; 4]) {
+    /// Where the stored prefix at `idx` keeps its payload: its hidden
+    /// slot, or each run it wins (none if it is not stored).
+    fn cells_of(&self, idx: usize) -> impl Iterator<Item = &PayloadCell> {
         let (hidden, slots) = self.hidden();
-        if let Ok(i) = hidden.binary_search(&(idx as u16)) {
-            store_payload(&slots[i], payload);
-            return;
-        }
         let (l, lo, hi) = index_range(idx);
+        let slot = hidden.binary_search(&(idx as u16)).ok().map(|i| &slots[i]);
         // Only this prefix has its length in its own byte range.
-        for run in self.runs_with(
-            code_of(l),
-            self.run_of(lo as u8),
-            self.run_of((hi - 1) as u8),
-        ) {
-            store_payload(self.payload_cell(run), payload);
+        let runs = slot
+            .is_none()
+            .then(|| self.run_of(lo as u8)..=self.run_of((hi - 1) as u8))
+            .into_iter()
+            .flatten()
+            .filter(move |&run| self.code(run) == code_of(l))
+            .map(|run| self.payload_cell(run));
+        slot.into_iter().chain(runs)
+    }
+
+    /// Writer: the stored prefix at `idx` gets the new `payload`.
+    pub fn set_prefix_payload(&self, idx: usize, payload: [u8; 4]) {
+        for cell in self.cells_of(idx) {
+            store_payload(cell, payload);
         }
     }
 
@@ -1216,7 +1192,7 @@ impl DataBlock {
     /// `payload`, and so does every run that inherits it.
     pub fn set_inherited_payload(&self, payload: [u8; 4]) {
         self.default.set_payload(payload);
-        for run in self.runs_with(INHERITED, 0, self.n_leaves as usize - 1) {
+        for run in (0..self.n_runs as usize).filter(|&run| self.code(run) == INHERITED) {
             store_payload(self.payload_cell(run), payload);
         }
     }
@@ -1224,17 +1200,14 @@ impl DataBlock {
     /// The prefixes stored in this node, with their payloads.
     pub fn prefixes(&self) -> Prefixes {
         let mut out = Prefixes::new();
-        for (run, start) in self.leaf_bits.ones().enumerate() {
-            if let Some(l) = own_bits(self.code(run)) {
-                let idx = prefix_index(l, start as u8);
-                out.bits.set_raw(idx);
-                out.payloads[idx].write(self.payload(run));
+        for (run, start) in self.run_bits.ones().enumerate() {
+            if let Some(idx) = winner_of(self.code(run), start) {
+                out.put(idx, self.payload(run));
             }
         }
         let (hidden, slots) = self.hidden();
         for (&idx, slot) in hidden.iter().zip(slots) {
-            out.bits.set_raw(idx as usize);
-            out.payloads[idx as usize].write(load_payload(slot));
+            out.put(idx as usize, load_payload(slot));
         }
         out.bits.fix_ranks();
         out
@@ -1242,18 +1215,7 @@ impl DataBlock {
 
     /// Payload of the prefix at `idx`, if stored.
     pub fn prefix(&self, idx: usize) -> Option<[u8; 4]> {
-        let (hidden, slots) = self.hidden();
-        if let Ok(i) = hidden.binary_search(&(idx as u16)) {
-            return Some(load_payload(&slots[i]));
-        }
-        let (l, lo, hi) = index_range(idx);
-        self.runs_with(
-            code_of(l),
-            self.run_of(lo as u8),
-            self.run_of((hi - 1) as u8),
-        )
-        .next()
-        .map(|run| self.payload(run))
+        self.cells_of(idx).next().map(load_payload)
     }
 
     /// Number of hidden prefixes (for tests).
@@ -1274,7 +1236,7 @@ impl DataBlock {
     pub unsafe fn free(arena: &Arena, block: *mut DataBlock) {
         // SAFETY: allocated by `build` from this arena with these counts.
         unsafe {
-            let (n, h) = ((*block).n_leaves as usize, (*block).n_hidden as usize);
+            let (n, h) = ((*block).n_runs as usize, (*block).n_hidden as usize);
             arena.release(block.cast(), Self::layout(n, h).0.size())
         }
     }
@@ -1389,7 +1351,7 @@ mod tests {
                 leaf(8, 11),
             ]
         );
-        assert_eq!((d.n_leaves, d.n_hidden, d.n_prefixes), (6, 1, 5));
+        assert_eq!((d.n_runs, d.n_hidden, d.n_prefixes), (6, 1, 5));
         assert_eq!(d.levels, 1 << 1 | 1 << 2 | 1 << 3 | 1 << 8);
         assert_eq!(
             (
@@ -1499,7 +1461,7 @@ mod tests {
                 for byte in 0..=255u8 {
                     prop_assert_eq!(inc.leaf(byte), full.leaf(byte), "byte {}", byte);
                 }
-                prop_assert_eq!(inc.leaf_bits, full.leaf_bits);
+                prop_assert_eq!(inc.run_bits, full.run_bits);
                 prop_assert_eq!(inc.hidden().0, full.hidden().0);
                 prop_assert_eq!(inc.n_prefixes, full.n_prefixes);
                 prop_assert_eq!(inc.prefixes(), set.clone());

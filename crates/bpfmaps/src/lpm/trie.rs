@@ -8,8 +8,9 @@
 //!    the depth-2 node (go on at step 2 with `d = 2`).
 //! 2. Let `b` be key byte `d`. If the node's child bits have `b`, move to
 //!    that child (inline in the child block) and go on with `d + 1`.
-//! 3. Otherwise the answer is the node's leaf for `b`: a route id, already
-//!    the longest match thanks to leaf pushing. Done: no backtracking.
+//! 3. Otherwise the answer is the node's run for `b`: its payload (the
+//!    value, or a route id) and code, already the longest match thanks to
+//!    leaf pushing. Done: no backtracking.
 //!
 //! # Update
 //! One writer at a time (a mutex; readers never take it). Changing a
@@ -18,10 +19,10 @@
 //! recursively ("push down"). Adding or removing a child builds a new child
 //! block. Every replaced block is freed after an epoch grace period. A new
 //! value for a stored prefix changes no run boundary, so it is written in
-//! place instead: one atomic word store per leaf, default and payload slot
+//! place instead: one atomic word store per run, hidden slot and default
 //! holding the prefix's payload, down every subtree that inherits it.
 //!
-//! A reader walks one path and its answer comes from one leaf. Each block
+//! A reader walks one path and its answer comes from one run. Each block
 //! it reads is wholly old or wholly new, and every byte of a data block,
 //! those with a child included, holds the node's best match at the time
 //! the block was built. So an answer is always a stored route containing
@@ -87,9 +88,9 @@ pub struct Found {
     payload: [u8; 4],
 }
 
-/// A value found by a lookup. Values of up to 4 bytes live in the leaves
-/// and are copied out, so a lookup returns without one more load (and a
-/// leaf may live in the direct index, which is rewritten in place); larger
+/// A value found by a lookup. Values of up to 4 bytes live in the runs
+/// and are copied out, so a lookup returns without one more load (and an
+/// answer may live in the direct index, which is rewritten in place); larger
 /// values are borrowed from their route slot while the guard is pinned.
 /// Derefs to the value's bytes.
 #[derive(Clone, Copy)]
@@ -155,7 +156,7 @@ pub struct LpmTrie {
     root: Node,
     /// Every node block lives here; dropping the trie frees its chunks.
     arena: Arc<Arena>,
-    /// Values of up to 4 bytes live in the leaves; larger ones in `routes`.
+    /// Values of up to 4 bytes live in the runs; larger ones in `routes`.
     inline_values: bool,
     routes: Arc<RouteStore>,
     writer: Mutex<RouteAlloc>,
@@ -334,9 +335,8 @@ impl LpmTrie {
                     node = child;
                     depth += 1;
                 }
-                // SAFETY: as above; the block outlives the guard.
                 None => {
-                    // SAFETY: as above.
+                    // SAFETY: as above; the block outlives the guard.
                     let data = unsafe { node.data() };
                     return R::from_run(data, data.run_of(b));
                 }
@@ -349,7 +349,7 @@ impl LpmTrie {
     /// `get` would give them. A loop of `get` overlaps only as many lookups
     /// as the CPU's reorder window holds; this one runs the lookups of a
     /// group of 32 in stages, each fetching what the next one reads (index
-    /// slots, then block headers, then leaves), so their cache misses
+    /// slots, then block headers, then runs), so their cache misses
     /// overlap. `EINVAL` if `out` is shorter than `addrs`.
     pub fn get_many<'g, A: AsRef<[u8]>>(
         &self,
@@ -1238,34 +1238,32 @@ impl LpmTrie {
         self.direct.get().is_none_or(|d| d.matches_tree(&self.root))
     }
 
+    /// The sum of `f` over every node, the root included (for tests).
+    #[cfg(test)]
+    fn sum_over_nodes(&self, f: impl Fn(&Node) -> usize + Copy) -> usize {
+        fn sum(node: &Node, f: impl Fn(&Node) -> usize + Copy) -> usize {
+            // SAFETY: tests call this with no writer running.
+            f(node)
+                + unsafe { node.children() }.map_or(0, |c| {
+                    // SAFETY: i < len.
+                    (0..c.len()).map(|i| sum(unsafe { c.node(i) }, f)).sum()
+                })
+        }
+        let _writer = self.writer.lock();
+        sum(&self.root, f)
+    }
+
     /// Number of nodes, the root included (for tests of the trie's shape).
     #[cfg(test)]
     pub(crate) fn node_count(&self) -> usize {
-        fn count(node: &Node) -> usize {
-            // SAFETY: tests call this with no writer running.
-            1 + unsafe { node.children() }.map_or(0, |c| {
-                // SAFETY: i < len.
-                (0..c.len()).map(|i| count(unsafe { c.node(i) })).sum()
-            })
-        }
-        let _writer = self.writer.lock();
-        count(&self.root)
+        self.sum_over_nodes(|_| 1)
     }
 
     /// Number of hidden prefixes over all nodes (for tests).
     #[cfg(test)]
     pub(crate) fn hidden_count(&self) -> usize {
-        fn count(node: &Node) -> usize {
-            // SAFETY: tests call this with no writer running.
-            let (data, children) = unsafe { (node.data(), node.children()) };
-            data.hidden_len()
-                + children.map_or(0, |c| {
-                    // SAFETY: i < len.
-                    (0..c.len()).map(|i| count(unsafe { c.node(i) })).sum()
-                })
-        }
-        let _writer = self.writer.lock();
-        count(&self.root)
+        // SAFETY: no writer runs (see `sum_over_nodes`).
+        self.sum_over_nodes(|node| unsafe { node.data() }.hidden_len())
     }
 
     /// Whether the arena holds released blocks (for tests).
