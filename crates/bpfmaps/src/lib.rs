@@ -7,7 +7,8 @@
 //! ## Layout
 //! | module | what |
 //! |---|---|
-//! | [`core`] | errors, flags, the byte-level [`Map`] contract, [`create`], reclamation |
+//! | [`core`] | errors, flags, the byte-level [`Map`] contract and the [`MapOps`] every family implements, what a family declares, reclamation |
+//! | [`registry`] | every family in one table; [`create`] |
 //! | [`hash`] | jhash/jhash2 (as the kernel), xxh3, and the hash policies |
 //! | [`hashtab`] | `BPF_MAP_TYPE_HASH` and `BPF_MAP_TYPE_LRU_HASH` |
 //! | [`lpm`] | `BPF_MAP_TYPE_LPM_TRIE` |
@@ -24,9 +25,9 @@
 //!
 //! ## Example
 //! ```
-//! use bpfmaps::{create, Map, MapKind, MapSpec, Error, BPF_ANY, BPF_NOEXIST};
+//! use bpfmaps::{create, Map, MapSpec, MapType, Error, BPF_ANY, BPF_NOEXIST};
 //!
-//! let map = create(&MapSpec::new(MapKind::Hash, 4, 4, 2)).unwrap();
+//! let map = create(&MapSpec::new(MapType::HASH, 4, 4, 2)).unwrap();
 //! map.update(&1u32.to_ne_bytes(), &100u32.to_ne_bytes(), BPF_ANY).unwrap();
 //! map.update(&2u32.to_ne_bytes(), &200u32.to_ne_bytes(), BPF_ANY).unwrap();
 //! assert_eq!(map.update(&3u32.to_ne_bytes(), &1u32.to_ne_bytes(), BPF_ANY), Err(Error::Full));
@@ -43,17 +44,21 @@
 //! ```
 
 pub mod bloom;
+#[cfg(any(test, feature = "conformance"))]
+pub mod conformance;
 pub mod core;
 pub mod hash;
 pub mod hashtab;
 pub mod lpm;
+pub mod registry;
 pub mod stackmap;
 
-pub use crate::core::contract::{BatchError, Map, MapKind, MapSpec, create};
+pub use crate::core::contract::{BatchError, Caps, Map, MapInfo, MapOps, MapSpec, MapType};
 pub use crate::core::error::{Error, Result};
 pub use crate::core::flags::*;
 pub use crate::core::reclaim::{Guard, pin};
 pub use crate::hash::HashPolicy;
+pub use crate::registry::create;
 
 /// The README's examples, compiled and run as doctests.
 #[cfg(doctest)]

@@ -70,10 +70,32 @@
 
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
-use crate::core::contract::{BatchError, Map, MapKind, MapSpec, check_value};
-use crate::core::error::{Error, Result};
-use crate::core::flags::{BPF_ANY, BPF_F_ZERO_SEED, check_map_flags};
+use crate::core::contract::{Caps, MapInfo, MapOps, MapSpec, MapType};
+use crate::core::error::{Error, Result, check_len};
+use crate::core::family::{Family, KeyKind, SizeRule};
+use crate::core::flags::{BPF_F_ZERO_SEED, UpdateFlag};
 use crate::hash::{HashPolicy, jhash, jhash2_bytes, seed_for};
+
+impl MapType {
+    /// `BPF_MAP_TYPE_BLOOM_FILTER`.
+    pub const BLOOM_FILTER: MapType = MapType(30);
+}
+
+/// Values of 1 byte to 1 MiB.
+const VALUE_SIZE: SizeRule = SizeRule::between(1, 1 << 20);
+
+/// `BPF_MAP_TYPE_BLOOM_FILTER`, for the registry: no keys; `map_extra`
+/// holds the number of hash functions in its low 4 bits (0: 5).
+pub const BLOOM_FILTER_FAMILY: Family = Family {
+    map_type: MapType::BLOOM_FILTER,
+    name: "bloom_filter",
+    map_flags: BPF_F_ZERO_SEED,
+    map_extra: 0xF,
+    key_size: SizeRule::exactly(0),
+    value_size: VALUE_SIZE,
+    keys: KeyKind::None,
+    build: |spec| Ok(Box::new(BloomFilter::from_spec(spec)?)),
+};
 
 /// Hash functions used when `nr_hashes` is given as 0, as the kernel.
 pub const DEFAULT_NR_HASHES: u32 = 5;
@@ -130,8 +152,7 @@ pub struct BloomFilter {
     seed: u32,
     nr_hashes: u32,
     hash: BloomHash,
-    value_size: usize,
-    max_entries: u32,
+    info: MapInfo,
     /// Successful pushes, duplicates included.
     pushes: AtomicUsize,
 }
@@ -139,8 +160,8 @@ pub struct BloomFilter {
 impl std::fmt::Debug for BloomFilter {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("BloomFilter")
-            .field("value_size", &self.value_size)
-            .field("max_entries", &self.max_entries)
+            .field("value_size", &self.info.value_size)
+            .field("max_entries", &self.info.max_entries)
             .field("nr_hashes", &self.nr_hashes)
             .field("bit_count", &self.bit_count())
             .field("hash", &self.hash)
@@ -208,8 +229,11 @@ impl BloomFilter {
         seed: u32,
         hash: BloomHash,
     ) -> Result<Self> {
-        if value_size == 0 {
-            return Err(Error::invalid("bloom filter value_size must be non-zero"));
+        if !u32::try_from(value_size).is_ok_and(|n| VALUE_SIZE.allows(n)) {
+            return Err(Error::invalid(format!(
+                "bloom filter value_size {value_size}: 1..={}",
+                VALUE_SIZE.max
+            )));
         }
         if max_entries == 0 {
             return Err(Error::invalid("bloom filter max_entries must be non-zero"));
@@ -233,53 +257,42 @@ impl BloomFilter {
             seed,
             nr_hashes,
             hash,
-            value_size,
-            max_entries,
+            info: MapInfo {
+                map_type: MapType::BLOOM_FILTER,
+                key_size: 0,
+                value_size: value_size as u32,
+                max_entries,
+                map_flags: if seed == 0 { BPF_F_ZERO_SEED } else { 0 },
+                map_extra: u64::from(nr_hashes),
+            },
             pushes: AtomicUsize::new(0),
         })
     }
 
-    /// Builds from a `create()` spec, as the kernel's `bloom_map_alloc`:
-    /// `key_size` must be 0; `extra` holds the number of hash functions in
-    /// its low 4 bits (0: 5) and nothing above; the only flag accepted is
-    /// `BPF_F_ZERO_SEED`. `spec.hash` picks the hashing through
-    /// [`BloomHash::from_policy`]; `None` is the kernel's.
-    ///
-    /// ```
-    /// use bpfmaps::bloom::BloomFilter;
-    /// use bpfmaps::{MapKind, MapSpec, BPF_F_ZERO_SEED};
-    ///
-    /// let spec = MapSpec::new(MapKind::BloomFilter, 0, 8, 1000).extra(3).flags(BPF_F_ZERO_SEED);
-    /// let filter = BloomFilter::from_spec(&spec).unwrap();
-    /// assert_eq!(filter.nr_hashes(), 3);
-    /// ```
-    pub fn from_spec(spec: &MapSpec) -> Result<Self> {
-        check_map_flags(spec.flags, BPF_F_ZERO_SEED)?;
-        if spec.key_size != 0 {
-            return Err(Error::invalid("bloom filter key_size must be 0"));
-        }
-        if spec.extra & !0xF != 0 {
-            return Err(Error::invalid(
-                "bloom filter extra holds only the number of hashes (low 4 bits)",
-            ));
-        }
+    /// Builds from a spec that passed [`BLOOM_FILTER_FAMILY`]'s checks, as
+    /// the kernel's `bloom_map_alloc`: `extra` holds the number of hash
+    /// functions (0: 5). `spec.hash` picks the hashing through
+    /// [`BloomHash::from_policy`]; `None` is the default.
+    fn from_spec(spec: &MapSpec) -> Result<Self> {
         let value_size = spec.value_size as usize;
         let hash = spec.hash.map_or(BloomHash::default(), |p| {
             BloomHash::from_policy(p, value_size)
         });
-        Self::with_hash(
+        let mut filter = Self::with_hash(
             value_size,
             spec.max_entries,
             spec.extra as u32,
             seed_for(spec.flags),
             hash,
-        )
+        )?;
+        filter.info = spec.info();
+        Ok(filter)
     }
 
     /// Adds `value` to the set. Lock-free; `EINVAL` if `value` is not
     /// `value_size` bytes (and then the filter is unchanged).
     pub fn push(&self, value: &[u8]) -> Result<()> {
-        check_value(self.value_size, value)?;
+        check_len("value", value.len(), self.info.value_size as usize)?;
         self.for_each_bit(value, |word, bit| {
             // Relaxed: bits are independent facts; ordering with other
             // memory is the caller's business (see the module docs).
@@ -294,7 +307,7 @@ impl BloomFilter {
     /// Lock-free. A value of the wrong size is never present.
     #[inline]
     pub fn contains(&self, value: &[u8]) -> bool {
-        value.len() == self.value_size
+        value.len() == self.info.value_size as usize
             && self.for_each_bit(value, |word, bit| word.load(Ordering::Relaxed) & bit != 0)
     }
 
@@ -359,89 +372,39 @@ impl BloomFilter {
     }
 }
 
-impl Map for BloomFilter {
-    fn kind(&self) -> MapKind {
-        MapKind::BloomFilter
-    }
-    fn key_size(&self) -> usize {
-        0
-    }
-    fn value_size(&self) -> usize {
-        self.value_size
-    }
-    fn max_entries(&self) -> u32 {
-        self.max_entries
-    }
-
-    /// `EINVAL`: bloom filters are read with `peek`, as the kernel.
-    fn lookup(&self, _key: &[u8], _value: &mut [u8]) -> Result<()> {
-        Err(Error::invalid("bloom filter: use peek, not lookup"))
-    }
-    /// `EINVAL`: bloom filters are written with `push`, as the kernel.
-    fn update(&self, _key: &[u8], _value: &[u8], _flags: u64) -> Result<()> {
-        Err(Error::invalid("bloom filter: use push, not update"))
-    }
-    fn delete(&self, _key: &[u8]) -> Result<()> {
-        Err(Error::Unsupported)
-    }
-    fn lookup_and_delete(&self, _key: &[u8], _value: &mut [u8]) -> Result<()> {
-        Err(Error::Unsupported)
-    }
-    fn get_next_key(&self, _key: Option<&[u8]>, _next: &mut [u8]) -> Result<()> {
-        Err(Error::Unsupported)
+/// The kernel's `bloom_filter_map_ops`: push and peek only; through the
+/// byte contract `update` pushes and `lookup` peeks, as the syscall does.
+impl MapOps for BloomFilter {
+    const CAPS: Caps = Caps::PUSH_PEEK;
+    fn map_info(&self) -> MapInfo {
+        self.info
     }
     /// Number of successful pushes, duplicates included (a bloom filter
     /// cannot tell how many distinct values it holds).
-    fn len(&self) -> usize {
+    fn map_len(&self) -> usize {
         self.pushes.load(Ordering::Relaxed)
     }
     /// The struct plus the bit array (the kernel's `bloom_map_mem_usage`).
-    fn memory_usage(&self) -> usize {
+    fn map_mem_usage(&self) -> usize {
         size_of::<Self>() + size_of_val::<[AtomicU64]>(&self.words)
     }
-
     /// `bpf_map_push_elem`: `flags` must be `BPF_ANY`, else `EINVAL`.
-    fn push(&self, value: &[u8], flags: u64) -> Result<()> {
-        if flags != BPF_ANY {
+    fn map_push_elem(&self, value: &[u8], flag: UpdateFlag) -> Result<()> {
+        if flag != UpdateFlag::Any {
             return Err(Error::invalid(format!(
-                "bloom filter push flags {flags:#x}: only BPF_ANY (0)"
+                "bloom filter push flag {flag:?}: only BPF_ANY (0)"
             )));
         }
         BloomFilter::push(self, value)
     }
     /// `bpf_map_peek_elem`: `Ok` if `value` may be present, `ENOENT` if it
-    /// certainly is not, `EINVAL` for a value of the wrong size.
-    fn peek(&self, value: &mut [u8]) -> Result<()> {
-        check_value(self.value_size, value)?;
+    /// certainly is not.
+    fn map_peek_elem(&self, value: &mut [u8]) -> Result<()> {
         if self.contains(value) {
             Ok(())
         } else {
             Err(Error::NotFound)
         }
-    }
-
-    fn lookup_batch(
-        &self,
-        _after: Option<&[u8]>,
-        _keys: &mut [u8],
-        _values: &mut [u8],
-    ) -> Result<usize> {
-        Err(Error::Unsupported)
-    }
-    fn lookup_and_delete_batch(&self, _keys: &mut [u8], _values: &mut [u8]) -> Result<usize> {
-        Err(Error::Unsupported)
-    }
-    fn update_batch(&self, _keys: &[u8], _values: &[u8], _flags: u64) -> Result<usize, BatchError> {
-        Err(BatchError {
-            processed: 0,
-            error: Error::Unsupported,
-        })
-    }
-    fn delete_batch(&self, _keys: &[u8]) -> Result<usize, BatchError> {
-        Err(BatchError {
-            processed: 0,
-            error: Error::Unsupported,
-        })
     }
 }
 

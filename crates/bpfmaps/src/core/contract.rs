@@ -1,33 +1,69 @@
-//! The byte-level map contract every map implements, and `create()`, the
-//! userspace `bpf_map_create`.
+//! The byte-level map contract: [`Map`], what front ends and `create()`
+//! hand out, and [`MapOps`], what a map family implements.
 //!
-//! Keys and values cross this boundary as byte slices of exactly the sizes
-//! given at creation, like the `bpf()` syscall. Typed APIs on each map sit
-//! on top for Rust users.
+//! Keys and values cross this boundary as byte slices of the sizes given
+//! at creation, like the `bpf()` syscall. The kernel splits the work the
+//! same way: `kernel/bpf/syscall.c` checks what is common to every map
+//! (sizes, flags, which operations a type has) and only then calls the
+//! family's `bpf_map_ops`. Here every family implements [`MapOps`] and
+//! gets [`Map`] from one generic layer, so the checks are written once:
+//!
+//! | step | done by |
+//! |---|---|
+//! | key and value sizes (`EINVAL`) | the generic layer, from [`MapInfo`] and [`Caps::VAR_KEYS`] |
+//! | update flags decoded (`EINVAL` for unknown bits) | the generic layer ([`UpdateFlag`]) |
+//! | operations the family lacks (`EOPNOTSUPP`) | the generic layer, from [`MapOps::CAPS`] |
+//! | lookup and update of key-less maps (bloom filter) | peek and push, as the syscall does |
+//! | batch operations, partial progress, one pin per chunk | the generic layer |
+//! | everything else (what a key means, `E2BIG`, `EEXIST`, `ENOENT`) | the family |
+//!
+//! Typed APIs on each map sit beside this for Rust users who want
+//! zero-copy reads under a guard they hold.
+
+use bitflags::bitflags;
 
 use super::error::{Error, Result, check_len};
+use super::flags::UpdateFlag;
+use super::reclaim::{Guard, pin};
 
-/// The map types bpfmaps implements, with the kernel's names in the docs.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-#[non_exhaustive]
-pub enum MapKind {
-    /// `BPF_MAP_TYPE_HASH`.
-    Hash,
-    /// `BPF_MAP_TYPE_LRU_HASH`.
-    LruHash,
-    /// `BPF_MAP_TYPE_BLOOM_FILTER`.
-    BloomFilter,
-    /// `BPF_MAP_TYPE_STACK_TRACE`.
-    StackTrace,
-    /// `BPF_MAP_TYPE_LPM_TRIE`.
-    LpmTrie,
+/// A map type: the kernel's `enum bpf_map_type` number for the types the
+/// kernel has (`BPF_MAP_TYPE_HASH` is 1), and numbers from
+/// [`MapType::PRIVATE`] up for bpfmaps' own. Each family declares its
+/// constant in its own module (`MapType::HASH` in `hashtab`, ...); the
+/// registry (`bpfmaps::registry`) lists them all.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct MapType(pub u32);
+
+impl MapType {
+    /// First number of the map types the kernel does not have (the
+    /// kernel's own end at 33 in Linux 6.15), so front ends can tell them
+    /// apart from the kernel's.
+    pub const PRIVATE: u32 = 0x1000;
 }
 
-/// Everything `create()` needs, like `union bpf_attr` for `BPF_MAP_CREATE`.
+/// What `bpf_map_get_info_by_fd` tells about a map.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MapInfo {
+    /// The map's type.
+    pub map_type: MapType,
+    /// Key size in bytes (for [`Caps::VAR_KEYS`] maps: the longest key).
+    pub key_size: u32,
+    /// Value size in bytes.
+    pub value_size: u32,
+    /// Capacity given at creation.
+    pub max_entries: u32,
+    /// Creation flags in effect (`BPF_F_NO_PREALLOC`, ...).
+    pub map_flags: u32,
+    /// The kind-specific extra given at creation (`map_extra`).
+    pub map_extra: u64,
+}
+
+/// Everything creating a map needs, like `union bpf_attr` for
+/// `BPF_MAP_CREATE`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct MapSpec {
     /// Which map to build.
-    pub kind: MapKind,
+    pub map_type: MapType,
     /// Key size in bytes.
     pub key_size: u32,
     /// Value size in bytes.
@@ -45,9 +81,9 @@ pub struct MapSpec {
 
 impl MapSpec {
     /// A spec with no flags, no extra and the default hash.
-    pub fn new(kind: MapKind, key_size: u32, value_size: u32, max_entries: u32) -> Self {
+    pub fn new(map_type: MapType, key_size: u32, value_size: u32, max_entries: u32) -> Self {
         MapSpec {
-            kind,
+            map_type,
             key_size,
             value_size,
             max_entries,
@@ -74,68 +110,128 @@ impl MapSpec {
         self.hash = Some(hash);
         self
     }
+
+    /// The info of a map built from this spec with `map_flags` in effect.
+    pub fn info(&self) -> MapInfo {
+        MapInfo {
+            map_type: self.map_type,
+            key_size: self.key_size,
+            value_size: self.value_size,
+            max_entries: self.max_entries,
+            map_flags: self.flags,
+            map_extra: self.extra,
+        }
+    }
 }
 
-/// Builds any map from its spec, as `bpf_map_create` does.
-///
-/// ```
-/// use bpfmaps::{create, Map, MapKind, MapSpec, BPF_ANY};
-///
-/// let map = create(&MapSpec::new(MapKind::Hash, 4, 8, 1024)).unwrap();
-/// map.update(&7u32.to_ne_bytes(), &42u64.to_ne_bytes(), BPF_ANY).unwrap();
-/// let mut value = [0u8; 8];
-/// map.lookup(&7u32.to_ne_bytes(), &mut value).unwrap();
-/// assert_eq!(u64::from_ne_bytes(value), 42);
-/// ```
-pub fn create(spec: &MapSpec) -> Result<Box<dyn Map>> {
-    Ok(match spec.kind {
-        MapKind::Hash => Box::new(crate::hashtab::HashMap::from_spec(spec)?),
-        MapKind::LruHash => Box::new(crate::hashtab::LruHashMap::from_spec(spec)?),
-        MapKind::BloomFilter => Box::new(crate::bloom::BloomFilter::from_spec(spec)?),
-        MapKind::StackTrace => Box::new(crate::stackmap::StackTraceMap::from_spec(spec)?),
-        MapKind::LpmTrie => Box::new(crate::lpm::LpmTrie::from_spec(spec)?),
-    })
+bitflags! {
+    /// The operations a map family has beyond its info, length and memory,
+    /// as the kernel's `bpf_map_ops` entries are present or `NULL`. The
+    /// generic layer answers `EOPNOTSUPP` for the others without calling
+    /// the family.
+    #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+    pub struct Caps: u32 {
+        /// `lookup`.
+        const LOOKUP = 1 << 0;
+        /// `update` (a family may still refuse every update with a
+        /// reason, as the stack trace map's `EINVAL` does).
+        const UPDATE = 1 << 1;
+        /// `delete`.
+        const DELETE = 1 << 2;
+        /// `lookup_and_delete`.
+        const LOOKUP_AND_DELETE = 1 << 3;
+        /// `get_next_key` iteration.
+        const NEXT_KEY = 1 << 4;
+        /// The four batch operations (lookup-and-delete batches also need
+        /// `LOOKUP_AND_DELETE`), built on the single-element ones.
+        const BATCH = 1 << 5;
+        /// A key-less map (bloom filter, queue, stack): `push` and `peek`,
+        /// and, as in the syscall, `update` pushes and `lookup` peeks.
+        const PUSH_PEEK = 1 << 6;
+        /// Keys of any length from 1 to `key_size` bytes, the slice's
+        /// length being the key's.
+        const VAR_KEYS = 1 << 7;
+        /// A full map makes room for a new key by evicting an old one
+        /// instead of answering `E2BIG` (the LRU map).
+        const EVICTS = 1 << 8;
+    }
+}
+
+impl Caps {
+    /// A map with keys: lookup, update, delete, iteration and batches.
+    pub const KEYED: Caps = Caps::LOOKUP
+        .union(Caps::UPDATE)
+        .union(Caps::DELETE)
+        .union(Caps::NEXT_KEY)
+        .union(Caps::BATCH);
 }
 
 /// A batch operation that stopped part way: `processed` elements were
-/// applied before `error`.
+/// done before `error` (the kernel's `attr->batch.count`).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("batch stopped after {processed} elements: {error}")]
 pub struct BatchError {
-    /// How many elements were applied before the failure.
+    /// How many elements were done before the failure.
     pub processed: usize,
     /// Why it stopped.
     pub error: Error,
 }
 
-/// The byte-level contract of every map, object safe so front ends can hold
-/// a `Box<dyn Map>`.
-///
-/// Lookups never block: they run under an epoch guard and never take a lock.
-/// Errors follow the kernel's errno (see [`Error`]).
-pub trait Map: Send + Sync {
-    /// Which map type this is.
-    fn kind(&self) -> MapKind;
-    /// Key size in bytes.
-    fn key_size(&self) -> usize;
-    /// Value size in bytes.
-    fn value_size(&self) -> usize;
-    /// Capacity given at creation.
-    fn max_entries(&self) -> u32;
+impl BatchError {
+    /// A batch refused before its first element.
+    fn at_start(error: Error) -> Self {
+        BatchError {
+            processed: 0,
+            error,
+        }
+    }
+}
 
-    /// Copies the value stored under `key` into `value`.
+/// The byte-level contract of every map, object safe so front ends can
+/// hold a `Box<dyn Map>`. Implemented for every [`MapOps`] family by the
+/// generic layer; never by hand.
+///
+/// Lookups never block: they run under an epoch guard and never take a
+/// lock. Errors follow the kernel's errno (see [`Error`]).
+pub trait Map: Send + Sync {
+    /// Type, sizes, capacity and flags.
+    fn info(&self) -> MapInfo;
+    /// The operations this map has.
+    fn caps(&self) -> Caps;
+    /// The map's type.
+    fn map_type(&self) -> MapType {
+        self.info().map_type
+    }
+    /// Key size in bytes (the longest key for [`Caps::VAR_KEYS`] maps).
+    fn key_size(&self) -> usize {
+        self.info().key_size as usize
+    }
+    /// Value size in bytes.
+    fn value_size(&self) -> usize {
+        self.info().value_size as usize
+    }
+    /// Capacity given at creation.
+    fn max_entries(&self) -> u32 {
+        self.info().max_entries
+    }
+
+    /// Copies the value stored under `key` into `value`. For key-less maps
+    /// (`key` empty) this is `peek`, as in the syscall.
     fn lookup(&self, key: &[u8], value: &mut [u8]) -> Result<()>;
     /// Stores `value` under `key`; `flags` is `BPF_ANY`, `BPF_NOEXIST` or
-    /// `BPF_EXIST`.
+    /// `BPF_EXIST`. For key-less maps (`key` empty) this is `push`.
     fn update(&self, key: &[u8], value: &[u8], flags: u64) -> Result<()>;
     /// Removes `key`; `ENOENT` if absent.
     fn delete(&self, key: &[u8]) -> Result<()>;
     /// Copies the value out and removes the key, atomically with respect to
     /// other writers.
     fn lookup_and_delete(&self, key: &[u8], value: &mut [u8]) -> Result<()>;
-    /// Writes into `next` the key after `key`. No key, or a key that is not
-    /// in the map, gives the first key; the last key gives `ENOENT`.
-    fn get_next_key(&self, key: Option<&[u8]>, next: &mut [u8]) -> Result<()>;
+    /// Writes into `next` the key after `key` and returns its length (the
+    /// key size, but for [`Caps::VAR_KEYS`] maps). No key gives the first
+    /// key; the last key gives `ENOENT`; what a key that is not in the map
+    /// gives is the family's (the hash maps restart from the first key, as
+    /// the kernel does).
+    fn get_next_key(&self, key: Option<&[u8]>, next: &mut [u8]) -> Result<usize>;
     /// Number of entries.
     fn len(&self) -> usize;
     /// Whether the map holds no entries.
@@ -145,237 +241,394 @@ pub trait Map: Send + Sync {
     /// Bytes of memory the map holds (tables, elements, slack).
     fn memory_usage(&self) -> usize;
 
-    /// `bpf_map_push_elem`: for queue-like maps (the bloom filter). Other
-    /// maps answer `EOPNOTSUPP`.
-    fn push(&self, _value: &[u8], _flags: u64) -> Result<()> {
-        Err(Error::Unsupported)
-    }
-    /// `bpf_map_peek_elem`. For the bloom filter `value` is an input: `Ok`
-    /// means "maybe present", `ENOENT` means "certainly absent".
-    fn peek(&self, _value: &mut [u8]) -> Result<()> {
-        Err(Error::Unsupported)
-    }
+    /// `bpf_map_push_elem`, for key-less maps.
+    fn push(&self, value: &[u8], flags: u64) -> Result<()>;
+    /// `bpf_map_peek_elem`, for key-less maps. For the bloom filter `value`
+    /// is an input: `Ok` means "maybe present", `ENOENT` "certainly absent".
+    fn peek(&self, value: &mut [u8]) -> Result<()>;
 
     /// Copies up to `keys.len() / key_size` entries, starting after the key
     /// `after` (`None`: from the first). Returns how many were copied; fewer
-    /// than the room given means the iteration is complete. Continue with the
-    /// last key copied as `after`.
+    /// than the room given means the iteration is complete. Continue with
+    /// the last key copied as `after`.
     fn lookup_batch(
         &self,
         after: Option<&[u8]>,
         keys: &mut [u8],
         values: &mut [u8],
+    ) -> Result<usize, BatchError>;
+    /// Copies up to `keys.len() / key_size` entries out and deletes them.
+    /// Returns how many were moved; fewer than the room means the map was
+    /// emptied.
+    fn lookup_and_delete_batch(
+        &self,
+        keys: &mut [u8],
+        values: &mut [u8],
+    ) -> Result<usize, BatchError>;
+    /// Applies `update` to each key/value pair in order. Returns how many
+    /// were applied, or where and why it stopped; `flags` are checked
+    /// before the first element.
+    fn update_batch(&self, keys: &[u8], values: &[u8], flags: u64) -> Result<usize, BatchError>;
+    /// Deletes each key in order. Returns how many were deleted, or where
+    /// and why it stopped (`ENOENT` for a missing key, as the kernel does).
+    fn delete_batch(&self, keys: &[u8]) -> Result<usize, BatchError>;
+}
+
+impl std::fmt::Debug for dyn Map + '_ {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Map")
+            .field("info", &self.info())
+            .field("len", &self.len())
+            .finish()
+    }
+}
+
+/// What a map family implements, as the kernel's `struct bpf_map_ops`:
+/// the operations, on inputs the generic layer has already checked (key
+/// and value sizes right, update flags decoded, the operation in
+/// [`CAPS`](MapOps::CAPS)), under a guard it has pinned. Every family gets
+/// [`Map`] from this; only what a key means and the answers are its own.
+///
+/// An operation outside `CAPS` is never called, so its default body is
+/// never run.
+pub trait MapOps: Send + Sync {
+    /// The operations this family has.
+    const CAPS: Caps;
+
+    /// Type, sizes, capacity and flags.
+    fn map_info(&self) -> MapInfo;
+    /// Number of entries.
+    fn map_len(&self) -> usize;
+    /// Bytes held (`map_mem_usage`).
+    fn map_mem_usage(&self) -> usize;
+
+    /// `map_lookup_elem`: copies the value of `key` into `value`.
+    fn map_lookup_elem(&self, key: &[u8], value: &mut [u8], guard: &Guard) -> Result<()> {
+        let _ = (key, value, guard);
+        Err(Error::Unsupported)
+    }
+    /// `map_update_elem`.
+    fn map_update_elem(
+        &self,
+        key: &[u8],
+        value: &[u8],
+        flag: UpdateFlag,
+        guard: &Guard,
+    ) -> Result<()> {
+        let _ = (key, value, flag, guard);
+        Err(Error::Unsupported)
+    }
+    /// `map_delete_elem`.
+    fn map_delete_elem(&self, key: &[u8], guard: &Guard) -> Result<()> {
+        let _ = (key, guard);
+        Err(Error::Unsupported)
+    }
+    /// `map_lookup_and_delete_elem`.
+    fn map_lookup_and_delete_elem(
+        &self,
+        key: &[u8],
+        value: &mut [u8],
+        guard: &Guard,
+    ) -> Result<()> {
+        let _ = (key, value, guard);
+        Err(Error::Unsupported)
+    }
+    /// `map_get_next_key`: writes the key after `key` (`None`: the first)
+    /// into `next`, which holds `key_size` bytes, and returns its length.
+    fn map_get_next_key(
+        &self,
+        key: Option<&[u8]>,
+        next: &mut [u8],
+        guard: &Guard,
     ) -> Result<usize> {
-        let (ks, vs) = (self.key_size(), self.value_size());
-        let room = batch_room(keys.len(), values.len(), ks, vs)?;
+        let _ = (key, next, guard);
+        Err(Error::Unsupported)
+    }
+    /// `map_push_elem`.
+    fn map_push_elem(&self, value: &[u8], flag: UpdateFlag) -> Result<()> {
+        let _ = (value, flag);
+        Err(Error::Unsupported)
+    }
+    /// `map_peek_elem`.
+    fn map_peek_elem(&self, value: &mut [u8]) -> Result<()> {
+        let _ = value;
+        Err(Error::Unsupported)
+    }
+}
+
+/// Elements a batch runs under one pinned guard before letting the epoch
+/// move on (a long batch must not hold back every grace period, as the
+/// kernel's batches `cond_resched()` between elements).
+const BATCH_PIN_CHUNK: usize = 64;
+
+/// `EOPNOTSUPP` unless `caps` has `needed`.
+#[inline(always)]
+fn require(caps: Caps, needed: Caps) -> Result<()> {
+    if caps.contains(needed) {
+        Ok(())
+    } else {
+        Err(Error::Unsupported)
+    }
+}
+
+/// Checks a key against the map: exactly `key_size` bytes, or 1 to
+/// `key_size` for variable-length keys.
+#[inline(always)]
+fn check_key(info: &MapInfo, caps: Caps, key: &[u8]) -> Result<()> {
+    let max = info.key_size as usize;
+    if caps.contains(Caps::VAR_KEYS) {
+        if (1..=max).contains(&key.len()) {
+            Ok(())
+        } else {
+            Err(Error::invalid(format!(
+                "key is {} bytes, the map takes 1 to {max}",
+                key.len()
+            )))
+        }
+    } else {
+        check_len("key", key.len(), max)
+    }
+}
+
+#[inline(always)]
+fn check_value(info: &MapInfo, value: &[u8]) -> Result<()> {
+    check_len("value", value.len(), info.value_size as usize)
+}
+
+/// How many entries fit in both batch buffers; checks they hold whole
+/// keys and values.
+fn batch_room(info: &MapInfo, keys_len: usize, values_len: usize) -> Result<usize> {
+    let (ks, vs) = (info.key_size as usize, info.value_size as usize);
+    if ks == 0 || vs == 0 {
+        return Err(Error::Unsupported);
+    }
+    if !keys_len.is_multiple_of(ks) || !values_len.is_multiple_of(vs) {
+        return Err(Error::invalid(
+            "batch buffers are not a whole number of keys and values",
+        ));
+    }
+    Ok((keys_len / ks).min(values_len / vs))
+}
+
+/// The batch capability check: batches need fixed-size keys to lay out.
+fn require_batch<T: MapOps>(more: Caps) -> Result<(), BatchError> {
+    require(T::CAPS, Caps::BATCH | more)
+        .and_then(|()| {
+            if T::CAPS.contains(Caps::VAR_KEYS) {
+                Err(Error::Unsupported)
+            } else {
+                Ok(())
+            }
+        })
+        .map_err(BatchError::at_start)
+}
+
+/// Runs `op` on elements `0..n` in order under a guard re-pinned every
+/// [`BATCH_PIN_CHUNK`] elements; stops at the first error with how many
+/// were done.
+fn each_pinned(
+    n: usize,
+    mut op: impl FnMut(usize, &Guard) -> Result<()>,
+) -> Result<usize, BatchError> {
+    let mut guard = pin();
+    for i in 0..n {
+        if i > 0 && i % BATCH_PIN_CHUNK == 0 {
+            guard.repin();
+        }
+        op(i, &guard).map_err(|error| BatchError {
+            processed: i,
+            error,
+        })?;
+    }
+    Ok(n)
+}
+
+impl<T: MapOps> Map for T {
+    #[inline(always)]
+    fn info(&self) -> MapInfo {
+        self.map_info()
+    }
+
+    fn caps(&self) -> Caps {
+        T::CAPS
+    }
+
+    #[inline]
+    fn lookup(&self, key: &[u8], value: &mut [u8]) -> Result<()> {
+        if T::CAPS.contains(Caps::PUSH_PEEK) {
+            check_len("key", key.len(), 0)?;
+            return self.peek(value);
+        }
+        require(T::CAPS, Caps::LOOKUP)?;
+        let info = self.map_info();
+        check_key(&info, T::CAPS, key)?;
+        check_value(&info, value)?;
+        self.map_lookup_elem(key, value, &pin())
+    }
+
+    fn update(&self, key: &[u8], value: &[u8], flags: u64) -> Result<()> {
+        if T::CAPS.contains(Caps::PUSH_PEEK) {
+            check_len("key", key.len(), 0)?;
+            return self.push(value, flags);
+        }
+        require(T::CAPS, Caps::UPDATE)?;
+        let flag = UpdateFlag::from_bits(flags)?;
+        let info = self.map_info();
+        check_key(&info, T::CAPS, key)?;
+        check_value(&info, value)?;
+        self.map_update_elem(key, value, flag, &pin())
+    }
+
+    fn delete(&self, key: &[u8]) -> Result<()> {
+        require(T::CAPS, Caps::DELETE)?;
+        check_key(&self.map_info(), T::CAPS, key)?;
+        self.map_delete_elem(key, &pin())
+    }
+
+    fn lookup_and_delete(&self, key: &[u8], value: &mut [u8]) -> Result<()> {
+        require(T::CAPS, Caps::LOOKUP_AND_DELETE)?;
+        let info = self.map_info();
+        check_key(&info, T::CAPS, key)?;
+        check_value(&info, value)?;
+        self.map_lookup_and_delete_elem(key, value, &pin())
+    }
+
+    fn get_next_key(&self, key: Option<&[u8]>, next: &mut [u8]) -> Result<usize> {
+        require(T::CAPS, Caps::NEXT_KEY)?;
+        let info = self.map_info();
+        if let Some(key) = key {
+            check_key(&info, T::CAPS, key)?;
+        }
+        check_len("next key buffer", next.len(), info.key_size as usize)?;
+        self.map_get_next_key(key, next, &pin())
+    }
+
+    fn len(&self) -> usize {
+        self.map_len()
+    }
+
+    fn memory_usage(&self) -> usize {
+        self.map_mem_usage()
+    }
+
+    fn push(&self, value: &[u8], flags: u64) -> Result<()> {
+        require(T::CAPS, Caps::PUSH_PEEK)?;
+        let flag = UpdateFlag::from_bits(flags)?;
+        check_value(&self.map_info(), value)?;
+        self.map_push_elem(value, flag)
+    }
+
+    fn peek(&self, value: &mut [u8]) -> Result<()> {
+        require(T::CAPS, Caps::PUSH_PEEK)?;
+        check_value(&self.map_info(), value)?;
+        self.map_peek_elem(value)
+    }
+
+    fn lookup_batch(
+        &self,
+        after: Option<&[u8]>,
+        keys: &mut [u8],
+        values: &mut [u8],
+    ) -> Result<usize, BatchError> {
+        require_batch::<T>(Caps::NEXT_KEY | Caps::LOOKUP)?;
+        let info = self.map_info();
+        let (ks, vs) = (info.key_size as usize, info.value_size as usize);
+        let room = batch_room(&info, keys.len(), values.len()).map_err(BatchError::at_start)?;
+        if let Some(after) = after {
+            check_key(&info, T::CAPS, after).map_err(BatchError::at_start)?;
+        }
         let mut prev: Option<Vec<u8>> = after.map(<[u8]>::to_vec);
         let mut copied = 0;
-        while copied < room {
-            let next = &mut keys[copied * ks..(copied + 1) * ks];
-            match self.get_next_key(prev.as_deref(), next) {
-                Ok(()) => {}
-                Err(Error::NotFound) => break,
-                Err(e) => return Err(e),
+        let mut guard = pin();
+        for step in 1.. {
+            if copied == room {
+                break;
             }
+            if step % BATCH_PIN_CHUNK == 0 {
+                guard.repin();
+            }
+            let stop = |error| BatchError {
+                processed: copied,
+                error,
+            };
+            let next = &mut keys[copied * ks..(copied + 1) * ks];
+            match self.map_get_next_key(prev.as_deref(), next, &guard) {
+                Ok(_) => {}
+                Err(Error::NotFound) => break,
+                Err(e) => return Err(stop(e)),
+            }
+            prev = Some(next.to_vec());
             // A key deleted between get_next_key and lookup is skipped.
-            match self.lookup(next, &mut values[copied * vs..(copied + 1) * vs]) {
-                Ok(()) => {
-                    prev = Some(next.to_vec());
-                    copied += 1;
-                }
-                Err(Error::NotFound) => prev = Some(next.to_vec()),
-                Err(e) => return Err(e),
+            match self.map_lookup_elem(next, &mut values[copied * vs..(copied + 1) * vs], &guard) {
+                Ok(()) => copied += 1,
+                Err(Error::NotFound) => {}
+                Err(e) => return Err(stop(e)),
             }
         }
         Ok(copied)
     }
 
-    /// Copies up to `keys.len() / key_size` entries out and deletes them.
-    /// Returns how many were moved; fewer than the room means the map was
-    /// emptied.
-    fn lookup_and_delete_batch(&self, keys: &mut [u8], values: &mut [u8]) -> Result<usize> {
-        let (ks, vs) = (self.key_size(), self.value_size());
-        let room = batch_room(keys.len(), values.len(), ks, vs)?;
+    fn lookup_and_delete_batch(
+        &self,
+        keys: &mut [u8],
+        values: &mut [u8],
+    ) -> Result<usize, BatchError> {
+        require_batch::<T>(Caps::NEXT_KEY | Caps::LOOKUP_AND_DELETE)?;
+        let info = self.map_info();
+        let (ks, vs) = (info.key_size as usize, info.value_size as usize);
+        let room = batch_room(&info, keys.len(), values.len()).map_err(BatchError::at_start)?;
         let mut moved = 0;
-        let mut key = vec![0u8; ks];
+        let mut guard = pin();
         while moved < room {
-            match self.get_next_key(None, &mut key) {
-                Ok(()) => {}
-                Err(Error::NotFound) => break,
-                Err(e) => return Err(e),
+            if moved > 0 && moved % BATCH_PIN_CHUNK == 0 {
+                guard.repin();
             }
-            match self.lookup_and_delete(&key, &mut values[moved * vs..(moved + 1) * vs]) {
-                Ok(()) => {
-                    keys[moved * ks..(moved + 1) * ks].copy_from_slice(&key);
-                    moved += 1;
-                }
+            let stop = |error| BatchError {
+                processed: moved,
+                error,
+            };
+            let key = &mut keys[moved * ks..(moved + 1) * ks];
+            match self.map_get_next_key(None, key, &guard) {
+                Ok(_) => {}
+                Err(Error::NotFound) => break,
+                Err(e) => return Err(stop(e)),
+            }
+            let value = &mut values[moved * vs..(moved + 1) * vs];
+            match self.map_lookup_and_delete_elem(key, value, &guard) {
+                Ok(()) => moved += 1,
                 Err(Error::NotFound) => {} // raced with another deleter
-                Err(e) => return Err(e),
+                Err(e) => return Err(stop(e)),
             }
         }
         Ok(moved)
     }
 
-    /// Applies `update` to each key/value pair in order. Returns how many
-    /// were applied, or where and why it stopped.
     fn update_batch(&self, keys: &[u8], values: &[u8], flags: u64) -> Result<usize, BatchError> {
-        let (ks, vs) = (self.key_size(), self.value_size());
-        let n = batch_room(keys.len(), values.len(), ks, vs).map_err(|error| BatchError {
-            processed: 0,
-            error,
-        })?;
+        require_batch::<T>(Caps::UPDATE)?;
+        let flag = UpdateFlag::from_bits(flags).map_err(BatchError::at_start)?;
+        let info = self.map_info();
+        let (ks, vs) = (info.key_size as usize, info.value_size as usize);
+        let n = batch_room(&info, keys.len(), values.len()).map_err(BatchError::at_start)?;
         if keys.len() != n * ks || values.len() != n * vs {
-            let error = Error::invalid("batch keys and values hold different counts");
-            return Err(BatchError {
-                processed: 0,
-                error,
-            });
+            return Err(BatchError::at_start(Error::invalid(
+                "batch keys and values hold different counts",
+            )));
         }
-        for i in 0..n {
-            self.update(
-                &keys[i * ks..(i + 1) * ks],
-                &values[i * vs..(i + 1) * vs],
-                flags,
-            )
-            .map_err(|error| BatchError {
-                processed: i,
-                error,
-            })?;
-        }
-        Ok(n)
+        each_pinned(n, |i, guard| {
+            self.map_update_elem(&keys[i * ks..][..ks], &values[i * vs..][..vs], flag, guard)
+        })
     }
 
-    /// Deletes each key in order. Returns how many were deleted, or where and
-    /// why it stopped (`ENOENT` for a missing key, as the kernel does).
     fn delete_batch(&self, keys: &[u8]) -> Result<usize, BatchError> {
-        let ks = self.key_size();
+        require_batch::<T>(Caps::DELETE)?;
+        let ks = self.map_info().key_size as usize;
         if ks == 0 || !keys.len().is_multiple_of(ks) {
-            let error = Error::invalid("batch keys are not a whole number of keys");
-            return Err(BatchError {
-                processed: 0,
-                error,
-            });
+            return Err(BatchError::at_start(Error::invalid(
+                "batch keys are not a whole number of keys",
+            )));
         }
-        for (i, key) in keys.chunks_exact(ks).enumerate() {
-            self.delete(key).map_err(|error| BatchError {
-                processed: i,
-                error,
-            })?;
-        }
-        Ok(keys.len() / ks)
-    }
-}
-
-/// How many entries fit in both batch buffers; checks they hold whole keys
-/// and values.
-fn batch_room(keys_len: usize, values_len: usize, ks: usize, vs: usize) -> Result<usize> {
-    if ks == 0 {
-        return Err(Error::Unsupported);
-    }
-    if !keys_len.is_multiple_of(ks) || (vs != 0 && !values_len.is_multiple_of(vs)) {
-        return Err(Error::invalid(
-            "batch buffers are not a whole number of keys and values",
-        ));
-    }
-    let by_values = values_len.checked_div(vs).unwrap_or(usize::MAX);
-    Ok((keys_len / ks).min(by_values))
-}
-
-/// Checks a key buffer against the map's key size.
-pub(crate) fn check_key(map_key_size: usize, key: &[u8]) -> Result<()> {
-    check_len("key", key.len(), map_key_size)
-}
-
-/// Checks a value buffer against the map's value size.
-pub(crate) fn check_value(map_value_size: usize, value: &[u8]) -> Result<()> {
-    check_len("value", value.len(), map_value_size)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use proptest::prelude::*;
-
-    fn kind() -> impl Strategy<Value = MapKind> {
-        prop_oneof![
-            Just(MapKind::Hash),
-            Just(MapKind::LruHash),
-            Just(MapKind::BloomFilter),
-            Just(MapKind::StackTrace),
-            Just(MapKind::LpmTrie),
-        ]
-    }
-
-    #[derive(Debug, Clone)]
-    enum Call {
-        Lookup(usize, usize),
-        Update(usize, usize, u64),
-        Delete(usize),
-        LookupAndDelete(usize, usize),
-        NextKey(Option<usize>, usize),
-        Push(usize, u64),
-        Peek(usize),
-        Batch(usize, usize),
-    }
-
-    fn call() -> impl Strategy<Value = Call> {
-        let size = prop_oneof![0usize..12, 250usize..262];
-        prop_oneof![
-            (size.clone(), size.clone()).prop_map(|(k, v)| Call::Lookup(k, v)),
-            (
-                size.clone(),
-                size.clone(),
-                prop_oneof![0u64..4, Just(1 << 10), Just(u64::MAX)]
-            )
-                .prop_map(|(k, v, f)| Call::Update(k, v, f)),
-            size.clone().prop_map(Call::Delete),
-            (size.clone(), size.clone()).prop_map(|(k, v)| Call::LookupAndDelete(k, v)),
-            (prop::option::of(size.clone()), size.clone()).prop_map(|(k, n)| Call::NextKey(k, n)),
-            (size.clone(), 0u64..3).prop_map(|(v, f)| Call::Push(v, f)),
-            size.clone().prop_map(Call::Peek),
-            (0usize..40, 0usize..80).prop_map(|(k, v)| Call::Batch(k, v)),
-        ]
-    }
-
-    proptest! {
-        #![proptest_config(ProptestConfig::with_cases(1500))]
-
-        /// Any spec and any sequence of calls with buffers of any size, on
-        /// any map: errors, never a panic, and a map whose length stays
-        /// within its capacity.
-        #[test]
-        fn bad_input_never_panics(
-            kind in kind(),
-            key_size in prop_oneof![Just(0u32), Just(4), Just(8), 0u32..10, 250u32..262],
-            value_size in prop_oneof![Just(8u32), Just(16), 0u32..12, 1016u32..1020],
-            max_entries in 0u32..40,
-            flags in prop_oneof![3 => Just(0u32), 1 => Just(1), 1 => Just(64), 1 => 0u32..2048],
-            extra in prop_oneof![3 => Just(0u64), 1 => 0u64..40],
-            calls in prop::collection::vec(call(), 0..60),
-        ) {
-            let spec = MapSpec { kind, key_size, value_size, max_entries, flags, extra, hash: None };
-            let Ok(map) = create(&spec) else { return Ok(()) };
-            let bytes = |n: usize, seed: usize| -> Vec<u8> { (0..n).map(|i| (i * 31 + seed) as u8).collect() };
-            for (i, c) in calls.into_iter().enumerate() {
-                let _ = match c {
-                    Call::Lookup(k, v) => map.lookup(&bytes(k, i), &mut bytes(v, 0)),
-                    Call::Update(k, v, f) => map.update(&bytes(k, i % 7), &bytes(v, i), f),
-                    Call::Delete(k) => map.delete(&bytes(k, i % 7)),
-                    Call::LookupAndDelete(k, v) => map.lookup_and_delete(&bytes(k, i % 7), &mut bytes(v, 0)),
-                    Call::NextKey(k, n) => map.get_next_key(k.map(|k| bytes(k, i % 7)).as_deref(), &mut bytes(n, 0)),
-                    Call::Push(v, f) => map.push(&bytes(v, i), f),
-                    Call::Peek(v) => map.peek(&mut bytes(v, i)),
-                    Call::Batch(k, v) => {
-                        let _ = map.lookup_batch(None, &mut bytes(k, 0), &mut bytes(v, 0));
-                        let _ = map.update_batch(&bytes(k, i), &bytes(v, i), 0);
-                        map.delete_batch(&bytes(k, i)).map(|_| ()).map_err(|e| e.error)
-                    }
-                };
-                if map.kind() != MapKind::BloomFilter {
-                    prop_assert!(map.len() <= map.max_entries() as usize);
-                }
-            }
-            let _ = map.memory_usage();
-        }
+        each_pinned(keys.len() / ks, |i, guard| {
+            self.map_delete_elem(&keys[i * ks..][..ks], guard)
+        })
     }
 }

@@ -45,6 +45,15 @@ impl UpdateFlag {
         }
     }
 
+    /// The flag's `BPF_*` value.
+    pub fn bits(self) -> u64 {
+        match self {
+            UpdateFlag::Any => BPF_ANY,
+            UpdateFlag::NoExist => BPF_NOEXIST,
+            UpdateFlag::Exist => BPF_EXIST,
+        }
+    }
+
     /// Checks the flag against whether the key is present: the kernel's
     /// `check_flags()`.
     #[inline]

@@ -1,6 +1,9 @@
-//! The shared core: errors, flags, the byte-level map contract, reclamation.
+//! The shared core: errors, flags, the byte-level map contract, what a
+//! family declares, reclamation. It names no map family: the families
+//! depend on it, and `crate::registry` lists them.
 
 pub mod contract;
 pub mod error;
+pub mod family;
 pub mod flags;
 pub mod reclaim;

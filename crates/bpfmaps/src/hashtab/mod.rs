@@ -51,9 +51,10 @@ mod typed;
 use parking_lot::Mutex;
 use std::sync::atomic::Ordering;
 
-use crate::core::contract::{Map, MapKind, MapSpec, check_key, check_value};
+use crate::core::contract::{Caps, MapInfo, MapOps, MapSpec, MapType};
 use crate::core::error::{Error, Result};
-use crate::core::flags::{BPF_F_NO_PREALLOC, BPF_F_ZERO_SEED, UpdateFlag, check_map_flags};
+use crate::core::family::{Family, KeyKind, SizeRule};
+use crate::core::flags::{BPF_F_NO_PREALLOC, BPF_F_ZERO_SEED, UpdateFlag};
 use crate::core::reclaim::{Guard, pin};
 use crate::hash::{HashPolicy, seed_for};
 use table::{RawTable, TableOptions};
@@ -63,6 +64,44 @@ pub use typed::{TypedHashMap, TypedLruHashMap};
 /// `BPF_F_NO_COMMON_LRU`: accepted for compatibility; bpfmaps has one clock
 /// per map and no per-CPU lists, so it changes nothing.
 pub const BPF_F_NO_COMMON_LRU: u32 = 1 << 1;
+
+impl MapType {
+    /// `BPF_MAP_TYPE_HASH`.
+    pub const HASH: MapType = MapType(1);
+    /// `BPF_MAP_TYPE_LRU_HASH`.
+    pub const LRU_HASH: MapType = MapType(9);
+}
+
+/// Keys of 1 to 512 bytes (the BPF stack).
+const KEY_SIZE: SizeRule = SizeRule::between(1, 512);
+/// Values of 1 byte to 1 MiB.
+const VALUE_SIZE: SizeRule = SizeRule::between(1, 1 << 20);
+
+/// `BPF_MAP_TYPE_HASH`, for the registry.
+pub const HASH_FAMILY: Family = Family {
+    map_type: MapType::HASH,
+    name: "hash",
+    map_flags: BPF_F_NO_PREALLOC | BPF_F_ZERO_SEED,
+    map_extra: 0,
+    key_size: KEY_SIZE,
+    value_size: VALUE_SIZE,
+    keys: KeyKind::Bytes,
+    build: |spec| Ok(Box::new(HashMap::from_spec(spec)?)),
+};
+
+/// `BPF_MAP_TYPE_LRU_HASH`, for the registry. `BPF_F_NO_PREALLOC` is
+/// declared so that it is refused with `EOPNOTSUPP`, as the kernel does,
+/// rather than `EINVAL`.
+pub const LRU_HASH_FAMILY: Family = Family {
+    map_type: MapType::LRU_HASH,
+    name: "lru_hash",
+    map_flags: BPF_F_NO_PREALLOC | BPF_F_ZERO_SEED | BPF_F_NO_COMMON_LRU,
+    map_extra: 0,
+    key_size: KEY_SIZE,
+    value_size: VALUE_SIZE,
+    keys: KeyKind::Bytes,
+    build: |spec| Ok(Box::new(LruHashMap::from_spec(spec)?)),
+};
 
 /// How to build a hash map beyond sizes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -104,11 +143,44 @@ impl HashOptions {
             seed: self.seed.unwrap_or_else(rand::random),
         }
     }
+
+    /// The info of a map of `map_type` built with these options.
+    fn info(
+        self,
+        map_type: MapType,
+        key_size: usize,
+        value_size: usize,
+        max_entries: u32,
+    ) -> Result<MapInfo> {
+        let size = |what: &str, rule: SizeRule, n: usize| match u32::try_from(n) {
+            Ok(n) if rule.allows(n) => Ok(n),
+            _ => Err(Error::invalid(format!(
+                "{what} {n}: a hash map takes {}..={}",
+                rule.min, rule.max
+            ))),
+        };
+        if max_entries == 0 {
+            return Err(Error::invalid("max_entries must be non-zero"));
+        }
+        let mut map_flags = if self.prealloc { 0 } else { BPF_F_NO_PREALLOC };
+        if self.seed == Some(0) {
+            map_flags |= BPF_F_ZERO_SEED;
+        }
+        Ok(MapInfo {
+            map_type,
+            key_size: size("key_size", KEY_SIZE, key_size)?,
+            value_size: size("value_size", VALUE_SIZE, value_size)?,
+            max_entries,
+            map_flags,
+            map_extra: 0,
+        })
+    }
 }
 
 /// `BPF_MAP_TYPE_HASH`: fixed-capacity hash map with lock-free lookups.
 pub struct HashMap {
     table: RawTable,
+    info: MapInfo,
 }
 
 impl HashMap {
@@ -124,27 +196,30 @@ impl HashMap {
         max_entries: u32,
         options: HashOptions,
     ) -> Result<Self> {
+        let info = options.info(MapType::HASH, key_size, value_size, max_entries)?;
         Ok(HashMap {
             table: RawTable::new(options.table(key_size, value_size, max_entries))?,
+            info,
         })
     }
 
-    /// Builds from a `create()` spec.
-    pub fn from_spec(spec: &MapSpec) -> Result<Self> {
-        check_map_flags(spec.flags, BPF_F_NO_PREALLOC | BPF_F_ZERO_SEED)?;
-        let options = HashOptions::from_spec(spec);
-        Self::with_options(
+    /// Builds from a spec that passed [`HASH_FAMILY`]'s checks.
+    fn from_spec(spec: &MapSpec) -> Result<Self> {
+        let mut map = Self::with_options(
             spec.key_size as usize,
             spec.value_size as usize,
             spec.max_entries,
-            options,
-        )
+            HashOptions::from_spec(spec),
+        )?;
+        map.info = spec.info();
+        Ok(map)
     }
 
     /// The value stored under `key`, borrowed in place while `guard` is
-    /// pinned. Lock-free. A key of the wrong size is simply not found.
+    /// pinned (and the map alive). Lock-free. A key of the wrong size is
+    /// simply not found.
     #[inline]
-    pub fn get<'g>(&self, key: &[u8], guard: &'g Guard) -> Option<&'g [u8]> {
+    pub fn get<'g>(&'g self, key: &[u8], guard: &'g Guard) -> Option<&'g [u8]> {
         self.table.get(key, guard)
     }
 
@@ -155,74 +230,86 @@ impl HashMap {
 
     /// Visits every entry under one guard (weakly consistent under
     /// concurrent writers: each entry present throughout is seen once).
-    pub fn for_each<'g>(&self, guard: &'g Guard, f: impl FnMut(&'g [u8], &'g [u8])) {
+    pub fn for_each<'g>(&'g self, guard: &'g Guard, f: impl FnMut(&'g [u8], &'g [u8])) {
         self.table.for_each(guard, f)
-    }
-
-    fn update_with(&self, key: &[u8], value: &[u8], flags: u64, guard: &Guard) -> Result<()> {
-        let flag = UpdateFlag::from_bits(flags)?;
-        check_key(self.table.layout().key_size, key)?;
-        check_value(self.table.layout().value_size, value)?;
-        self.table
-            .update(key, value, flag, guard, || false)
-            .map(|_| ())
     }
 }
 
-/// The byte contract shared by both hash maps.
-macro_rules! impl_hash_contract {
-    ($ty:ty, $kind:expr) => {
-        impl Map for $ty {
-            fn kind(&self) -> MapKind {
-                $kind
+/// The byte contract shared by both hash maps: the entry points of the
+/// kernel's `htab_map_ops` and `htab_lru_map_ops`.
+macro_rules! impl_hash_ops {
+    ($ty:ty, $caps:expr) => {
+        impl MapOps for $ty {
+            const CAPS: Caps = $caps;
+            fn map_info(&self) -> MapInfo {
+                self.info
             }
-            fn key_size(&self) -> usize {
-                self.table.layout().key_size
-            }
-            fn value_size(&self) -> usize {
-                self.table.layout().value_size
-            }
-            fn max_entries(&self) -> u32 {
-                self.table.max_entries as u32
-            }
-            fn lookup(&self, key: &[u8], value: &mut [u8]) -> Result<()> {
-                check_key(self.key_size(), key)?;
-                check_value(self.value_size(), value)?;
-                let guard = pin();
-                value.copy_from_slice(self.get(key, &guard).ok_or(Error::NotFound)?);
-                Ok(())
-            }
-            fn update(&self, key: &[u8], value: &[u8], flags: u64) -> Result<()> {
-                self.update_with(key, value, flags, &pin())
-            }
-            fn delete(&self, key: &[u8]) -> Result<()> {
-                check_key(self.key_size(), key)?;
-                self.table.delete(key, None, &pin())
-            }
-            fn lookup_and_delete(&self, key: &[u8], value: &mut [u8]) -> Result<()> {
-                check_key(self.key_size(), key)?;
-                check_value(self.value_size(), value)?;
-                self.table.delete(key, Some(value), &pin())
-            }
-            fn get_next_key(&self, key: Option<&[u8]>, next: &mut [u8]) -> Result<()> {
-                if let Some(key) = key {
-                    check_key(self.key_size(), key)?;
-                }
-                check_key(self.key_size(), next)?;
-                self.table.next_key(key, next, &pin())
-            }
-            fn len(&self) -> usize {
+            fn map_len(&self) -> usize {
                 self.table.len()
             }
-            fn memory_usage(&self) -> usize {
+            fn map_mem_usage(&self) -> usize {
                 self.table.memory_usage() + size_of::<Self>() - size_of::<RawTable>()
+            }
+            #[inline]
+            fn map_lookup_elem(&self, key: &[u8], value: &mut [u8], guard: &Guard) -> Result<()> {
+                value.copy_from_slice(self.get(key, guard).ok_or(Error::NotFound)?);
+                Ok(())
+            }
+            fn map_update_elem(
+                &self,
+                key: &[u8],
+                value: &[u8],
+                flag: UpdateFlag,
+                guard: &Guard,
+            ) -> Result<()> {
+                self.update_checked(key, value, flag, guard)
+            }
+            fn map_delete_elem(&self, key: &[u8], guard: &Guard) -> Result<()> {
+                self.table.delete(key, None, guard)
+            }
+            fn map_lookup_and_delete_elem(
+                &self,
+                key: &[u8],
+                value: &mut [u8],
+                guard: &Guard,
+            ) -> Result<()> {
+                self.table.delete(key, Some(value), guard)
+            }
+            fn map_get_next_key(
+                &self,
+                key: Option<&[u8]>,
+                next: &mut [u8],
+                guard: &Guard,
+            ) -> Result<usize> {
+                self.table.next_key(key, next, guard)?;
+                Ok(next.len())
             }
         }
     };
 }
 
-impl_hash_contract!(HashMap, MapKind::Hash);
-impl_hash_contract!(LruHashMap, MapKind::LruHash);
+impl_hash_ops!(HashMap, Caps::KEYED.union(Caps::LOOKUP_AND_DELETE));
+impl_hash_ops!(
+    LruHashMap,
+    Caps::KEYED
+        .union(Caps::LOOKUP_AND_DELETE)
+        .union(Caps::EVICTS)
+);
+
+impl HashMap {
+    /// An update whose sizes and flag were checked.
+    fn update_checked(
+        &self,
+        key: &[u8],
+        value: &[u8],
+        flag: UpdateFlag,
+        guard: &Guard,
+    ) -> Result<()> {
+        self.table
+            .update(key, value, flag, guard, || false)
+            .map(|_| ())
+    }
+}
 
 /// `BPF_MAP_TYPE_LRU_HASH`: when full, an update evicts a least recently
 /// used entry instead of failing.
@@ -234,6 +321,7 @@ impl_hash_contract!(LruHashMap, MapKind::LruHash);
 /// unreferenced entry. Like the kernel, the LRU map is always preallocated.
 pub struct LruHashMap {
     table: RawTable,
+    info: MapInfo,
     hand: Mutex<usize>,
 }
 
@@ -253,32 +341,32 @@ impl LruHashMap {
         if !options.prealloc {
             return Err(Error::Unsupported);
         }
+        let info = options.info(MapType::LRU_HASH, key_size, value_size, max_entries)?;
         let table = RawTable::new(options.table(key_size, value_size, max_entries))?;
         Ok(LruHashMap {
             table,
+            info,
             hand: Mutex::new(0),
         })
     }
 
-    /// Builds from a `create()` spec.
-    pub fn from_spec(spec: &MapSpec) -> Result<Self> {
-        check_map_flags(
-            spec.flags,
-            BPF_F_NO_PREALLOC | BPF_F_ZERO_SEED | BPF_F_NO_COMMON_LRU,
-        )?;
-        let options = HashOptions::from_spec(spec);
-        Self::with_options(
+    /// Builds from a spec that passed [`LRU_HASH_FAMILY`]'s checks
+    /// (`BPF_F_NO_PREALLOC` is `EOPNOTSUPP`: LRU maps are preallocated).
+    fn from_spec(spec: &MapSpec) -> Result<Self> {
+        let mut map = Self::with_options(
             spec.key_size as usize,
             spec.value_size as usize,
             spec.max_entries,
-            options,
-        )
+            HashOptions::from_spec(spec),
+        )?;
+        map.info = spec.info();
+        Ok(map)
     }
 
     /// The value under `key`, borrowed in place; marks the entry recently
     /// used. Lock-free.
     #[inline]
-    pub fn get<'g>(&self, key: &[u8], guard: &'g Guard) -> Option<&'g [u8]> {
+    pub fn get<'g>(&'g self, key: &[u8], guard: &'g Guard) -> Option<&'g [u8]> {
         let e = self.table.find(key, self.table.hash(key), guard)?;
         // SAFETY: reachable under the pinned guard.
         let header = unsafe { e.header() };
@@ -296,14 +384,19 @@ impl LruHashMap {
     }
 
     /// Visits every entry (weakly consistent), without marking them used.
-    pub fn for_each<'g>(&self, guard: &'g Guard, f: impl FnMut(&'g [u8], &'g [u8])) {
+    pub fn for_each<'g>(&'g self, guard: &'g Guard, f: impl FnMut(&'g [u8], &'g [u8])) {
         self.table.for_each(guard, f)
     }
 
-    fn update_with(&self, key: &[u8], value: &[u8], flags: u64, guard: &Guard) -> Result<()> {
-        let flag = UpdateFlag::from_bits(flags)?;
-        check_key(self.table.layout().key_size, key)?;
-        check_value(self.table.layout().value_size, value)?;
+    /// An update whose sizes and flag were checked: a new key in a full
+    /// map evicts first.
+    fn update_checked(
+        &self,
+        key: &[u8],
+        value: &[u8],
+        flag: UpdateFlag,
+        guard: &Guard,
+    ) -> Result<()> {
         let mut attempts = 0;
         self.table
             .update(key, value, flag, guard, || {

@@ -47,7 +47,7 @@ macro_rules! typed_map {
 
             /// The value under `key`, borrowed while `guard` is pinned.
             #[inline]
-            pub fn get<'g>(&self, key: &K, guard: &'g Guard) -> Option<&'g V> {
+            pub fn get<'g>(&'g self, key: &K, guard: &'g Guard) -> Option<&'g V> {
                 self.raw.get(bytemuck::bytes_of(key), guard).map(bytemuck::from_bytes)
             }
 
@@ -63,7 +63,7 @@ macro_rules! typed_map {
 
             /// Inserts with explicit update flags.
             pub fn update(&self, key: &K, value: &V, flags: u64) -> Result<()> {
-                self.raw.update_with(bytemuck::bytes_of(key), bytemuck::bytes_of(value), flags, &pin())
+                self.raw.update(bytemuck::bytes_of(key), bytemuck::bytes_of(value), flags)
             }
 
             /// Removes `key`, returning its value.
@@ -84,7 +84,7 @@ macro_rules! typed_map {
             }
 
             /// Visits every entry under one guard (weakly consistent).
-            pub fn for_each<'g>(&self, guard: &'g Guard, mut f: impl FnMut(&'g K, &'g V)) {
+            pub fn for_each<'g>(&'g self, guard: &'g Guard, mut f: impl FnMut(&'g K, &'g V)) {
                 self.raw.for_each(guard, |k, v| f(bytemuck::from_bytes(k), bytemuck::from_bytes(v)))
             }
 

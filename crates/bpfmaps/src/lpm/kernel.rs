@@ -99,7 +99,7 @@
 //!   `ENOSPC`, which `Error` has no variant for.
 //! - `lookup_and_delete` is [`Error::Unsupported`] (`EOPNOTSUPP`); the
 //!   kernel's syscall answers `ENOTSUPP` (524) for this map type.
-//! - [`KernelLpmTrie::from_spec`] accepts flags 0 as well as
+//! - Its family accepts flags 0 as well as
 //!   `BPF_F_NO_PREALLOC`; the kernel insists on `BPF_F_NO_PREALLOC`.
 //! - Allocation failure aborts (as `Box` does) instead of `ENOMEM`; the
 //!   lock cannot fail (6.15's `rqspinlock` may return `EDEADLK`/`ETIMEDOUT`).
@@ -137,9 +137,32 @@ use crossbeam_epoch::{self as epoch, Atomic, Guard, Owned, Pointable, Shared};
 use parking_lot::Mutex;
 
 use super::key::{self, KEY_HEADER, KeyRef};
-use crate::core::contract::{Map, MapKind, MapSpec, check_key, check_value};
-use crate::core::error::{Error, Result};
-use crate::core::flags::{BPF_F_NO_PREALLOC, UpdateFlag, check_map_flags};
+use crate::core::contract::{Caps, MapInfo, MapOps, MapSpec, MapType};
+use crate::core::error::{Error, Result, check_len};
+use crate::core::family::{Family, KeyKind};
+use crate::core::flags::{BPF_F_NO_PREALLOC, UpdateFlag};
+
+impl MapType {
+    /// The port of the kernel's LPM trie: `BPF_MAP_TYPE_LPM_TRIE`'s
+    /// semantics and algorithm, under a type number of bpfmaps' own so
+    /// both tries can be created side by side.
+    pub const KERNEL_LPM_TRIE: MapType = MapType(MapType::PRIVATE);
+}
+
+/// The kernel LPM port, for the registry: as [`LPM_TRIE_FAMILY`]
+/// (`trie_alloc`'s checks).
+///
+/// [`LPM_TRIE_FAMILY`]: super::trie::LPM_TRIE_FAMILY
+pub const KERNEL_LPM_TRIE_FAMILY: Family = Family {
+    map_type: MapType::KERNEL_LPM_TRIE,
+    name: "kernel_lpm_trie",
+    map_flags: BPF_F_NO_PREALLOC,
+    map_extra: 0,
+    key_size: key::KEY_SIZE,
+    value_size: key::VALUE_SIZE,
+    keys: KeyKind::LpmPrefix,
+    build: |spec| Ok(Box::new(KernelLpmTrie::from_spec(spec)?)),
+};
 
 /// `LPM_TREE_NODE_FLAG_IM`: the node is intermediate (no value).
 const LPM_TREE_NODE_FLAG_IM: u32 = 1 << 0;
@@ -403,6 +426,7 @@ pub struct KernelLpmTrie {
     value_size: usize,
     max_prefixlen: u32,
     max_entries: u32,
+    map_flags: u32,
 }
 
 impl KernelLpmTrie {
@@ -424,29 +448,20 @@ impl KernelLpmTrie {
             value_size,
             max_prefixlen: 8 * data_size as u32,
             max_entries,
+            map_flags: 0,
         })
     }
 
-    /// Builds from a `create()` spec (`trie_alloc`): `key_size` is 4 + data
-    /// size; flags 0 or `BPF_F_NO_PREALLOC` (the kernel requires the latter);
-    /// `extra` must be 0; the hash policy is ignored.
-    pub fn from_spec(spec: &MapSpec) -> Result<Self> {
-        if spec.kind != MapKind::LpmTrie {
-            return Err(Error::invalid(format!(
-                "KernelLpmTrie built from a {:?} spec",
-                spec.kind
-            )));
-        }
-        check_map_flags(spec.flags, BPF_F_NO_PREALLOC)?;
-        if spec.extra != 0 {
-            return Err(Error::invalid("map_extra must be 0 for an LPM trie"));
-        }
-        let data_size = key::check_sizes(
-            spec.key_size as usize,
+    /// Builds from a spec that passed [`KERNEL_LPM_TRIE_FAMILY`]'s checks
+    /// (`trie_alloc`); the hash policy is ignored.
+    fn from_spec(spec: &MapSpec) -> Result<Self> {
+        let mut trie = Self::new(
+            spec.key_size as usize - KEY_HEADER,
             spec.value_size as usize,
             spec.max_entries,
         )?;
-        Self::new(data_size, spec.value_size as usize, spec.max_entries)
+        trie.map_flags = spec.flags;
+        Ok(trie)
     }
 
     /// Bytes of key data (the key is 4 bytes of `prefixlen` more).
@@ -500,7 +515,7 @@ impl KernelLpmTrie {
     pub fn insert_data(&self, data: &[u8], prefixlen: u32, value: &[u8], flags: u64) -> Result<()> {
         let flags = UpdateFlag::from_bits(flags)?;
         self.check_data(data, prefixlen)?;
-        check_value(self.value_size, value)?;
+        check_len("value", value.len(), self.value_size)?;
         self.update_elem(data, prefixlen, value, flags)
     }
 
@@ -986,9 +1001,9 @@ impl KernelLpmTrie {
             bytes: 0,
         };
         walk.node(self.root.load(Ordering::Acquire, guard), None, guard);
-        assert_eq!(walk.real, self.len(), "invariant 3: {}", self.shape());
+        assert_eq!(walk.real, self.map_len(), "invariant 3: {}", self.shape());
         assert!(walk.real <= self.max_entries as usize);
-        assert_eq!(walk.bytes, self.memory_usage());
+        assert_eq!(walk.bytes, self.map_mem_usage());
     }
 }
 
@@ -1033,31 +1048,35 @@ fn split_key(key: &[u8]) -> (u32, &[u8]) {
     (prefixlen, &key[KEY_HEADER..])
 }
 
-impl Map for KernelLpmTrie {
-    fn kind(&self) -> MapKind {
-        MapKind::LpmTrie
+/// The kernel's `trie_map_ops`.
+impl MapOps for KernelLpmTrie {
+    const CAPS: Caps = Caps::KEYED;
+
+    fn map_info(&self) -> MapInfo {
+        MapInfo {
+            map_type: MapType::KERNEL_LPM_TRIE,
+            key_size: (KEY_HEADER + self.data_size) as u32,
+            value_size: self.value_size as u32,
+            max_entries: self.max_entries,
+            map_flags: self.map_flags,
+            map_extra: 0,
+        }
     }
 
-    fn key_size(&self) -> usize {
-        KEY_HEADER + self.data_size
+    fn map_len(&self) -> usize {
+        self.n_entries.load(Ordering::Relaxed)
     }
 
-    fn value_size(&self) -> usize {
-        self.value_size
-    }
-
-    fn max_entries(&self) -> u32 {
-        self.max_entries
+    /// Sum of the live node allocations, intermediate nodes included.
+    fn map_mem_usage(&self) -> usize {
+        self.node_bytes.load(Ordering::Relaxed)
     }
 
     /// Longest-prefix match of the key's data among prefixes of length at
     /// most the key's `prefixlen`. A `prefixlen` above `max_prefixlen` is
     /// `ENOENT`, not `EINVAL`: the kernel's lookup just finds nothing.
-    fn lookup(&self, key: &[u8], value: &mut [u8]) -> Result<()> {
-        check_key(self.key_size(), key)?;
-        check_value(self.value_size, value)?;
+    fn map_lookup_elem(&self, key: &[u8], value: &mut [u8], guard: &Guard) -> Result<()> {
         let (prefixlen, data) = split_key(key);
-        let guard = &epoch::pin();
         let node = self
             .lookup_elem(data, prefixlen, guard)
             .ok_or(Error::NotFound)?;
@@ -1067,50 +1086,28 @@ impl Map for KernelLpmTrie {
 
     /// Stores the exact prefix. A new prefix (an intermediate node's
     /// included) needs room: `E2BIG` (the kernel's `ENOSPC`) when full.
-    fn update(&self, key: &[u8], value: &[u8], flags: u64) -> Result<()> {
-        check_key(self.key_size(), key)?;
-        check_value(self.value_size, value)?;
-        let flags = UpdateFlag::from_bits(flags)?;
+    fn map_update_elem(&self, key: &[u8], value: &[u8], flag: UpdateFlag, _: &Guard) -> Result<()> {
         let key = KeyRef::parse(key, self.data_size)?;
-        self.update_elem(key.data, key.prefixlen, value, flags)
+        self.update_elem(key.data, key.prefixlen, value, flag)
     }
 
-    fn delete(&self, key: &[u8]) -> Result<()> {
+    fn map_delete_elem(&self, key: &[u8], _: &Guard) -> Result<()> {
         let key = KeyRef::parse(key, self.data_size)?;
         self.delete_elem(key.data, key.prefixlen)
-    }
-
-    /// The kernel has no lookup-and-delete for LPM tries (`ENOTSUPP`).
-    fn lookup_and_delete(&self, _key: &[u8], _value: &mut [u8]) -> Result<()> {
-        Err(Error::Unsupported)
     }
 
     /// Post-order (more specific prefixes first). A key that is not stored
     /// restarts from the first key; data comes back with the host bits it
     /// was stored with.
-    fn get_next_key(&self, key: Option<&[u8]>, next: &mut [u8]) -> Result<()> {
-        if let Some(key) = key {
-            check_key(self.key_size(), key)?;
-        }
-        check_key(self.key_size(), next)?;
-        let guard = &epoch::pin();
+    fn map_get_next_key(
+        &self,
+        key: Option<&[u8]>,
+        next: &mut [u8],
+        guard: &Guard,
+    ) -> Result<usize> {
         let node = self.get_next_node(key.map(split_key), guard)?;
         key::write_key(next, node.prefixlen(), node.data(self.data_size));
-        Ok(())
-    }
-
-    fn len(&self) -> usize {
-        self.n_entries.load(Ordering::Relaxed)
-    }
-
-    /// Sum of the live node allocations, intermediate nodes included.
-    fn memory_usage(&self) -> usize {
-        self.node_bytes.load(Ordering::Relaxed)
-    }
-
-    /// The kernel has no lookup-and-delete batch for LPM tries (`ENOTSUPP`).
-    fn lookup_and_delete_batch(&self, _keys: &mut [u8], _values: &mut [u8]) -> Result<usize> {
-        Err(Error::Unsupported)
+        Ok(next.len())
     }
 }
 

@@ -3,6 +3,7 @@
 //! first) and the bit helpers both tries share.
 
 use crate::core::error::{Error, Result, check_len};
+use crate::core::family::SizeRule;
 
 /// Bytes before the data in a byte-contract key (`prefixlen`).
 pub const KEY_HEADER: usize = 4;
@@ -12,6 +13,13 @@ pub const DATA_SIZE_MIN: usize = 1;
 pub const DATA_SIZE_MAX: usize = 256;
 /// Largest value size accepted.
 pub const VALUE_SIZE_MAX: usize = 1 << 20;
+/// Key sizes of both LPM tries: the prefix length and 1 to 256 data bytes.
+pub const KEY_SIZE: SizeRule = SizeRule::between(
+    (KEY_HEADER + DATA_SIZE_MIN) as u32,
+    (KEY_HEADER + DATA_SIZE_MAX) as u32,
+);
+/// Value sizes of both LPM tries.
+pub const VALUE_SIZE: SizeRule = SizeRule::between(1, VALUE_SIZE_MAX as u32);
 
 /// A decoded key: prefix length and data bytes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -97,12 +105,12 @@ pub fn prefix_contains(data: &[u8], prefixlen: u32, addr: &[u8]) -> bool {
 /// Checks creation sizes as the kernel does: key is `4 + 1..=256` bytes,
 /// value `1..=VALUE_SIZE_MAX`, `max_entries > 0`. Returns the data size.
 pub fn check_sizes(key_size: usize, value_size: usize, max_entries: u32) -> Result<usize> {
-    if !(KEY_HEADER + DATA_SIZE_MIN..=KEY_HEADER + DATA_SIZE_MAX).contains(&key_size) {
+    if !u32::try_from(key_size).is_ok_and(|n| KEY_SIZE.allows(n)) {
         return Err(Error::invalid(format!(
             "LPM key_size {key_size}: must be 4 (prefixlen) + 1..=256 data bytes"
         )));
     }
-    if !(1..=VALUE_SIZE_MAX).contains(&value_size) {
+    if !u32::try_from(value_size).is_ok_and(|n| VALUE_SIZE.allows(n)) {
         return Err(Error::invalid(format!(
             "LPM value_size {value_size} out of range"
         )));

@@ -29,5 +29,5 @@ mod tests;
 mod trie;
 
 pub use ip::{IpLpm, IpPrefix, Ipv4Lpm, Ipv6Lpm};
-pub use kernel::KernelLpmTrie;
-pub use trie::{DIRECT_INDEX_FROM, Found, LpmTrie, Value};
+pub use kernel::{KERNEL_LPM_TRIE_FAMILY, KernelLpmTrie};
+pub use trie::{DIRECT_INDEX_FROM, Found, LPM_TRIE_FAMILY, LpmTrie, Value};

@@ -48,10 +48,30 @@ use super::node::{
     index_range, prefix_index,
 };
 use super::routes::{RouteAlloc, RouteStore};
-use crate::core::contract::{Map, MapKind, MapSpec, check_value};
-use crate::core::error::{Error, Result};
-use crate::core::flags::{BPF_F_NO_PREALLOC, UpdateFlag, check_map_flags};
+use crate::core::contract::{Caps, MapInfo, MapOps, MapSpec, MapType};
+use crate::core::error::{Error, Result, check_len};
+use crate::core::family::{Family, KeyKind};
+use crate::core::flags::{BPF_F_NO_PREALLOC, UpdateFlag};
 use crate::core::reclaim::{Guard, drop_in_background, pin};
+
+impl MapType {
+    /// `BPF_MAP_TYPE_LPM_TRIE`.
+    pub const LPM_TRIE: MapType = MapType(11);
+}
+
+/// `BPF_MAP_TYPE_LPM_TRIE`, for the registry: `key_size = 4 + data_size`;
+/// flags 0 or `BPF_F_NO_PREALLOC` (which the kernel requires; here it
+/// changes nothing).
+pub const LPM_TRIE_FAMILY: Family = Family {
+    map_type: MapType::LPM_TRIE,
+    name: "lpm_trie",
+    map_flags: BPF_F_NO_PREALLOC,
+    map_extra: 0,
+    key_size: key::KEY_SIZE,
+    value_size: key::VALUE_SIZE,
+    keys: KeyKind::LpmPrefix,
+    build: |spec| Ok(Box::new(LpmTrie::from_spec(spec)?)),
+};
 
 /// A raw pointer moved into a deferred free.
 struct Owned<T>(*mut T);
@@ -153,6 +173,7 @@ pub struct LpmTrie {
     data_size: usize,
     value_size: usize,
     max_entries: u32,
+    map_flags: u32,
     root: Node,
     /// Every node block lives here; dropping the trie frees its chunks.
     arena: Arc<Arena>,
@@ -235,6 +256,7 @@ impl LpmTrie {
             data_size,
             value_size,
             max_entries,
+            map_flags: 0,
             root: Node::new(root_data),
             arena,
             inline_values: value_size <= 4,
@@ -282,17 +304,12 @@ impl LpmTrie {
         }
     }
 
-    /// Builds from a `create()` spec: `key_size = 4 + data_size`. Flags may
-    /// be 0 or `BPF_F_NO_PREALLOC` (which the kernel requires; here it
-    /// changes nothing).
-    pub fn from_spec(spec: &MapSpec) -> Result<Self> {
-        check_map_flags(spec.flags, BPF_F_NO_PREALLOC)?;
-        let data_size = key::check_sizes(
-            spec.key_size as usize,
-            spec.value_size as usize,
-            spec.max_entries,
-        )?;
-        Self::new(data_size, spec.value_size as usize, spec.max_entries)
+    /// Builds from a spec that passed [`LPM_TRIE_FAMILY`]'s checks.
+    fn from_spec(spec: &MapSpec) -> Result<Self> {
+        let data_size = spec.key_size as usize - key::KEY_HEADER;
+        let mut trie = Self::new(data_size, spec.value_size as usize, spec.max_entries)?;
+        trie.map_flags = spec.flags;
+        Ok(trie)
     }
 
     /// Key data size in bytes.
@@ -606,7 +623,7 @@ impl LpmTrie {
     /// along.
     pub fn insert(&self, data: &[u8], prefixlen: u32, value: &[u8], flags: u64) -> Result<()> {
         let flag = UpdateFlag::from_bits(flags)?;
-        check_value(self.value_size, value)?;
+        check_len("value", value.len(), self.value_size)?;
         let (buf, prefixlen) = self.masked(data, prefixlen)?;
         let data = &buf[..self.data_size];
         let guard = pin();
@@ -641,7 +658,7 @@ impl LpmTrie {
     /// `out` if given. `ENOENT` if it is not stored.
     pub fn remove(&self, data: &[u8], prefixlen: u32, out: Option<&mut [u8]>) -> Result<()> {
         if let Some(out) = &out {
-            check_value(self.value_size, out)?;
+            check_len("value", out.len(), self.value_size)?;
         }
         let (buf, prefixlen) = self.masked(data, prefixlen)?;
         let data = &buf[..self.data_size];
@@ -1333,49 +1350,58 @@ fn subtree_empty(prefixes: &Prefixes, children: Option<&ChildBlock>, idx: usize)
     })
 }
 
-impl Map for LpmTrie {
-    fn kind(&self) -> MapKind {
-        MapKind::LpmTrie
+/// The kernel's `trie_map_ops`, plus lookup-and-delete.
+impl MapOps for LpmTrie {
+    const CAPS: Caps = Caps::KEYED.union(Caps::LOOKUP_AND_DELETE);
+
+    fn map_info(&self) -> MapInfo {
+        MapInfo {
+            map_type: MapType::LPM_TRIE,
+            key_size: (key::KEY_HEADER + self.data_size) as u32,
+            value_size: self.value_size as u32,
+            max_entries: self.max_entries,
+            map_flags: self.map_flags,
+            map_extra: 0,
+        }
     }
-    fn key_size(&self) -> usize {
-        key::KEY_HEADER + self.data_size
+
+    fn map_len(&self) -> usize {
+        self.len.load(Ordering::Relaxed)
     }
-    fn value_size(&self) -> usize {
-        self.value_size
-    }
-    fn max_entries(&self) -> u32 {
-        self.max_entries
+
+    fn map_mem_usage(&self) -> usize {
+        LpmTrie::memory_usage(self)
     }
 
     /// Longest match for the key's data among prefixes no longer than the
     /// key's `prefixlen` (as the kernel); full-length keys take the fast path.
-    fn lookup(&self, key: &[u8], value: &mut [u8]) -> Result<()> {
-        let k = self.check_key_data(key)?;
-        check_value(self.value_size, value)?;
-        let guard = pin();
+    fn map_lookup_elem(&self, key: &[u8], value: &mut [u8], guard: &Guard) -> Result<()> {
+        // The kernel's lookup finds nothing, rather than failing, for a
+        // prefix length over the data's bits.
+        let k = self.check_key_data(key).map_err(|_| Error::NotFound)?;
         if k.prefixlen as usize == 8 * self.data_size {
-            value.copy_from_slice(&self.get(k.data, &guard).ok_or(Error::NotFound)?);
+            value.copy_from_slice(&self.get(k.data, guard).ok_or(Error::NotFound)?);
         } else {
             let best = self
-                .covering(k.data, k.prefixlen, &guard)?
+                .covering(k.data, k.prefixlen, guard)?
                 .pop()
                 .ok_or(Error::NotFound)?;
-            value.copy_from_slice(&self.value_of(&best, &guard));
+            value.copy_from_slice(&self.value_of(&best, guard));
         }
         Ok(())
     }
 
-    fn update(&self, key: &[u8], value: &[u8], flags: u64) -> Result<()> {
+    fn map_update_elem(&self, key: &[u8], value: &[u8], flag: UpdateFlag, _: &Guard) -> Result<()> {
         let k = self.check_key_data(key)?;
-        self.insert(k.data, k.prefixlen, value, flags)
+        self.insert(k.data, k.prefixlen, value, flag.bits())
     }
 
-    fn delete(&self, key: &[u8]) -> Result<()> {
+    fn map_delete_elem(&self, key: &[u8], _: &Guard) -> Result<()> {
         let k = self.check_key_data(key)?;
         self.remove(k.data, k.prefixlen, None)
     }
 
-    fn lookup_and_delete(&self, key: &[u8], value: &mut [u8]) -> Result<()> {
+    fn map_lookup_and_delete_elem(&self, key: &[u8], value: &mut [u8], _: &Guard) -> Result<()> {
         let k = self.check_key_data(key)?;
         self.remove(k.data, k.prefixlen, Some(value))
     }
@@ -1385,8 +1411,12 @@ impl Map for LpmTrie {
     /// the kernel, a key that is not stored does not restart the walk: the
     /// next stored prefix after where it would be is returned, so an
     /// iteration survives concurrent deletes of its cursor.
-    fn get_next_key(&self, key: Option<&[u8]>, next: &mut [u8]) -> Result<()> {
-        crate::core::error::check_len("next key", next.len(), self.key_size())?;
+    fn map_get_next_key(
+        &self,
+        key: Option<&[u8]>,
+        next: &mut [u8],
+        guard: &Guard,
+    ) -> Result<usize> {
         let after = match key {
             Some(key) => {
                 let k = self.check_key_data(key)?;
@@ -1394,17 +1424,9 @@ impl Map for LpmTrie {
             }
             None => None,
         };
-        let found = self.next_after(after, &pin())?.ok_or(Error::NotFound)?;
+        let found = self.next_after(after, guard)?.ok_or(Error::NotFound)?;
         key::write_key(next, found.prefixlen, &found.data);
-        Ok(())
-    }
-
-    fn len(&self) -> usize {
-        self.len.load(Ordering::Relaxed)
-    }
-
-    fn memory_usage(&self) -> usize {
-        LpmTrie::memory_usage(self)
+        Ok(next.len())
     }
 }
 

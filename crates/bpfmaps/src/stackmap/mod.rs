@@ -92,11 +92,35 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use crossbeam_epoch::{Atomic, Owned, Shared};
 use siphasher::sip::SipHasher13;
 
-use crate::core::contract::{Map, MapKind, MapSpec, check_key, check_value};
+use crate::core::contract::{Caps, MapInfo, MapOps, MapSpec, MapType};
 use crate::core::error::{Error, Result};
-use crate::core::flags::{BPF_F_FAST_STACK_CMP, BPF_F_REUSE_STACKID, check_map_flags};
+use crate::core::family::{Family, KeyKind, SizeRule};
+use crate::core::flags::{BPF_F_FAST_STACK_CMP, BPF_F_REUSE_STACKID, UpdateFlag};
 use crate::core::reclaim::{Guard, drop_in_background, pin};
 use crate::hash::{jhash2, xxh3};
+
+impl MapType {
+    /// `BPF_MAP_TYPE_STACK_TRACE`.
+    pub const STACK_TRACE: MapType = MapType(7);
+}
+
+/// `BPF_MAP_TYPE_STACK_TRACE`, for the registry: 4-byte ids, values of
+/// `8 * max_depth` bytes, no flags, no extra (the kernel's
+/// `stack_map_alloc`).
+pub const STACK_TRACE_FAMILY: Family = Family {
+    map_type: MapType::STACK_TRACE,
+    name: "stack_trace",
+    map_flags: 0,
+    map_extra: 0,
+    key_size: SizeRule::exactly(4),
+    value_size: SizeRule::multiples(
+        FRAME_SIZE as u32,
+        FRAME_SIZE as u32,
+        MAX_DEPTH * FRAME_SIZE as u32,
+    ),
+    keys: KeyKind::Index,
+    build: |spec| Ok(Box::new(StackTraceMap::from_spec(spec)?)),
+};
 
 /// Deepest stack a map may hold: the kernel's default
 /// `sysctl_perf_event_max_stack`.
@@ -197,7 +221,7 @@ pub struct StackTraceMap {
     /// `buckets - 1`.
     mask: u32,
     max_depth: u32,
-    max_entries: u32,
+    info: MapInfo,
     hasher: Hasher,
     /// Occupied buckets plus in-flight reservations (invariant 4).
     len: AtomicUsize,
@@ -211,7 +235,7 @@ impl std::fmt::Debug for StackTraceMap {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("StackTraceMap")
             .field("max_depth", &self.max_depth)
-            .field("max_entries", &self.max_entries)
+            .field("max_entries", &self.info.max_entries)
             .field("buckets", &self.buckets.0.len())
             .field("hash", &self.hasher.kind())
             .field("stacks", &self.stacks())
@@ -257,7 +281,14 @@ impl StackTraceMap {
             buckets: Buckets(buckets.into_boxed_slice()),
             mask: (n - 1) as u32,
             max_depth,
-            max_entries,
+            info: MapInfo {
+                map_type: MapType::STACK_TRACE,
+                key_size: 4,
+                value_size: max_depth * FRAME_SIZE as u32,
+                max_entries,
+                map_flags: 0,
+                map_extra: 0,
+            },
             hasher: Hasher::new(hash),
             len: AtomicUsize::new(0),
             frames: AtomicUsize::new(0),
@@ -265,33 +296,8 @@ impl StackTraceMap {
         })
     }
 
-    /// Builds from a `create()` spec, as the kernel's `stack_map_alloc`:
-    /// `key_size` 4, `value_size` a non-zero multiple of 8 up to `8 * 127`,
-    /// no flags, no `extra`. `spec.hash` is ignored: the kernel's hash.
-    ///
-    /// ```
-    /// use bpfmaps::stackmap::StackTraceMap;
-    /// use bpfmaps::{MapKind, MapSpec};
-    ///
-    /// let map = StackTraceMap::from_spec(&MapSpec::new(MapKind::StackTrace, 4, 8 * 127, 1000)).unwrap();
-    /// assert_eq!(map.max_depth(), 127);
-    /// let bad = MapSpec::new(MapKind::StackTrace, 4, 12, 1000);
-    /// assert_eq!(StackTraceMap::from_spec(&bad).unwrap_err().errno(), 22);
-    /// ```
-    pub fn from_spec(spec: &MapSpec) -> Result<Self> {
-        check_map_flags(spec.flags, 0)?;
-        if spec.key_size != 4 {
-            return Err(Error::invalid("stack map key_size must be 4"));
-        }
-        let value_size = spec.value_size as usize;
-        if value_size == 0 || !value_size.is_multiple_of(FRAME_SIZE) {
-            return Err(Error::invalid(
-                "stack map value_size must be a non-zero multiple of 8",
-            ));
-        }
-        if spec.extra != 0 {
-            return Err(Error::invalid("stack map takes no extra"));
-        }
+    /// Builds from a spec that passed [`STACK_TRACE_FAMILY`]'s checks.
+    fn from_spec(spec: &MapSpec) -> Result<Self> {
         Self::new(spec.value_size / FRAME_SIZE as u32, spec.max_entries)
     }
 
@@ -405,7 +411,7 @@ impl StackTraceMap {
     /// assert_eq!(map.get(id, &guard), Some(&[10, 20, 30][..]));
     /// ```
     #[inline]
-    pub fn get<'g>(&self, id: u32, guard: &'g Guard) -> Option<&'g [u64]> {
+    pub fn get<'g>(&'g self, id: u32, guard: &'g Guard) -> Option<&'g [u64]> {
         let slot = self.buckets.0.get(id as usize)?;
         // SAFETY: loaded under `guard` (invariant 2); pairs with the
         // writers' Release CAS, so the stack is seen whole (invariant 1).
@@ -447,7 +453,7 @@ impl StackTraceMap {
 
     /// Reserves room for one more occupied bucket; `false` when full.
     fn reserve(&self) -> bool {
-        let max = self.max_entries as usize;
+        let max = self.info.max_entries as usize;
         self.len
             .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| {
                 (n < max).then_some(n + 1)
@@ -455,17 +461,15 @@ impl StackTraceMap {
             .is_ok()
     }
 
-    /// Decodes a 4-byte key into a bucket index, if in range.
-    fn id(&self, key: &[u8]) -> Result<Option<usize>> {
-        check_key(4, key)?;
+    /// Decodes a (size-checked) 4-byte key into a bucket index, if in range.
+    fn id(&self, key: &[u8]) -> Option<usize> {
         let id = u32::from_ne_bytes(key.try_into().expect("checked: 4 bytes")) as usize;
-        Ok((id < self.buckets.0.len()).then_some(id))
+        (id < self.buckets.0.len()).then_some(id)
     }
 
     /// Unlinks the stack in bucket `id`, copying it into `out` if given.
-    fn remove(&self, id: usize, out: Option<&mut [u8]>) -> Result<()> {
-        let guard = pin();
-        let old = self.buckets.0[id].swap(Shared::null(), Ordering::AcqRel, &guard);
+    fn remove(&self, id: usize, out: Option<&mut [u8]>, guard: &Guard) -> Result<()> {
+        let old = self.buckets.0[id].swap(Shared::null(), Ordering::AcqRel, guard);
         // SAFETY: loaded under `guard` (invariant 2).
         let stack = unsafe { old.as_ref() }.ok_or(Error::NotFound)?;
         if let Some(out) = out {
@@ -486,79 +490,72 @@ fn copy_padded(frames: &[u64], out: &mut [u8]) {
     tail.fill(0);
 }
 
-impl Map for StackTraceMap {
-    fn kind(&self) -> MapKind {
-        MapKind::StackTrace
+/// The kernel's `stack_trace_map_ops`, plus lookup-and-delete and the
+/// generic batches.
+impl MapOps for StackTraceMap {
+    const CAPS: Caps = Caps::KEYED.union(Caps::LOOKUP_AND_DELETE);
+    fn map_info(&self) -> MapInfo {
+        self.info
     }
-    fn key_size(&self) -> usize {
-        4
+    /// Occupied buckets.
+    fn map_len(&self) -> usize {
+        self.stacks()
     }
-    fn value_size(&self) -> usize {
-        self.max_depth as usize * FRAME_SIZE
+    /// The struct, the bucket array and the stored stacks.
+    fn map_mem_usage(&self) -> usize {
+        size_of::<Self>()
+            + size_of_val::<[Atomic<Stack>]>(&self.buckets.0)
+            + self.stacks() * size_of::<Stack>()
+            + self.frames.load(Ordering::Relaxed) * FRAME_SIZE
     }
-    fn max_entries(&self) -> u32 {
-        self.max_entries
-    }
-
     /// Copies the frames of stack `id` into `value`, zero-padded;
     /// `ENOENT` for an empty bucket or an id beyond the buckets.
-    fn lookup(&self, key: &[u8], value: &mut [u8]) -> Result<()> {
-        let id = self.id(key)?;
-        check_value(self.value_size(), value)?;
-        let guard = pin();
-        let frames = id
-            .and_then(|id| self.get(id as u32, &guard))
+    fn map_lookup_elem(&self, key: &[u8], value: &mut [u8], guard: &Guard) -> Result<()> {
+        let frames = self
+            .id(key)
+            .and_then(|id| self.get(id as u32, guard))
             .ok_or(Error::NotFound)?;
         copy_padded(frames, value);
         Ok(())
     }
     /// `EINVAL`: stacks are stored only by `get_stackid`, as the kernel.
-    fn update(&self, _key: &[u8], _value: &[u8], _flags: u64) -> Result<()> {
+    fn map_update_elem(&self, _: &[u8], _: &[u8], _: UpdateFlag, _: &Guard) -> Result<()> {
         Err(Error::invalid(
             "stack map: stacks are stored by get_stackid",
         ))
     }
     /// Frees bucket `id`: `ENOENT` if empty, `E2BIG` for an id beyond the
     /// buckets (as the kernel).
-    fn delete(&self, key: &[u8]) -> Result<()> {
-        let id = self.id(key)?.ok_or(Error::Full)?;
-        self.remove(id, None)
+    fn map_delete_elem(&self, key: &[u8], guard: &Guard) -> Result<()> {
+        self.remove(self.id(key).ok_or(Error::Full)?, None, guard)
     }
-    fn lookup_and_delete(&self, key: &[u8], value: &mut [u8]) -> Result<()> {
-        let id = self.id(key)?;
-        check_value(self.value_size(), value)?;
-        self.remove(id.ok_or(Error::NotFound)?, Some(value))
+    fn map_lookup_and_delete_elem(
+        &self,
+        key: &[u8],
+        value: &mut [u8],
+        guard: &Guard,
+    ) -> Result<()> {
+        self.remove(self.id(key).ok_or(Error::NotFound)?, Some(value), guard)
     }
     /// The next occupied id after `key`, in increasing order; no key, or a
     /// key naming an empty bucket, gives the first occupied id (the kernel's
     /// `stack_map_get_next_key`).
-    fn get_next_key(&self, key: Option<&[u8]>, next: &mut [u8]) -> Result<()> {
-        check_key(4, next)?;
-        let guard = pin();
-        let start = match key {
-            None => 0,
-            Some(key) => match self.id(key)? {
-                Some(id) if self.get(id as u32, &guard).is_some() => id + 1,
-                _ => 0,
-            },
+    fn map_get_next_key(
+        &self,
+        key: Option<&[u8]>,
+        next: &mut [u8],
+        guard: &Guard,
+    ) -> Result<usize> {
+        let start = match key.and_then(|key| self.id(key)) {
+            Some(id) if self.get(id as u32, guard).is_some() => id + 1,
+            _ => 0,
         };
         let found = self.buckets.0[start.min(self.buckets.0.len())..]
             .iter()
-            .position(|slot| !slot.load(Ordering::Acquire, &guard).is_null())
+            .position(|slot| !slot.load(Ordering::Acquire, guard).is_null())
             .ok_or(Error::NotFound)?;
         next.copy_from_slice(&((start + found) as u32).to_ne_bytes());
-        Ok(())
-    }
-    /// Occupied buckets.
-    fn len(&self) -> usize {
-        self.stacks()
-    }
-    /// The struct, the bucket array and the stored stacks.
-    fn memory_usage(&self) -> usize {
-        size_of::<Self>()
-            + size_of_val::<[Atomic<Stack>]>(&self.buckets.0)
-            + self.stacks() * size_of::<Stack>()
-            + self.frames.load(Ordering::Relaxed) * FRAME_SIZE
+        Ok(next.len())
     }
 }
 

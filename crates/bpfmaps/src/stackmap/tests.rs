@@ -5,8 +5,8 @@ use std::sync::atomic::AtomicBool;
 use proptest::prelude::*;
 
 use super::*;
-use crate::core::contract::create;
 use crate::core::flags::BPF_ANY;
+use crate::{Map, create};
 
 const ALL_HASHES: [StackHash; 3] = [StackHash::Jhash2, StackHash::Xxh3, StackHash::SipHash];
 
@@ -160,7 +160,7 @@ fn get_next_key_visits_every_id_once() {
     let mut prev: Option<[u8; 4]> = None;
     loop {
         match map.get_next_key(prev.as_ref().map(|k| &k[..]), &mut next) {
-            Ok(()) => {
+            Ok(_) => {
                 seen.push(u32::from_ne_bytes(next));
                 prev = Some(next);
             }
@@ -240,8 +240,11 @@ fn max_entries_caps_stored_stacks() {
     assert_eq!(map.collisions(), 0);
 }
 
+/// What the contract suite cannot reach (it cannot store a stack through
+/// the byte contract): `get_stackid`'s flags, and errors on a map holding
+/// a stack. Sizes and creation are the suite's (`crate::conformance`).
 #[test]
-fn bad_input_is_rejected_and_changes_nothing() {
+fn bad_get_stackid_flags_and_contract_errors_change_nothing() {
     let map = StackTraceMap::new(4, 16).unwrap();
     let id = map.get_stackid(&[1, 2], 0).unwrap();
     let snapshot = |map: &StackTraceMap| {
@@ -257,57 +260,22 @@ fn bad_input_is_rejected_and_changes_nothing() {
         map.update(&key(id), &[0; 32], BPF_ANY).unwrap_err().errno(),
         22
     );
-    assert_eq!(map.lookup(&[0; 8], &mut [0; 32]).unwrap_err().errno(), 22);
     assert_eq!(map.lookup(&key(id), &mut [0; 16]).unwrap_err().errno(), 22);
     assert_eq!(map.delete(&[0; 3]).unwrap_err().errno(), 22);
-    assert_eq!(
-        map.get_next_key(Some(&[0; 2]), &mut [0; 4])
-            .unwrap_err()
-            .errno(),
-        22
-    );
-    assert_eq!(map.get_next_key(None, &mut [0; 8]).unwrap_err().errno(), 22);
-    assert_eq!(
-        map.lookup_and_delete(&key(id), &mut [0; 8])
-            .unwrap_err()
-            .errno(),
-        22
-    );
+    assert_eq!(map.delete(&key(16)).unwrap_err().errno(), 7); // beyond the buckets
     assert_eq!(snapshot(&map), before);
     assert_eq!((map.stacks(), map.collisions()), (1, 0));
 
-    // Creation.
     assert_eq!(StackTraceMap::new(0, 16).unwrap_err().errno(), 22);
     assert_eq!(StackTraceMap::new(128, 16).unwrap_err().errno(), 22);
     assert_eq!(StackTraceMap::new(4, 0).unwrap_err().errno(), 22);
     assert_eq!(StackTraceMap::new(4, (1 << 31) + 1).unwrap_err().errno(), 7);
-    let good = MapSpec::new(MapKind::StackTrace, 4, 32, 16);
-    assert!(StackTraceMap::from_spec(&good).is_ok());
-    for spec in [
-        MapSpec::new(MapKind::StackTrace, 8, 32, 16),
-        MapSpec::new(MapKind::StackTrace, 0, 32, 16),
-        MapSpec::new(MapKind::StackTrace, 4, 0, 16),
-        MapSpec::new(MapKind::StackTrace, 4, 4, 16),
-        MapSpec::new(MapKind::StackTrace, 4, 36, 16),
-        MapSpec::new(MapKind::StackTrace, 4, 8 * 128, 16),
-        MapSpec::new(MapKind::StackTrace, 4, 32, 0),
-        good.clone().flags(crate::core::flags::BPF_F_ZERO_SEED),
-        good.clone().flags(1),
-        good.clone().extra(1),
-    ] {
-        assert_eq!(
-            StackTraceMap::from_spec(&spec).unwrap_err().errno(),
-            22,
-            "{spec:?}"
-        );
-        assert_eq!(create(&spec).err().unwrap().errno(), 22, "{spec:?}");
-    }
 }
 
 #[test]
 fn create_round_trip() {
-    let map = create(&MapSpec::new(MapKind::StackTrace, 4, 8 * 5, 100)).unwrap();
-    assert_eq!(map.kind(), MapKind::StackTrace);
+    let map = create(&MapSpec::new(MapType::STACK_TRACE, 4, 8 * 5, 100)).unwrap();
+    assert_eq!(map.map_type(), MapType::STACK_TRACE);
     assert_eq!(
         (map.key_size(), map.value_size(), map.max_entries()),
         (4, 40, 100)
@@ -323,7 +291,7 @@ fn create_round_trip() {
     let base = map.memory_usage();
     assert!(base >= 128 * 8);
 
-    let typed = StackTraceMap::from_spec(&MapSpec::new(MapKind::StackTrace, 4, 40, 100)).unwrap();
+    let typed = StackTraceMap::new(5, 100).unwrap();
     let id = typed.get_stackid(&[1, 2, 3], 0).unwrap();
     let map: Box<dyn Map> = Box::new(typed);
     let mut v = [0u8; 40];
