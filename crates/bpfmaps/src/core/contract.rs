@@ -380,14 +380,17 @@ fn check_key(info: &MapInfo, caps: Caps, key: &[u8]) -> Result<()> {
         if (1..=max).contains(&key.len()) {
             Ok(())
         } else {
-            Err(Error::invalid(format!(
-                "key is {} bytes, the map takes 1 to {max}",
-                key.len()
-            )))
+            Err(var_key_error(key.len(), max))
         }
     } else {
         check_len("key", key.len(), max)
     }
+}
+
+#[cold]
+#[inline(never)]
+fn var_key_error(got: usize, max: usize) -> Error {
+    Error::invalid(format!("key is {got} bytes, the map takes 1 to {max}"))
 }
 
 #[inline(always)]

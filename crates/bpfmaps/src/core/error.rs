@@ -53,14 +53,22 @@ impl Error {
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
 /// Checks that a caller's buffer has the size the map was created with.
+/// Inlined: it runs on every operation, and the error is the rare path.
+#[inline(always)]
 pub(crate) fn check_len(what: &'static str, got: usize, want: usize) -> Result<()> {
     if got == want {
         Ok(())
     } else {
-        Err(Error::Invalid(Cow::Owned(format!(
-            "{what} is {got} bytes, the map expects {want}"
-        ))))
+        Err(len_error(what, got, want))
     }
+}
+
+#[cold]
+#[inline(never)]
+fn len_error(what: &'static str, got: usize, want: usize) -> Error {
+    Error::Invalid(Cow::Owned(format!(
+        "{what} is {got} bytes, the map expects {want}"
+    )))
 }
 
 #[cfg(test)]

@@ -2,6 +2,7 @@
 //! family declares, reclamation. It names no map family: the families
 //! depend on it, and `crate::registry` lists them.
 
+pub mod bytes;
 pub mod contract;
 pub mod error;
 pub mod family;

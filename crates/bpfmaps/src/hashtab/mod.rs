@@ -252,8 +252,13 @@ macro_rules! impl_hash_ops {
             }
             #[inline]
             fn map_lookup_elem(&self, key: &[u8], value: &mut [u8], guard: &Guard) -> Result<()> {
-                value.copy_from_slice(self.get(key, guard).ok_or(Error::NotFound)?);
-                Ok(())
+                match self.get(key, guard) {
+                    Some(found) => {
+                        crate::core::bytes::copy(value, found);
+                        Ok(())
+                    }
+                    None => Err(Error::NotFound),
+                }
             }
             fn map_update_elem(
                 &self,

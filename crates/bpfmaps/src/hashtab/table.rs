@@ -20,6 +20,7 @@ use crossbeam_epoch::Guard;
 use parking_lot::{Mutex, MutexGuard};
 
 use super::slab::{ElemHeader, ElemLayout, ElemPtr, Slab};
+use crate::core::bytes;
 use crate::core::error::{Error, Result};
 use crate::core::flags::UpdateFlag;
 use crate::hash::HashPolicy;
@@ -136,7 +137,7 @@ impl RawTable {
     /// Finds the element holding `key`. Lock-free: never waits for a writer.
     ///
     /// Keys are compared after the stored hash matches, so the comparison
-    /// almost always succeeds: `keys_equal` avoids a `memcmp` call for the
+    /// almost always succeeds: `bytes::equal` avoids a `memcmp` call for the
     /// common small sizes.
     #[inline]
     pub fn find(&self, key: &[u8], hash: u32, _guard: &Guard) -> Option<ElemPtr> {
@@ -147,7 +148,7 @@ impl RawTable {
             // SAFETY: reachable under the pinned guard (invariant 3).
             let h = unsafe { e.header() };
             // SAFETY: as above; keys of reachable elements are immutable.
-            if h.hash.load(Ordering::Relaxed) == hash && keys_equal(unsafe { e.key(layout) }, key) {
+            if h.hash.load(Ordering::Relaxed) == hash && bytes::equal(unsafe { e.key(layout) }, key) {
                 return Some(e);
             }
             p = h.next.load(Ordering::Acquire);
@@ -366,47 +367,10 @@ impl RawTable {
     }
 }
 
-/// `a == b` for equal-length keys, without a `memcmp` call for keys of
-/// up to 16 bytes.
-#[inline(always)]
-fn keys_equal(a: &[u8], b: &[u8]) -> bool {
-    if a.len() != b.len() {
-        return false;
-    }
-    let n = a.len();
-    let word = |s: &[u8], at: usize| u64::from_ne_bytes(s[at..at + 8].try_into().expect("8 bytes"));
-    let half = |s: &[u8], at: usize| u32::from_ne_bytes(s[at..at + 4].try_into().expect("4 bytes"));
-    match n {
-        // Two overlapping loads cover 8..=16 and 4..=8 bytes.
-        8..=16 => word(a, 0) == word(b, 0) && word(a, n - 8) == word(b, n - 8),
-        4..=7 => half(a, 0) == half(b, 0) && half(a, n - 4) == half(b, n - 4),
-        _ => a == b,
-    }
-}
-
 impl Drop for RawTable {
     fn drop(&mut self) {
         // Elements live in the slab (freed in the background when the last
         // deferred release lets go of it); the bucket array goes too.
         crate::core::reclaim::drop_in_background(std::mem::take(&mut self.heads));
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::keys_equal;
-
-    #[test]
-    fn keys_equal_sees_every_differing_byte() {
-        for n in 0..40usize {
-            let a: Vec<u8> = (0..n as u8).collect();
-            assert!(keys_equal(&a, &a.clone()));
-            for i in 0..n {
-                let mut b = a.clone();
-                b[i] ^= 0x40;
-                assert!(!keys_equal(&a, &b), "n={n} i={i}");
-            }
-        }
-        assert!(!keys_equal(&[1, 2], &[1, 2, 3]));
     }
 }
