@@ -885,7 +885,7 @@ impl Harness {
         // Evicting maps are kept under their capacity, where the model
         // (which does not know whom they evict) still holds.
         let space = if map.caps().contains(Caps::EVICTS) {
-            u64::from(max_entries - 1)
+            u64::from(max_entries.saturating_sub(1).max(1))
         } else {
             u64::from(max_entries) * 3 / 2
         };
@@ -927,8 +927,18 @@ impl Harness {
     }
 
     /// Applies `op` to the map and the model; a violation if their answers
-    /// differ.
+    /// differ, or if an operation that failed changed the map.
     pub fn apply(&mut self, op: Op) -> Result<(), Violation> {
+        let failed = self.answer(op)?;
+        if failed {
+            self.check()
+                .map_err(|e| Violation(format!("after {op:?} failed: {e}")))?;
+        }
+        Ok(())
+    }
+
+    /// Applies `op`, compares the answers, and says whether it failed.
+    fn answer(&mut self, op: Op) -> Result<bool, Violation> {
         let map = &*self.map;
         let vs = self.info.value_size as usize;
         let key_less = self.keys == KeyKind::None;
@@ -988,7 +998,7 @@ impl Harness {
                 let got = map
                     .get_next_key(k.as_deref(), &mut next)
                     .map(|n| next[..n].to_vec());
-                self.model.check_next_key(k.as_deref(), got)
+                self.model.check_next_key(k.as_deref(), got).map(|()| false)
             }
             Op::UpdateBatch { key, n, flags } => {
                 let (mut keys, mut values) = (Vec::new(), Vec::new());
@@ -1016,7 +1026,7 @@ impl Harness {
                 let want = self.model.delete_batch(&keys);
                 compare_batch(&format!("{op:?}"), map.delete_batch(&keys), want)
             }
-            Op::Check => self.check(),
+            Op::Check => self.check().map(|()| false),
         }
     }
 
@@ -1030,29 +1040,33 @@ impl Harness {
 
 /// Compares a map's answer with the model's: same errno, and on success
 /// the same bytes (a key-less lookup's `Ok` may be a false positive).
+/// Says whether the map answered an error.
 fn compare<T: PartialEq + fmt::Debug>(
     what: &str,
     got: Result<T>,
     want: Result<T>,
     false_positives: bool,
-) -> Result<(), Violation> {
+) -> Result<bool, Violation> {
     match (&got, &want) {
-        (Ok(g), Ok(w)) if g == w => Ok(()),
-        (Err(g), Err(w)) if g.errno() == w.errno() => Ok(()),
-        (Ok(_), Err(Error::NotFound)) if false_positives => Ok(()),
+        (Ok(g), Ok(w)) if g == w => Ok(false),
+        (Err(g), Err(w)) if g.errno() == w.errno() => Ok(true),
+        (Ok(_), Err(Error::NotFound)) if false_positives => Ok(false),
         _ => violation!("{what}: map answered {got:?}, model {want:?}"),
     }
 }
 
+/// `compare` for batches: the same count, or the same error after as many
+/// elements. A batch that stopped part way changed the map (its first
+/// elements), so only a refusal before the first counts as failed.
 fn compare_batch(
     what: &str,
     got: Result<usize, crate::BatchError>,
     want: Result<usize, crate::BatchError>,
-) -> Result<(), Violation> {
+) -> Result<bool, Violation> {
     match (&got, &want) {
-        (Ok(g), Ok(w)) if g == w => Ok(()),
+        (Ok(g), Ok(w)) if g == w => Ok(false),
         (Err(g), Err(w)) if g.processed == w.processed && g.error.errno() == w.error.errno() => {
-            Ok(())
+            Ok(g.processed == 0)
         }
         _ => violation!("{what}: map answered {got:?}, model {want:?}"),
     }

@@ -1,0 +1,4 @@
+//! `MapType::HASH` through the byte contract, against its model.
+#![no_main]
+
+libfuzzer_sys::fuzz_target!(|data: &[u8]| bpfmaps_fuzz::run(bpfmaps::MapType::HASH, data));

@@ -1,0 +1,4 @@
+//! `MapType::LRU_HASH` through the byte contract, against its model.
+#![no_main]
+
+libfuzzer_sys::fuzz_target!(|data: &[u8]| bpfmaps_fuzz::run(bpfmaps::MapType::LRU_HASH, data));
