@@ -1,4 +1,7 @@
 //! `MapType::KERNEL_LPM_TRIE` through the byte contract, against its model.
 #![no_main]
 
-libfuzzer_sys::fuzz_target!(|data: &[u8]| bpfmaps_fuzz::run(bpfmaps::MapType::KERNEL_LPM_TRIE, data));
+libfuzzer_sys::fuzz_target!(|data: &[u8]| bpfmaps_fuzz::run(
+    bpfmaps::MapType::KERNEL_LPM_TRIE,
+    data
+));

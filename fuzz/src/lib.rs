@@ -28,7 +28,9 @@ pub fn run(map_type: MapType, data: &[u8]) {
     while let Some(op) = Op::decode(&mut ops) {
         harness.apply(op).unwrap_or_else(|e| panic!("{e}"));
     }
-    harness.check().unwrap_or_else(|e| panic!("at the end: {e}"));
+    harness
+        .check()
+        .unwrap_or_else(|e| panic!("at the end: {e}"));
 }
 
 /// The stack trace map: `get_stackid` with fuzzed frames and flags, and
@@ -65,9 +67,14 @@ pub fn run_stack_trace(data: &[u8]) {
                     6 => 1, // skip one frame
                     _ => 1 << 20,
                 } | if arg & 0x80 != 0 { BPF_F_USER_STACK } else { 0 };
-                let want = model_get_stackid(&map, &mut model, buckets, max_entries, &frames, flags);
+                let want =
+                    model_get_stackid(&map, &mut model, buckets, max_entries, &frames, flags);
                 let got = map.get_stackid(&frames, flags);
-                assert_eq!(errno(&got), errno(&want), "get_stackid({frames:?}, {flags:#x})");
+                assert_eq!(
+                    errno(&got),
+                    errno(&want),
+                    "get_stackid({frames:?}, {flags:#x})"
+                );
                 if let (Ok(g), Ok(w)) = (got, want) {
                     assert_eq!(g, w, "get_stackid({frames:?}, {flags:#x})");
                 }
@@ -83,7 +90,8 @@ pub fn run_stack_trace(data: &[u8]) {
                 let want = model.get(&id).map(|(_, frames)| frames.clone());
                 match (got, want) {
                     (Ok(()), Some(frames)) => {
-                        let mut padded: Vec<u8> = frames.iter().flat_map(|f| f.to_ne_bytes()).collect();
+                        let mut padded: Vec<u8> =
+                            frames.iter().flat_map(|f| f.to_ne_bytes()).collect();
                         padded.resize(map.value_size(), 0);
                         assert_eq!(value, padded, "lookup({id})");
                         if arg & 1 == 1 {
@@ -109,7 +117,10 @@ pub fn run_stack_trace(data: &[u8]) {
         let mut ids = Vec::new();
         let mut next = [0u8; 4];
         let mut prev: Option<[u8; 4]> = None;
-        while map.get_next_key(prev.as_ref().map(|p| &p[..]), &mut next).is_ok() {
+        while map
+            .get_next_key(prev.as_ref().map(|p| &p[..]), &mut next)
+            .is_ok()
+        {
             ids.push(u32::from_ne_bytes(next));
             prev = Some(next);
         }
@@ -126,7 +137,8 @@ fn model_get_stackid(
     frames: &[u64],
     flags: u64,
 ) -> bpfmaps::Result<u32> {
-    let known = BPF_F_SKIP_FIELD_MASK | BPF_F_USER_STACK | BPF_F_FAST_STACK_CMP | BPF_F_REUSE_STACKID;
+    let known =
+        BPF_F_SKIP_FIELD_MASK | BPF_F_USER_STACK | BPF_F_FAST_STACK_CMP | BPF_F_REUSE_STACKID;
     if flags & !known != 0 {
         return Err(Error::invalid("flags"));
     }
