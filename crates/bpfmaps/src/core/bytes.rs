@@ -21,7 +21,11 @@ pub fn equal(a: &[u8], b: &[u8]) -> bool {
 /// `dst.copy_from_slice(src)` (equal lengths).
 #[inline(always)]
 pub fn copy(dst: &mut [u8], src: &[u8]) {
-    assert_eq!(dst.len(), src.len(), "copy between slices of different lengths");
+    assert_eq!(
+        dst.len(),
+        src.len(),
+        "copy between slices of different lengths"
+    );
     let n = src.len();
     match n {
         8..=16 => {

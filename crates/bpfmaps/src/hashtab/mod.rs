@@ -196,23 +196,34 @@ impl HashMap {
         max_entries: u32,
         options: HashOptions,
     ) -> Result<Self> {
-        let info = options.info(MapType::HASH, key_size, value_size, max_entries)?;
+        Self::of_type(MapType::HASH, key_size, value_size, max_entries, options)
+    }
+
+    /// A table of either hash map type.
+    fn of_type(
+        map_type: MapType,
+        key_size: usize,
+        value_size: usize,
+        max_entries: u32,
+        options: HashOptions,
+    ) -> Result<Self> {
+        let info = options.info(map_type, key_size, value_size, max_entries)?;
         Ok(HashMap {
             table: RawTable::new(options.table(key_size, value_size, max_entries))?,
             info,
         })
     }
 
-    /// Builds from a spec that passed [`HASH_FAMILY`]'s checks.
+    /// Builds either hash map type from a spec that passed its family's
+    /// checks.
     fn from_spec(spec: &MapSpec) -> Result<Self> {
-        let mut map = Self::with_options(
-            spec.key_size as usize,
-            spec.value_size as usize,
-            spec.max_entries,
-            HashOptions::from_spec(spec),
-        )?;
-        map.info = spec.info();
-        Ok(map)
+        let options = HashOptions::from_spec(spec);
+        let (ks, vs) = (spec.key_size as usize, spec.value_size as usize);
+        let map = Self::of_type(spec.map_type, ks, vs, spec.max_entries, options)?;
+        Ok(HashMap {
+            info: spec.info(),
+            ..map
+        })
     }
 
     /// The value stored under `key`, borrowed in place while `guard` is
@@ -242,13 +253,13 @@ macro_rules! impl_hash_ops {
         impl MapOps for $ty {
             const CAPS: Caps = $caps;
             fn map_info(&self) -> MapInfo {
-                self.info
+                self.base().info
             }
             fn map_len(&self) -> usize {
-                self.table.len()
+                self.base().table.len()
             }
             fn map_mem_usage(&self) -> usize {
-                self.table.memory_usage() + size_of::<Self>() - size_of::<RawTable>()
+                self.base().table.memory_usage() + size_of::<Self>() - size_of::<RawTable>()
             }
             #[inline]
             fn map_lookup_elem(&self, key: &[u8], value: &mut [u8], guard: &Guard) -> Result<()> {
@@ -270,7 +281,7 @@ macro_rules! impl_hash_ops {
                 self.update_checked(key, value, flag, guard)
             }
             fn map_delete_elem(&self, key: &[u8], guard: &Guard) -> Result<()> {
-                self.table.delete(key, None, guard)
+                self.base().table.delete(key, None, guard)
             }
             fn map_lookup_and_delete_elem(
                 &self,
@@ -278,7 +289,7 @@ macro_rules! impl_hash_ops {
                 value: &mut [u8],
                 guard: &Guard,
             ) -> Result<()> {
-                self.table.delete(key, Some(value), guard)
+                self.base().table.delete(key, Some(value), guard)
             }
             fn map_get_next_key(
                 &self,
@@ -286,7 +297,7 @@ macro_rules! impl_hash_ops {
                 next: &mut [u8],
                 guard: &Guard,
             ) -> Result<usize> {
-                self.table.next_key(key, next, guard)?;
+                self.base().table.next_key(key, next, guard)?;
                 Ok(next.len())
             }
         }
@@ -300,6 +311,23 @@ impl_hash_ops!(
         .union(Caps::LOOKUP_AND_DELETE)
         .union(Caps::EVICTS)
 );
+
+/// The table under both hash maps.
+trait HashBase {
+    fn base(&self) -> &HashMap;
+}
+
+impl HashBase for HashMap {
+    fn base(&self) -> &HashMap {
+        self
+    }
+}
+
+impl HashBase for LruHashMap {
+    fn base(&self) -> &HashMap {
+        &self.base
+    }
+}
 
 impl HashMap {
     /// An update whose sizes and flag were checked.
@@ -325,8 +353,8 @@ impl HashMap {
 /// map sweeps the clock hand, clearing referenced bits, and evicts the first
 /// unreferenced entry. Like the kernel, the LRU map is always preallocated.
 pub struct LruHashMap {
-    table: RawTable,
-    info: MapInfo,
+    /// The table, with the LRU map's type in its info.
+    base: HashMap,
     hand: Mutex<usize>,
 }
 
@@ -346,11 +374,14 @@ impl LruHashMap {
         if !options.prealloc {
             return Err(Error::Unsupported);
         }
-        let info = options.info(MapType::LRU_HASH, key_size, value_size, max_entries)?;
-        let table = RawTable::new(options.table(key_size, value_size, max_entries))?;
         Ok(LruHashMap {
-            table,
-            info,
+            base: HashMap::of_type(
+                MapType::LRU_HASH,
+                key_size,
+                value_size,
+                max_entries,
+                options,
+            )?,
             hand: Mutex::new(0),
         })
     }
@@ -358,39 +389,44 @@ impl LruHashMap {
     /// Builds from a spec that passed [`LRU_HASH_FAMILY`]'s checks
     /// (`BPF_F_NO_PREALLOC` is `EOPNOTSUPP`: LRU maps are preallocated).
     fn from_spec(spec: &MapSpec) -> Result<Self> {
-        let mut map = Self::with_options(
-            spec.key_size as usize,
-            spec.value_size as usize,
-            spec.max_entries,
-            HashOptions::from_spec(spec),
-        )?;
-        map.info = spec.info();
-        Ok(map)
+        if spec.flags & BPF_F_NO_PREALLOC != 0 {
+            return Err(Error::Unsupported);
+        }
+        Ok(LruHashMap {
+            base: HashMap::from_spec(spec)?,
+            hand: Mutex::new(0),
+        })
     }
 
     /// The value under `key`, borrowed in place; marks the entry recently
     /// used. Lock-free.
     #[inline]
     pub fn get<'g>(&'g self, key: &[u8], guard: &'g Guard) -> Option<&'g [u8]> {
-        let e = self.table.find(key, self.table.hash(key), guard)?;
+        let e = self
+            .base
+            .table
+            .find(key, self.base.table.hash(key), guard)?;
         // SAFETY: reachable under the pinned guard.
         let header = unsafe { e.header() };
         if !header.referenced.load(Ordering::Relaxed) {
             header.referenced.store(true, Ordering::Relaxed);
         }
         // SAFETY: as above; values of reachable elements are immutable.
-        Some(unsafe { e.value(self.table.layout()) })
+        Some(unsafe { e.value(self.base.table.layout()) })
     }
 
     /// Whether `key` is present, without marking it used.
     pub fn contains_key(&self, key: &[u8]) -> bool {
         let guard = pin();
-        self.table.find(key, self.table.hash(key), &guard).is_some()
+        self.base
+            .table
+            .find(key, self.base.table.hash(key), &guard)
+            .is_some()
     }
 
     /// Visits every entry (weakly consistent), without marking them used.
     pub fn for_each<'g>(&'g self, guard: &'g Guard, f: impl FnMut(&'g [u8], &'g [u8])) {
-        self.table.for_each(guard, f)
+        self.base.table.for_each(guard, f)
     }
 
     /// An update whose sizes and flag were checked: a new key in a full
@@ -403,7 +439,8 @@ impl LruHashMap {
         guard: &Guard,
     ) -> Result<()> {
         let mut attempts = 0;
-        self.table
+        self.base
+            .table
             .update(key, value, flag, guard, || {
                 attempts += 1;
                 attempts <= 64 && self.evict_one(guard)
@@ -415,12 +452,12 @@ impl LruHashMap {
     /// around. Returns whether room was made (by us or a racing delete).
     fn evict_one(&self, guard: &Guard) -> bool {
         let mut hand = self.hand.lock();
-        if self.table.len() < self.table.max_entries {
+        if self.base.table.len() < self.base.table.max_entries {
             return true; // someone else made room meanwhile
         }
         for _ in 0..2 {
             let mut victim = None;
-            self.table.slab().for_each_from(*hand, |index, e| {
+            self.base.table.slab().for_each_from(*hand, |index, e| {
                 // SAFETY: slab memory lives as long as the table; the flags
                 // are atomics, and `evict` re-checks under the bucket lock.
                 let h = unsafe { e.header() };
@@ -436,11 +473,11 @@ impl LruHashMap {
             });
             if let Some((index, e)) = victim {
                 *hand = index + 1;
-                if self.table.evict(e, guard) {
+                if self.base.table.evict(e, guard) {
                     return true;
                 }
             }
         }
-        self.table.len() < self.table.max_entries
+        self.base.table.len() < self.base.table.max_entries
     }
 }

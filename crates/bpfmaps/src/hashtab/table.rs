@@ -148,7 +148,8 @@ impl RawTable {
             // SAFETY: reachable under the pinned guard (invariant 3).
             let h = unsafe { e.header() };
             // SAFETY: as above; keys of reachable elements are immutable.
-            if h.hash.load(Ordering::Relaxed) == hash && bytes::equal(unsafe { e.key(layout) }, key) {
+            if h.hash.load(Ordering::Relaxed) == hash && bytes::equal(unsafe { e.key(layout) }, key)
+            {
                 return Some(e);
             }
             p = h.next.load(Ordering::Acquire);

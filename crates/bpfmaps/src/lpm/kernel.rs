@@ -1053,14 +1053,14 @@ impl MapOps for KernelLpmTrie {
     const CAPS: Caps = Caps::KEYED;
 
     fn map_info(&self) -> MapInfo {
-        MapInfo {
-            map_type: MapType::KERNEL_LPM_TRIE,
-            key_size: (KEY_HEADER + self.data_size) as u32,
-            value_size: self.value_size as u32,
-            max_entries: self.max_entries,
-            map_flags: self.map_flags,
-            map_extra: 0,
-        }
+        let (ds, vs) = (self.data_size, self.value_size);
+        key::info(
+            MapType::KERNEL_LPM_TRIE,
+            ds,
+            vs,
+            self.max_entries,
+            self.map_flags,
+        )
     }
 
     fn map_len(&self) -> usize {

@@ -2,6 +2,7 @@
 //! `u32 prefixlen` followed by `data_size` bytes, most significant bit
 //! first) and the bit helpers both tries share.
 
+use crate::core::contract::{MapInfo, MapType};
 use crate::core::error::{Error, Result, check_len};
 use crate::core::family::SizeRule;
 
@@ -100,6 +101,25 @@ pub fn common_prefix_len(a: &[u8], b: &[u8], limit: u32) -> u32 {
 /// Whether the prefix `data/prefixlen` contains the address `addr`.
 pub fn prefix_contains(data: &[u8], prefixlen: u32, addr: &[u8]) -> bool {
     common_prefix_len(data, addr, prefixlen) == prefixlen
+}
+
+/// The info of an LPM trie (either implementation) of `data_size`-byte
+/// prefixes.
+pub(super) fn info(
+    map_type: MapType,
+    data_size: usize,
+    value_size: usize,
+    max_entries: u32,
+    map_flags: u32,
+) -> MapInfo {
+    MapInfo {
+        map_type,
+        key_size: (KEY_HEADER + data_size) as u32,
+        value_size: value_size as u32,
+        max_entries,
+        map_flags,
+        map_extra: 0,
+    }
 }
 
 /// Checks creation sizes as the kernel does: key is `4 + 1..=256` bytes,

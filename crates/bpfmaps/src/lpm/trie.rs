@@ -1355,14 +1355,8 @@ impl MapOps for LpmTrie {
     const CAPS: Caps = Caps::KEYED.union(Caps::LOOKUP_AND_DELETE);
 
     fn map_info(&self) -> MapInfo {
-        MapInfo {
-            map_type: MapType::LPM_TRIE,
-            key_size: (key::KEY_HEADER + self.data_size) as u32,
-            value_size: self.value_size as u32,
-            max_entries: self.max_entries,
-            map_flags: self.map_flags,
-            map_extra: 0,
-        }
+        let (ds, vs) = (self.data_size, self.value_size);
+        key::info(MapType::LPM_TRIE, ds, vs, self.max_entries, self.map_flags)
     }
 
     fn map_len(&self) -> usize {
