@@ -17,10 +17,50 @@
 //! collector runs deferred functions on whichever thread happens to collect,
 //! and freeing a million-element map there would stall that thread.
 
+use std::ops::{Deref, DerefMut};
 use std::sync::OnceLock;
 use std::sync::mpsc::{Sender, channel};
 
-pub use crossbeam_epoch::{Guard, pin};
+/// A pinned epoch: while it lives, nothing a reader reached through a map
+/// is freed, so lookups may borrow values in place for its lifetime.
+///
+/// Only [`pin`] makes one. That is the point of wrapping crossbeam's
+/// guard: maps retire memory to crossbeam's default collector, and a
+/// guard pinned on another collector protects nothing, so a map must never
+/// accept one. The type rules it out, where a check on every lookup would
+/// cost time.
+///
+/// It derefs to the crossbeam guard, for `defer`, `repin` and crossbeam's
+/// atomics.
+pub struct Guard(crossbeam_epoch::Guard);
+
+/// Pins the current thread's epoch (cheap when it is already pinned: the
+/// guards nest).
+#[inline]
+pub fn pin() -> Guard {
+    Guard(crossbeam_epoch::pin())
+}
+
+impl Deref for Guard {
+    type Target = crossbeam_epoch::Guard;
+    #[inline(always)]
+    fn deref(&self) -> &crossbeam_epoch::Guard {
+        &self.0
+    }
+}
+
+impl DerefMut for Guard {
+    #[inline(always)]
+    fn deref_mut(&mut self) -> &mut crossbeam_epoch::Guard {
+        &mut self.0
+    }
+}
+
+impl std::fmt::Debug for Guard {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Guard { .. }")
+    }
+}
 
 type Garbage = Box<dyn Send>;
 

@@ -16,13 +16,13 @@ use std::ptr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicPtr, AtomicUsize, Ordering};
 
-use crossbeam_epoch::Guard;
 use parking_lot::{Mutex, MutexGuard};
 
 use super::slab::{ElemHeader, ElemLayout, ElemPtr, Slab};
 use crate::core::bytes;
 use crate::core::error::{Error, Result};
 use crate::core::flags::UpdateFlag;
+use crate::core::reclaim::Guard;
 use crate::hash::HashPolicy;
 
 /// One hash bucket: its chain head and the lock its writers take. Heads

@@ -133,7 +133,7 @@ use std::alloc::{self, Layout};
 use std::ptr;
 use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
 
-use crossbeam_epoch::{self as epoch, Atomic, Guard, Owned, Pointable, Shared};
+use crossbeam_epoch::{self as epoch, Atomic, Owned, Pointable, Shared};
 use parking_lot::Mutex;
 
 use super::key::{self, KEY_HEADER, KeyRef};
@@ -141,6 +141,7 @@ use crate::core::contract::{Caps, MapInfo, MapOps, MapSpec, MapType};
 use crate::core::error::{Error, Result, check_len};
 use crate::core::family::{Family, KeyKind};
 use crate::core::flags::{BPF_F_NO_PREALLOC, UpdateFlag};
+use crate::core::reclaim::{Guard, pin};
 
 impl MapType {
     /// The port of the kernel's LPM trie: `BPF_MAP_TYPE_LPM_TRIE`'s
@@ -479,9 +480,6 @@ impl KernelLpmTrie {
     /// kernel's lookup with `prefixlen = max_prefixlen`. Lock-free. `data`
     /// of the wrong length is simply not found.
     ///
-    /// # Panics
-    /// If `guard` belongs to a collector other than crossbeam's default one
-    /// (the one writers retire nodes to).
     #[inline]
     pub fn lookup_data<'g>(&'g self, data: &[u8], guard: &'g Guard) -> Option<&'g [u8]> {
         self.lookup_prefix(data, self.max_prefixlen, guard)
@@ -492,8 +490,6 @@ impl KernelLpmTrie {
     /// `prefixlen` is shorter than the maximum. `prefixlen` above
     /// `max_prefixlen` finds nothing, as in the kernel.
     ///
-    /// # Panics
-    /// As [`lookup_data`](Self::lookup_data).
     #[inline]
     pub fn lookup_prefix<'g>(
         &'g self,
@@ -501,7 +497,6 @@ impl KernelLpmTrie {
         prefixlen: u32,
         guard: &'g Guard,
     ) -> Option<&'g [u8]> {
-        check_guard(guard);
         if data.len() != self.data_size {
             return None;
         }
@@ -634,7 +629,7 @@ impl KernelLpmTrie {
         value: &[u8],
         flags: UpdateFlag,
     ) -> Result<()> {
-        let guard = &epoch::pin();
+        let guard = &pin();
         // Allocate and fill the new node before taking the lock (6.14+).
         let mut new_node = Some(self.node_alloc(prefixlen, 0, Some(value)));
         let mut free_node = None;
@@ -757,7 +752,7 @@ impl KernelLpmTrie {
 
     /// `trie_delete_elem()`: inputs already checked.
     fn delete_elem(&self, data: &[u8], prefixlen: u32) -> Result<()> {
-        let guard = &epoch::pin();
+        let guard = &pin();
         let mut free_node = None;
         let mut free_parent = None;
         let ret = {
@@ -941,7 +936,7 @@ impl KernelLpmTrie {
                 out.push(')');
             }
         }
-        let guard = &epoch::pin();
+        let guard = &pin();
         let mut out = String::new();
         walk(
             &mut out,
@@ -994,7 +989,7 @@ impl KernelLpmTrie {
                 self.node(c1, Some((n, 1)), g);
             }
         }
-        let guard = &epoch::pin();
+        let guard = &pin();
         let mut walk = Walk {
             trie: self,
             real: 0,
@@ -1029,17 +1024,6 @@ fn find_leftmost<'g>(search_root: Shared<'g, Node>, guard: &'g Guard) -> Result<
     }
     debug_assert!(next_node.is_some(), "an intermediate node without children");
     next_node.ok_or(Error::NotFound)
-}
-
-/// Readers must be pinned on the collector writers retire to.
-#[inline]
-fn check_guard(guard: &Guard) {
-    if let Some(collector) = guard.collector() {
-        assert!(
-            collector == epoch::default_collector(),
-            "KernelLpmTrie: guard from a foreign collector; use bpfmaps::pin()"
-        );
-    }
 }
 
 /// Splits a byte-contract key (size already checked) into prefixlen and data.
