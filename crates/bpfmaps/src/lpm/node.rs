@@ -352,9 +352,11 @@ impl LeafCell {
         LeafCell(AtomicU64::new(leaf.to_word()))
     }
 
+    /// Acquire: pairs with the writer's release store of a new payload,
+    /// which may be the id of a route slot filled just before.
     #[inline(always)]
     pub fn load(&self) -> Leaf {
-        Leaf::from_word(self.0.load(Ordering::Relaxed))
+        Leaf::from_word(self.0.load(Ordering::Acquire))
     }
 
     /// Writer: the same prefix with a new payload.
@@ -372,11 +374,17 @@ impl LeafCell {
 /// the writer may overwrite in place.
 type PayloadCell = AtomicU32;
 
+/// Acquire: a payload written in place may be the id of a route slot the
+/// writer filled just before its release store (`store_payload`); the
+/// reader then reads that slot. (A plain load on x86; a relaxed one would
+/// let the slot's bytes be read before they are visible elsewhere.)
 #[inline(always)]
 fn load_payload(cell: &PayloadCell) -> [u8; 4] {
-    cell.load(Ordering::Relaxed).to_ne_bytes()
+    cell.load(Ordering::Acquire).to_ne_bytes()
 }
 
+/// Release: publishes a route slot filled before the store (pairs with
+/// `load_payload`).
 fn store_payload(cell: &PayloadCell, payload: [u8; 4]) {
     cell.store(u32::from_ne_bytes(payload), Ordering::Release);
 }
