@@ -30,6 +30,7 @@ use std::ptr;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use super::node::{Answer, DataBlock, Hit, Leaf, NONE_BLOCK, Node};
+use crate::core::reclaim::Guard;
 
 /// Lookups `start_group` (and so `LpmTrie::get_many`) runs side by side.
 pub(super) const GROUP: usize = 32;
@@ -94,11 +95,11 @@ pub(super) struct DirectIndex {
 impl DirectIndex {
     /// An index mirroring the tree under `root` (writer only, before the
     /// index is published).
-    pub fn build(root: &Node) -> Self {
+    pub fn build(root: &Node, guard: &Guard) -> Self {
         let slots = (0..SLOTS).map(|_| AtomicU64::new(0)).collect();
         let index = DirectIndex { slots };
         for b0 in 0..=255 {
-            index.refresh_b0(root, b0);
+            index.refresh_b0(root, b0, guard);
         }
         index
     }
@@ -117,40 +118,28 @@ impl DirectIndex {
     /// Where the lookup of `addr` (3 bytes or more) continues: the depth-2
     /// node (one with children: the tree walk goes on from it), or the leaf
     /// that answers.
-    ///
-    /// # Safety
-    /// The caller is pinned for `'a`.
     #[inline(always)]
-    pub unsafe fn start<'a, R: FromSlot>(&self, addr: &[u8]) -> Result<&'a Node, R> {
-        let slot = self.slot(addr[0], addr[1]);
-        let b = addr[2];
-        let word = slot.load(Ordering::Acquire);
-        // SAFETY: blocks (and nodes) a slot points at live until a grace
-        // period after the slot stops pointing at them; the caller is
-        // pinned.
-        unsafe {
-            match node_of(word) {
-                Some(node) => Ok(node),
-                None => {
-                    let block = &*block_of(word);
-                    Err(answer(word, R::from_run(block, block.run_of(b))))
-                }
+    pub fn start<'g, R: FromSlot>(&'g self, addr: &[u8], guard: &'g Guard) -> Result<&'g Node, R> {
+        let word = self.slot(addr[0], addr[1]).load(Ordering::Acquire);
+        match node_of(word, guard) {
+            Some(node) => Ok(node),
+            None => {
+                let block = block_of(word, guard);
+                Err(answer(word, R::from_run(block, block.run_of(addr[2]))))
             }
         }
     }
 
-    /// `start` for each of `addrs` (all of 3 bytes or more) into `out`, in
-    /// stages over the whole group so that their loads overlap: prefetch
-    /// every slot; read the slots and prefetch the blocks they point at;
-    /// rank each key byte in its block's header and prefetch its run's
-    /// payload and code; read the runs.
-    ///
-    /// # Safety
-    /// As for `start`; `out.len() == addrs.len()`.
-    pub unsafe fn start_group<A: AsRef<[u8]>, R: FromSlot>(
-        &self,
+    /// `start` for each of `addrs` (all of 3 bytes or more) into `out`
+    /// (as long), in stages over the whole group so that their loads
+    /// overlap: prefetch every slot; read the slots and prefetch the blocks
+    /// they point at; rank each key byte in its block's header and prefetch
+    /// its run's payload and code; read the runs.
+    pub fn start_group<'g, A: AsRef<[u8]>, R: FromSlot>(
+        &'g self,
         addrs: &[A],
-        out: &mut [Result<&Node, R>],
+        guard: &'g Guard,
+        out: &mut [Result<&'g Node, R>],
     ) {
         const N: usize = GROUP;
         debug_assert!(addrs.len() <= N && out.len() == addrs.len());
@@ -162,27 +151,23 @@ impl DirectIndex {
             prefetch(slot(a));
         }
         let mut words = [0u64; N];
-        let mut blocks = [ptr::null(); N];
+        let mut blocks: [&DataBlock; N] = [NONE_BLOCK.block(); N];
         for ((w, blk), a) in words.iter_mut().zip(blocks.iter_mut()).zip(addrs) {
             *w = slot(a).load(Ordering::Acquire);
-            *blk = block_of(*w);
-            prefetch(*blk);
+            *blk = block_of(*w, guard);
+            prefetch(ptr::from_ref(*blk));
         }
         let mut runs = [0usize; N];
-        for ((run, &blk), a) in runs.iter_mut().zip(&blocks).zip(addrs) {
-            // SAFETY: a block a slot points at outlives the caller's pin.
-            let blk = unsafe { &*blk };
+        for ((run, blk), a) in runs.iter_mut().zip(&blocks).zip(addrs) {
             *run = blk.run_of(a.as_ref()[2]);
             for p in blk.run_addresses(*run) {
                 prefetch(p);
             }
         }
-        for (((o, &w), &blk), &run) in out.iter_mut().zip(&words).zip(&blocks).zip(&runs) {
-            // SAFETY: as above (a node lives as its block does).
-            *o = match unsafe { node_of(w) } {
+        for (((o, &w), blk), &run) in out.iter_mut().zip(&words).zip(&blocks).zip(&runs) {
+            *o = match node_of(w, guard) {
                 Some(node) => Ok(node),
-                // SAFETY: as above; `run` is a run of `blk`.
-                None => Err(answer(w, R::from_run(unsafe { &*blk }, run))),
+                None => Err(answer(w, R::from_run(blk, run))),
             };
         }
     }
@@ -194,52 +179,56 @@ impl DirectIndex {
     /// at `b` was added or removed. Only the slots that store can have
     /// changed are refilled: a new child block of a depth-1 node moves all
     /// its depth-2 nodes, which slots may point at, so all 256 of its slots.
-    pub fn mirror(&self, root: &Node, depth: usize, top: [u8; 2], node: &Node, child: Option<u8>) {
+    pub fn mirror(
+        &self,
+        root: &Node,
+        at: (usize, [u8; 2]),
+        node: &Node,
+        child: Option<u8>,
+        guard: &Guard,
+    ) {
+        let (depth, top) = at;
         match (depth, child) {
             // The root's leaves answer for every b0 without a depth-1 node.
             (0, None) => {
                 for b0 in 0..=255 {
-                    // SAFETY: writer.
-                    if unsafe { root.child(b0) }.is_none() {
-                        self.refresh_b0(root, b0);
+                    if root.child(b0, guard).is_none() {
+                        self.refresh_b0(root, b0, guard);
                     }
                 }
             }
-            (0, Some(b0)) => self.refresh_b0(root, b0),
-            (1, _) => self.refresh_b0(root, top[0]),
+            (0, Some(b0)) => self.refresh_b0(root, b0, guard),
+            (1, _) => self.refresh_b0(root, top[0], guard),
             (2, _) => self.copy_node(self.slot(top[0], top[1]), node),
             _ => {}
         }
     }
 
     /// Refills the 256 slots under key byte `b0` from the tree.
-    fn refresh_b0(&self, root: &Node, b0: u8) {
+    fn refresh_b0(&self, root: &Node, b0: u8, guard: &Guard) {
         for b1 in 0..=255 {
-            self.refresh(root, b0, b1);
+            self.refresh(root, b0, b1, guard);
         }
     }
 
     /// Refills the slot of `b0.b1` from the tree: the depth-2 node there,
     /// else the leaf of the deepest node above that answers for it.
-    fn refresh(&self, root: &Node, b0: u8, b1: u8) {
+    fn refresh(&self, root: &Node, b0: u8, b1: u8, guard: &Guard) {
         let slot = self.slot(b0, b1);
-        // SAFETY: writer-side reads.
-        unsafe {
-            match root.child(b0) {
-                None => self.hold_leaf(slot, root.data().leaf(b0)),
-                Some(n1) => match n1.child(b1) {
-                    Some(n2) => self.copy_node(slot, n2),
-                    None => self.hold_leaf(slot, n1.data().leaf(b1)),
-                },
-            }
+        match root.child(b0, guard) {
+            None => self.hold_leaf(slot, root.data(guard).leaf(b0)),
+            Some(n1) => match n1.child(b1, guard) {
+                Some(n2) => self.copy_node(slot, n2),
+                None => self.hold_leaf(slot, n1.data(guard).leaf(b1)),
+            },
         }
     }
 
     /// Whether every slot holds what `refresh_b0` would store now: the
     /// mirror never fell behind the tree (for tests).
     #[cfg(test)]
-    pub fn matches_tree(&self, root: &Node) -> bool {
-        let expected = Self::build(root);
+    pub fn matches_tree(&self, root: &Node, guard: &Guard) -> bool {
+        let expected = Self::build(root, guard);
         self.slots
             .iter()
             .zip(expected.slots.iter())
@@ -263,24 +252,28 @@ impl DirectIndex {
     }
 }
 
-/// The node a slot word points at, if it is a node.
-///
-/// # Safety
-/// The word was loaded from a slot by a caller pinned for `'a`.
+/// The node a slot word (loaded under `guard`) points at, if it is a node.
+/// A node and the blocks a slot points at live until a grace period after
+/// the slot stops pointing at them (the writer re-points slots before it
+/// retires anything), so they outlive the guard.
 #[inline(always)]
-unsafe fn node_of<'a>(word: u64) -> Option<&'a Node> {
-    // SAFETY: a node-tagged word points at a live node (caller pinned).
+fn node_of(word: u64, _guard: &Guard) -> Option<&Node> {
+    // SAFETY: a node-tagged word points at a live node (above).
     (word & TAGS == NODE_TAG).then(|| unsafe { &*((word & !NODE_TAG) as *const Node) })
 }
 
-/// The data block a slot word points at, else the static one-run block.
-/// Whether a /16 has a block is unpredictable for random keys, and a
-/// mispredicted branch throws away the lookups in flight behind it, so
-/// every word gets a block to read its leaf from, without a branch.
+/// The data block a slot word (loaded under `guard`) points at, else the
+/// static one-run block. Whether a /16 has a block is unpredictable for
+/// random keys, and a mispredicted branch throws away the lookups in
+/// flight behind it, so every word gets a block to read its leaf from,
+/// without a branch.
 #[inline(always)]
-fn block_of(word: u64) -> *const DataBlock {
+fn block_of(word: u64, _guard: &Guard) -> &DataBlock {
     let none = ptr::from_ref(NONE_BLOCK.block());
-    std::hint::select_unpredictable(word & TAGS == 0, word as *const DataBlock, none)
+    let block = std::hint::select_unpredictable(word & TAGS == 0, word as *const DataBlock, none);
+    // SAFETY: a block-tagged word points at a live block (as in
+    // `node_of`), and the static block lives forever.
+    unsafe { &*block }
 }
 
 /// The answer of a slot word that is not a node: from its packed leaf,

@@ -13,6 +13,7 @@ use std::alloc::{Layout, alloc_zeroed, dealloc};
 use std::sync::atomic::{AtomicPtr, AtomicU32, AtomicUsize, Ordering};
 
 use crate::core::error::{Error, Result};
+use crate::core::reclaim::Guard;
 
 /// "No route": a leaf with no matching prefix.
 pub(super) const NO_ROUTE: u32 = u32::MAX;
@@ -75,13 +76,13 @@ impl RouteStore {
         unsafe { chunk.add((id as usize & (CHUNK - 1)) * self.slot_size) }
     }
 
-    /// The value of route `id`.
+    /// The value of route `id`, readable while `guard` is pinned.
     ///
     /// # Safety
-    /// `id` must be a live route read under a pinned guard (or by the
-    /// writer), and the borrow must not outlive that guard.
+    /// `id` must be a live route: read from the trie under `guard` (or by
+    /// the writer).
     #[inline(always)]
-    pub unsafe fn value<'a>(&self, id: u32) -> &'a [u8] {
+    pub unsafe fn value<'g>(&'g self, id: u32, _guard: &'g Guard) -> &'g [u8] {
         // SAFETY: the slot is immutable while reachable (module docs).
         unsafe { std::slice::from_raw_parts(self.slot(id), self.value_size) }
     }

@@ -1,0 +1,636 @@
+//! Data blocks: a node's runs (every byte's best match), hidden prefixes
+//! and inherited default, built whole and replaced copy-on-write.
+
+use std::alloc::Layout;
+use std::ptr::{self, NonNull};
+
+use super::leaf::{
+    INHERITED, NO_MATCH, PayloadCell, code_of, load_payload, store_payload, winner_of,
+};
+use super::prefixes::in_subtree;
+use super::runs::{Runs, run_offsets, runs_bytes, runs_overlapping};
+use super::{Leaf, LeafCell, Prefixes, index_range};
+use crate::lpm::arena::Arena;
+use crate::lpm::bits::Bits;
+
+/// Header of a data block. Then, in order: the runs, in groups of four
+/// (their four codes, then their four payloads: 20 B, so a run's code and
+/// payload nearly always share a cache line, and the runs a lookup reads
+/// sit right after the bits it just read), and the hidden prefixes: their
+/// indices (2 B each) and payloads (4 B each). A hidden prefix is one that
+/// no byte answers with (longer prefixes of the node cover it all); every
+/// other prefix's payload is in the runs it wins, so it is stored once.
+/// Everything but the payloads (the default's, the runs' and the hidden
+/// prefixes', which `LpmTrie` may replace in place) is fixed once
+/// published.
+#[repr(C)]
+pub(crate) struct DataBlock {
+    pub run_bits: Bits<4>,
+    pub default: LeafCell,
+    n_runs: u16,
+    /// Prefixes stored in the node, hidden ones included.
+    n_prefixes: u16,
+    /// At most 255: only prefixes shorter than 8 bits inside the byte hide.
+    n_hidden: u8,
+    /// The node's depth: an own run of code `c` answers with a prefix of
+    /// `8 * depth + c - 1` bits.
+    depth: u8,
+    /// Bit `l` set if the node may store a prefix of `l` bits inside the
+    /// byte (exact after a full build; removals leave bits set), so a
+    /// rebuild knows when no prefix can lie above the changed one.
+    levels: u16,
+}
+
+/// A data block of one run holding `Leaf::NONE`, never freed: lets a
+/// reader load "some block's leaf" without a branch (see `direct.rs`).
+#[repr(C)]
+pub(crate) struct StaticBlock {
+    header: DataBlock,
+    /// The run's group: its code and three unused ones.
+    code: [u8; 4],
+    payload: PayloadCell,
+}
+
+pub(crate) static NONE_BLOCK: StaticBlock = StaticBlock {
+    header: DataBlock {
+        run_bits: Bits::FIRST,
+        default: LeafCell::new(Leaf::NONE),
+        n_runs: 1,
+        n_prefixes: 0,
+        n_hidden: 0,
+        depth: 0,
+        levels: 0,
+    },
+    code: [0; 4],
+    payload: PayloadCell::new(0),
+};
+
+impl StaticBlock {
+    /// The block.
+    pub fn block(&'static self) -> &'static DataBlock {
+        debug_assert_eq!(
+            (
+                std::mem::offset_of!(StaticBlock, payload),
+                std::mem::offset_of!(StaticBlock, code)
+            ),
+            (RUNS_OFFSET + 4, RUNS_OFFSET),
+            "the run sits where a block's runs are"
+        );
+        &self.header
+    }
+}
+
+/// Where the runs start in a data block (what `layout` gives).
+pub(super) const RUNS_OFFSET: usize = size_of::<DataBlock>();
+const _: () = assert!(RUNS_OFFSET.is_multiple_of(align_of::<PayloadCell>()));
+
+impl DataBlock {
+    /// Layout and the offsets of (hidden indices, hidden payloads).
+    fn layout(n_runs: usize, n_hidden: usize) -> (Layout, [usize; 2]) {
+        let runs =
+            Layout::from_size_align(runs_bytes(n_runs), align_of::<PayloadCell>()).expect("runs");
+        let (l, at_runs) = Layout::new::<DataBlock>().extend(runs).expect("layout");
+        debug_assert_eq!(at_runs, RUNS_OFFSET);
+        let (l, hidden) = l
+            .extend(Layout::array::<u16>(n_hidden).expect("hidden"))
+            .expect("layout");
+        let (l, hidden_payloads) = l
+            .extend(Layout::array::<PayloadCell>(n_hidden).expect("hidden payloads"))
+            .expect("layout");
+        let offsets = [hidden, hidden_payloads];
+        debug_assert_eq!(Self::offsets(n_runs, n_hidden), offsets);
+        (l.pad_to_align(), offsets)
+    }
+
+    /// The offsets `layout` gives, by plain arithmetic.
+    fn offsets(n_runs: usize, n_hidden: usize) -> [usize; 2] {
+        let hidden = RUNS_OFFSET + runs_bytes(n_runs);
+        [hidden, (hidden + 2 * n_hidden).next_multiple_of(4)]
+    }
+
+    /// Builds the block of a node at `depth` storing `prefixes` under
+    /// `default`. Every byte gets its true run, those with a child too: a
+    /// reader that loaded the child block before the child was added may
+    /// read this block's run for it.
+    pub fn build(
+        arena: &Arena,
+        depth: usize,
+        prefixes: &Prefixes,
+        default: Leaf,
+    ) -> NonNull<DataBlock> {
+        let mut runs = Runs::new();
+        runs.fill(prefixes, default, 0, 256);
+        runs.finish();
+        let winners = runs.winners_in(0, 256);
+        let hidden: Vec<_> = prefixes
+            .bits
+            .ones()
+            .filter(|&i| !winners.get(i))
+            .map(|i| (i as u16, prefixes.get(i).expect("stored")))
+            .collect();
+        let levels = prefixes
+            .bits
+            .ones()
+            .fold(0, |acc, i| acc | 1 << index_range(i).0);
+        Self::assemble(
+            arena,
+            depth,
+            default,
+            &runs,
+            &hidden,
+            prefixes.len(),
+            levels,
+        )
+    }
+
+    /// The block of the same node (at `depth`) with the prefix at `idx`
+    /// stored with `payload` (`Some`) or removed (`None`). Only what the
+    /// change can touch is recomputed: the runs in `idx`'s byte range, and
+    /// whether `idx`, the prefixes inside its range and the longest one
+    /// above it win any byte; the other runs and hidden prefixes are
+    /// copied.
+    pub fn with_prefix(
+        &self,
+        arena: &Arena,
+        depth: usize,
+        idx: usize,
+        payload: Option<[u8; 4]>,
+    ) -> NonNull<DataBlock> {
+        let (_, lo, hi) = index_range(idx);
+        let default = self.default.load();
+        let (mut near, above) = self.prefixes_around(idx);
+        let had = near.get(idx).is_some();
+        near.set(idx, payload);
+        let n_prefixes =
+            self.n_prefixes as usize + usize::from(payload.is_some()) - usize::from(had);
+
+        let mut runs = Runs::new();
+        runs.copy_old(self, 0, lo);
+        runs.fill(&near, default, lo, hi);
+        if hi < 256 {
+            // The old run holding `hi` up to the next old run, then those.
+            let run = self.run_of(hi as u8);
+            runs.push(hi, self.payload(run), self.code(run));
+            runs.copy_old(self, hi + 1, 256);
+        }
+        runs.finish();
+
+        let touched = |i: usize| in_subtree(i, idx) || Some(i) == above;
+        let (old_hidden, slots) = self.hidden();
+        let mut hidden: Vec<_> = old_hidden
+            .iter()
+            .zip(slots)
+            .filter(|(i, _)| !touched(**i as usize))
+            .map(|(&i, slot)| (i, load_payload(slot)))
+            .collect();
+        let winners = runs.winners_in(lo, hi);
+        for i in near.bits.ones() {
+            // Bytes outside `lo..hi` keep their runs: only the prefix
+            // above can win some of them.
+            let wins_outside = Some(i) == above && self.wins_outside(i, lo, hi);
+            if !winners.get(i) && !wins_outside {
+                hidden.push((i as u16, near.get(i).expect("stored")));
+            }
+        }
+        hidden.sort_unstable_by_key(|&(i, _)| i);
+        let levels = self.levels | u16::from(payload.is_some()) << index_range(idx).0;
+        Self::assemble(arena, depth, default, &runs, &hidden, n_prefixes, levels)
+    }
+
+    /// The prefixes inside `idx`'s byte range (`idx` included), and the
+    /// longest prefix above it, which wins the bytes of the range that
+    /// none inside wins: what a rebuild of the range reads.
+    fn prefixes_around(&self, idx: usize) -> (Prefixes, Option<usize>) {
+        let (l_idx, lo, hi) = index_range(idx);
+        let mut out = Prefixes::new();
+        let mut above: Option<(usize, [u8; 4])> = None;
+        // Sorts a stored prefix: inside the range, above it, or neither.
+        let take = |i: usize, payload: [u8; 4], out: &mut Prefixes, above: &mut Option<_>| {
+            let li = index_range(i).0;
+            if in_subtree(i, idx) {
+                out.put(i, payload);
+            } else if li < l_idx && idx >> (l_idx - li) == i && above.is_none_or(|(a, _)| a < i) {
+                *above = Some((i, payload));
+            }
+        };
+        // Takes the prefixes that win bytes in `lo..hi`; true if one of
+        // those bytes inherits the default (no prefix covers it).
+        let scan = |lo: usize, hi: usize, out: &mut Prefixes, above: &mut Option<_>| {
+            let mut inherits = false;
+            for (run, start) in runs_overlapping(&self.run_bits, lo, hi) {
+                match winner_of(self.code(run), start) {
+                    Some(i) => take(i, self.payload(run), out, above),
+                    None => inherits = true,
+                }
+            }
+            inherits
+        };
+        // Whether the longest visible prefix above is known: found, or
+        // none can exist (a byte of its range inherits the default, or the
+        // node stores nothing that short).
+        let mut settled = self.levels & ((1 << l_idx) - 1) == 0;
+        settled |= scan(lo, hi, &mut out, &mut above);
+        // One above that wins no byte in the range wins some in the range
+        // of a shorter one: look in ever larger ranges, one sibling half
+        // at a time (a longer one above, if visible, wins there first).
+        let mut level = l_idx;
+        while !settled && above.is_none() && level > 0 {
+            let (_, slo, shi) = index_range((idx >> (l_idx - level)) ^ 1);
+            settled |= scan(slo, shi, &mut out, &mut above);
+            level -= 1;
+        }
+        // Hidden ones, last: one above may be longer than the visible one.
+        let (hidden, slots) = self.hidden();
+        for (&i, slot) in hidden.iter().zip(slots) {
+            take(i as usize, load_payload(slot), &mut out, &mut above);
+        }
+        out.bits.fix_ranks();
+        if let Some((a, payload)) = above {
+            out.set(a, Some(payload));
+        }
+        (out, above.map(|(a, _)| a))
+    }
+
+    /// Whether the node's prefix at `i`, which covers `lo..hi`, wins a byte
+    /// of its range outside `lo..hi`.
+    fn wins_outside(&self, i: usize, lo: usize, hi: usize) -> bool {
+        let (l, alo, ahi) = index_range(i);
+        let code = code_of(l);
+        let left = (alo < lo).then(|| self.run_of(alo as u8)..=self.run_of((lo - 1) as u8));
+        let right = (hi < ahi).then(|| self.run_of(hi as u8)..=self.run_of((ahi - 1) as u8));
+        left.into_iter()
+            .chain(right)
+            .flatten()
+            .any(|run| self.code(run) == code)
+    }
+
+    /// Allocates and fills a block: `runs` (finished), then `hidden`
+    /// (ascending indices).
+    fn assemble(
+        arena: &Arena,
+        depth: usize,
+        default: Leaf,
+        runs: &Runs,
+        hidden: &[(u16, [u8; 4])],
+        n_prefixes: usize,
+        levels: u16,
+    ) -> NonNull<DataBlock> {
+        let (layout, [at_hidden, at_hidden_payloads]) = Self::layout(runs.n, hidden.len());
+        let p = arena.alloc(layout).as_ptr();
+        let block = NonNull::new(p.cast::<DataBlock>()).expect("arena block");
+        // SAFETY: fresh allocation of the right layout; offsets from
+        // `layout`. A payload cell holds a payload's bytes.
+        unsafe {
+            block.as_ptr().write(DataBlock {
+                run_bits: runs.bits,
+                default: LeafCell::new(default),
+                n_runs: runs.n as u16,
+                n_prefixes: n_prefixes as u16,
+                n_hidden: hidden.len() as u8,
+                depth: depth as u8,
+                levels,
+            });
+            let bytes = runs.bytes();
+            ptr::copy_nonoverlapping(bytes.as_ptr().cast::<u8>(), p.add(RUNS_OFFSET), bytes.len());
+            let (at_idx, at_payload) = (
+                p.add(at_hidden).cast::<u16>(),
+                p.add(at_hidden_payloads).cast::<[u8; 4]>(),
+            );
+            for (i, &(idx, payload)) in hidden.iter().enumerate() {
+                at_idx.add(i).write(idx);
+                at_payload.add(i).write(payload);
+            }
+        }
+        block
+    }
+
+    /// A block with no prefixes: every byte maps to `default`.
+    pub fn empty(arena: &Arena, default: Leaf) -> NonNull<DataBlock> {
+        Self::build(arena, 0, &Prefixes::new(), default)
+    }
+
+    #[inline(always)]
+    fn at(&self, offset: usize) -> *const u8 {
+        // SAFETY: offsets come from `layout` for this block's counts.
+        unsafe { ptr::from_ref(self).cast::<u8>().add(offset) }
+    }
+
+    #[inline(always)]
+    fn offsets_here(&self) -> [usize; 2] {
+        Self::offsets(self.n_runs as usize, self.n_hidden as usize)
+    }
+
+    /// Where run `run`'s code and payload are (to prefetch, then load).
+    #[inline(always)]
+    pub fn run_addresses(&self, run: usize) -> [*const u8; 2] {
+        run_offsets(run).map(|offset| self.at(RUNS_OFFSET + offset))
+    }
+
+    /// Run `run`'s payload cell (`run < n_runs`).
+    #[inline(always)]
+    fn payload_cell(&self, run: usize) -> &PayloadCell {
+        debug_assert!(run < self.n_runs as usize);
+        // SAFETY: run < n_runs: written by `build` at this offset.
+        unsafe { &*self.run_addresses(run)[1].cast::<PayloadCell>() }
+    }
+
+    /// Run `run`'s payload.
+    #[inline(always)]
+    pub(super) fn payload(&self, run: usize) -> [u8; 4] {
+        load_payload(self.payload_cell(run))
+    }
+
+    /// Run `run`'s code (`run < n_runs`).
+    #[inline(always)]
+    pub(super) fn code(&self, run: usize) -> u8 {
+        debug_assert!(run < self.n_runs as usize);
+        // SAFETY: run < n_runs: written by `build` at this offset.
+        unsafe { *self.run_addresses(run)[0] }
+    }
+
+    /// The hidden prefixes' indices (ascending) and payloads.
+    fn hidden(&self) -> (&[u16], &[PayloadCell]) {
+        let [at_hidden, at_payloads] = self.offsets_here();
+        let n = self.n_hidden as usize;
+        // SAFETY: n hidden indices and payloads at these offsets.
+        unsafe {
+            (
+                std::slice::from_raw_parts(self.at(at_hidden).cast::<u16>(), n),
+                std::slice::from_raw_parts(self.at(at_payloads).cast::<PayloadCell>(), n),
+            )
+        }
+    }
+
+    /// The run holding byte `b`.
+    #[inline(always)]
+    pub fn run_of(&self, b: u8) -> usize {
+        // Bit 0 is always set, so the rank is at least 1.
+        self.run_bits.rank_incl(b as usize) - 1
+    }
+
+    /// The leaf of run `run` (`run < n_runs`): its payload, and the
+    /// length its code gives (chosen without a branch: whether a run is
+    /// inherited is unpredictable for random keys).
+    #[inline(always)]
+    pub fn leaf_at(&self, run: usize) -> Leaf {
+        let (payload, code) = (self.payload(run), self.code(run));
+        let own = (u32::from(self.depth) << 3).wrapping_add(u32::from(code).wrapping_sub(1));
+        // The default's length, or no match (`u32::MAX`) for NO_MATCH.
+        let inherited = self.default.load().prefixlen;
+        Leaf {
+            payload,
+            prefixlen: std::hint::select_unpredictable(
+                code == NO_MATCH || code == INHERITED,
+                inherited,
+                own,
+            ),
+        }
+    }
+
+    /// The leaf for byte `b`: the longest prefix of this node covering
+    /// `b`, else the inherited default. For a byte with a child, that is
+    /// what the child inherits.
+    #[inline(always)]
+    pub fn leaf(&self, b: u8) -> Leaf {
+        self.leaf_at(self.run_of(b))
+    }
+
+    /// Where the stored prefix at `idx` keeps its payload: its hidden
+    /// slot, or each run it wins (none if it is not stored).
+    fn cells_of(&self, idx: usize) -> impl Iterator<Item = &PayloadCell> {
+        let (hidden, slots) = self.hidden();
+        let (l, lo, hi) = index_range(idx);
+        let slot = hidden.binary_search(&(idx as u16)).ok().map(|i| &slots[i]);
+        // Only this prefix has its length in its own byte range.
+        let runs = slot
+            .is_none()
+            .then(|| self.run_of(lo as u8)..=self.run_of((hi - 1) as u8))
+            .into_iter()
+            .flatten()
+            .filter(move |&run| self.code(run) == code_of(l))
+            .map(|run| self.payload_cell(run));
+        slot.into_iter().chain(runs)
+    }
+
+    /// Writer: the stored prefix at `idx` gets the new `payload`.
+    pub fn set_prefix_payload(&self, idx: usize, payload: [u8; 4]) {
+        for cell in self.cells_of(idx) {
+            store_payload(cell, payload);
+        }
+    }
+
+    /// Writer: the inherited default (the same prefix) gets the new
+    /// `payload`, and so does every run that inherits it.
+    pub fn set_inherited_payload(&self, payload: [u8; 4]) {
+        self.default.set_payload(payload);
+        for run in (0..self.n_runs as usize).filter(|&run| self.code(run) == INHERITED) {
+            store_payload(self.payload_cell(run), payload);
+        }
+    }
+
+    /// The prefixes stored in this node, with their payloads.
+    pub fn prefixes(&self) -> Prefixes {
+        let mut out = Prefixes::new();
+        for (run, start) in self.run_bits.ones().enumerate() {
+            if let Some(idx) = winner_of(self.code(run), start) {
+                out.put(idx, self.payload(run));
+            }
+        }
+        let (hidden, slots) = self.hidden();
+        for (&idx, slot) in hidden.iter().zip(slots) {
+            out.put(idx as usize, load_payload(slot));
+        }
+        out.bits.fix_ranks();
+        out
+    }
+
+    /// Payload of the prefix at `idx`, if stored.
+    pub fn prefix(&self, idx: usize) -> Option<[u8; 4]> {
+        self.cells_of(idx).next().map(load_payload)
+    }
+
+    /// Number of hidden prefixes (for tests).
+    #[cfg(test)]
+    pub fn hidden_len(&self) -> usize {
+        self.n_hidden as usize
+    }
+
+    /// Whether the node stores no prefixes.
+    pub fn has_no_prefixes(&self) -> bool {
+        self.n_prefixes == 0
+    }
+
+    /// Gives the block back to the arena.
+    ///
+    /// # Safety
+    /// No one can reach the block any more.
+    pub unsafe fn free(arena: &Arena, block: *mut DataBlock) {
+        // SAFETY: allocated by `build` from this arena with these counts.
+        unsafe {
+            let (n, h) = ((*block).n_runs as usize, (*block).n_hidden as usize);
+            arena.release(block.cast(), Self::layout(n, h).0.size())
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::lpm::node::prefix_index;
+
+    #[test]
+    fn data_block_paints_longest_prefix_per_byte() {
+        let mut prefixes = Prefixes::new();
+        prefixes.set(prefix_index(1, 0x00), Some([7; 4])); // 0xxxxxxx -> 7
+        prefixes.set(prefix_index(8, 0x10), Some([9; 4])); // 00010000 -> 9
+        prefixes.set(prefix_index(2, 0xc0), Some([5; 4])); // 11xxxxxx -> 5, hidden:
+        prefixes.set(prefix_index(3, 0xc0), Some([6; 4])); // 110xxxxx
+        prefixes.set(prefix_index(3, 0xe0), Some([8; 4])); // 111xxxxx
+        let leaf = |x: u8, prefixlen| Leaf {
+            payload: [x; 4],
+            prefixlen,
+        };
+        let arena = Arena::new();
+        let block = DataBlock::build(&arena, 1, &prefixes, leaf(3, 4));
+        // SAFETY: just built, private.
+        let d = unsafe { block.as_ref() };
+        let got: Vec<Leaf> = [0, 0x10, 0x11, 0x7f, 0x80, 0xbf, 0xc0, 0xff]
+            .iter()
+            .map(|&b| d.leaf(b))
+            .collect();
+        assert_eq!(
+            got,
+            vec![
+                leaf(7, 9),
+                leaf(9, 16),
+                leaf(7, 9),
+                leaf(7, 9),
+                leaf(3, 4),
+                leaf(3, 4),
+                leaf(6, 11),
+                leaf(8, 11),
+            ]
+        );
+        assert_eq!((d.n_runs, d.n_hidden, d.n_prefixes), (6, 1, 5));
+        assert_eq!(d.levels, 1 << 1 | 1 << 2 | 1 << 3 | 1 << 8);
+        assert_eq!(
+            (
+                d.prefix(prefix_index(8, 0x10)),
+                d.prefix(prefix_index(2, 0xc0)),
+                d.prefix(3)
+            ),
+            (Some([9; 4]), Some([5; 4]), None)
+        );
+        assert_eq!(d.prefixes(), prefixes);
+        // New payloads in place: a visible prefix, a hidden one, the default.
+        d.set_prefix_payload(prefix_index(1, 0x00), [1; 4]);
+        d.set_prefix_payload(prefix_index(2, 0xc0), [2; 4]);
+        d.set_inherited_payload([4; 4]);
+        assert_eq!(
+            (d.leaf(0x11), d.leaf(0x10), d.leaf(0x80), d.default.load()),
+            (leaf(1, 9), leaf(9, 16), leaf(4, 4), leaf(4, 4))
+        );
+        prefixes.set(prefix_index(1, 0x00), Some([1; 4]));
+        prefixes.set(prefix_index(2, 0xc0), Some([2; 4]));
+        assert_eq!(d.prefixes(), prefixes);
+        // SAFETY: private.
+        unsafe { DataBlock::free(&arena, block.as_ptr()) };
+    }
+
+    /// Removing a prefix whose range is all its own: the bytes go to the
+    /// longest prefix above, found outside the range (here past a hidden
+    /// shorter one), as a full build gives them.
+    #[test]
+    fn a_removal_uncovers_the_longest_prefix_above() {
+        let arena = Arena::new();
+        let mut set = Prefixes::new();
+        set.set(prefix_index(1, 0x00), Some([1; 4])); // hidden by the two below
+        set.set(prefix_index(2, 0x00), Some([2; 4]));
+        set.set(prefix_index(2, 0x40), Some([3; 4]));
+        set.set(prefix_index(8, 0x00), Some([4; 4]));
+        let before = DataBlock::build(&arena, 0, &set, Leaf::NONE);
+        // SAFETY: private blocks.
+        let after = unsafe { before.as_ref() }.with_prefix(&arena, 0, prefix_index(8, 0x00), None);
+        set.set(prefix_index(8, 0x00), None);
+        let full = DataBlock::build(&arena, 0, &set, Leaf::NONE);
+        // SAFETY: private blocks.
+        let (after, full) = unsafe { (after.as_ref(), full.as_ref()) };
+        assert_eq!(after.leaf(0x00).payload, [2; 4]);
+        assert_eq!(
+            (0..=255).map(|b| after.leaf(b)).collect::<Vec<_>>(),
+            (0..=255).map(|b| full.leaf(b)).collect::<Vec<_>>()
+        );
+        assert_eq!(after.prefixes(), set);
+    }
+
+    #[test]
+    fn the_static_block_answers_none() {
+        let d = NONE_BLOCK.block();
+        assert_eq!((d.leaf(0), d.leaf(255)), (Leaf::NONE, Leaf::NONE));
+        assert_eq!(d.prefixes(), Prefixes::new());
+    }
+
+    use proptest::prelude::*;
+
+    /// Prefix indices of a node, each with a payload from a few values
+    /// (so neighbours of the same length often share one).
+    fn node_contents() -> impl Strategy<Value = Vec<(usize, u8)>> {
+        prop::collection::vec((2usize..512, 0u8..3), 0..40)
+    }
+
+    fn prefixes_of(idxs: &[(usize, u8)]) -> Prefixes {
+        let mut p = Prefixes::new();
+        for &(i, v) in idxs {
+            p.set(i, Some([v; 4]));
+        }
+        p
+    }
+
+    fn default_leaf() -> Leaf {
+        Leaf {
+            payload: [1; 4],
+            prefixlen: 3,
+        }
+    }
+
+    proptest! {
+        /// A chain of changes, each rebuilding only the changed prefix's
+        /// byte range from the block before, gives the same runs, leaves,
+        /// hidden prefixes and counts as a full build of the same prefixes,
+        /// and the block gives back the prefixes it holds.
+        #[test]
+        fn incremental_builds_match_full(
+            idxs in node_contents(),
+            changes in prop::collection::vec((1usize..512, prop::option::of(0u8..3)), 1..12),
+            no_default in any::<bool>(),
+        ) {
+            let arena = Arena::new();
+            let default = if no_default { Leaf::NONE } else { default_leaf() };
+            let mut set = prefixes_of(&idxs);
+            let mut block = DataBlock::build(&arena, 2, &set, default);
+            let mut blocks = vec![block];
+            for (idx, value) in changes {
+                let payload = value.map(|v| [v; 4]);
+                set.set(idx, payload);
+                // SAFETY: private blocks.
+                block = unsafe { block.as_ref() }.with_prefix(&arena, 2, idx, payload);
+                let full = DataBlock::build(&arena, 2, &set, default);
+                blocks.extend([block, full]);
+                // SAFETY: private blocks.
+                let (inc, full) = unsafe { (block.as_ref(), full.as_ref()) };
+                for byte in 0..=255u8 {
+                    prop_assert_eq!(inc.leaf(byte), full.leaf(byte), "byte {}", byte);
+                }
+                prop_assert_eq!(inc.run_bits, full.run_bits);
+                prop_assert_eq!(inc.hidden().0, full.hidden().0);
+                prop_assert_eq!(inc.n_prefixes, full.n_prefixes);
+                prop_assert_eq!(inc.prefixes(), set.clone());
+                for i in 1..512 {
+                    prop_assert_eq!(inc.prefix(i), set.get(i), "idx {}", i);
+                }
+            }
+            // SAFETY: private blocks.
+            unsafe { blocks.iter().for_each(|p| DataBlock::free(&arena, p.as_ptr())) };
+        }
+    }
+}

@@ -1,0 +1,221 @@
+//! The run-length encoder that builds a data block's runs.
+
+use std::mem::MaybeUninit;
+use std::ptr;
+
+use super::leaf::{NO_MATCH, code_of, default_code, same_winner, winner_of};
+use super::{DataBlock, Leaf, Prefixes, index_range, prefix_index};
+use crate::lpm::bits::Bits;
+
+/// Bytes of `n` runs: whole groups of four codes and four payloads, and a
+/// last group with four codes and its payloads.
+pub(super) const fn runs_bytes(n: usize) -> usize {
+    20 * (n / 4) + [0, 8, 12, 16][n % 4]
+}
+
+/// Offsets of run `run`'s code and payload from the start of the runs.
+#[inline(always)]
+pub(super) const fn run_offsets(run: usize) -> [usize; 2] {
+    let group = 20 * (run / 4);
+    [group + run % 4, group + 4 + 4 * (run % 4)]
+}
+
+/// Run-length encoder for a block's runs: a run is a maximal range of
+/// bytes with the same winner (the inherited default, or one prefix). The
+/// runs are kept as the block lays them out, so the block gets them with
+/// one copy.
+pub(super) struct Runs {
+    pub(super) bits: Bits<4>,
+    /// The first `n` runs are written (no 1 KiB of zeroes per build).
+    buf: [MaybeUninit<u8>; runs_bytes(256)],
+    pub(super) n: usize,
+    /// Where the last run starts, and its code.
+    last_start: usize,
+    last_code: u8,
+}
+
+impl Runs {
+    pub(super) fn new() -> Self {
+        Runs {
+            bits: Bits::default(),
+            buf: [MaybeUninit::uninit(); runs_bytes(256)],
+            n: 0,
+            last_start: 0,
+            last_code: 0,
+        }
+    }
+
+    /// Whether a run starting at `start` with `code` has the last run's
+    /// winner, so it continues that run.
+    pub(super) fn continues(&self, start: usize, code: u8) -> bool {
+        self.n > 0 && self.last_code == code && same_winner(code, self.last_start, start)
+    }
+
+    /// Appends a run (its start bit is the caller's).
+    pub(super) fn append(&mut self, payload: [u8; 4], code: u8) {
+        let [at_code, at_payload] = run_offsets(self.n);
+        self.buf[at_code].write(code);
+        for (i, b) in payload.into_iter().enumerate() {
+            self.buf[at_payload + i].write(b);
+        }
+        self.n += 1;
+        self.last_code = code;
+    }
+
+    /// Bytes from `start` on are won by the run with `code` and `payload`:
+    /// a new run, unless the last run has the same winner.
+    pub(super) fn push(&mut self, start: usize, payload: [u8; 4], code: u8) {
+        if self.continues(start, code) {
+            return;
+        }
+        self.bits.set_raw(start);
+        self.append(payload, code);
+        self.last_start = start;
+    }
+
+    /// Copies the old runs that start in `a..b` (each ending at the next
+    /// start, or `b`); the first folds into ours if it has the same
+    /// winner. Whole groups of four are copied at once when old and new
+    /// runs line up (always for the runs before a change).
+    pub(super) fn copy_old(&mut self, old: &DataBlock, a: usize, b: usize) {
+        if a >= b {
+            return;
+        }
+        let mut starts = old.run_bits.words_in(a, b);
+        let mut first = old.run_bits.rank(a);
+        let mut count: usize = starts.iter().map(|w| w.count_ones() as usize).sum();
+        if count == 0 {
+            return;
+        }
+        let w = starts.iter().position(|w| *w != 0).expect("count > 0");
+        let first_start = 64 * w + starts[w].trailing_zeros() as usize;
+        if self.continues(first_start, old.code(first)) {
+            // The first old run continues our last one: drop its start.
+            starts[w] &= starts[w] - 1;
+            first += 1;
+            count -= 1;
+            if count == 0 {
+                return;
+            }
+        }
+        self.bits.or_words(&starts);
+        let end = first + count;
+        let mut run = first;
+        if first % 4 == self.n % 4 {
+            while run < end && !run.is_multiple_of(4) {
+                self.append(old.payload(run), old.code(run));
+                run += 1;
+            }
+            let groups = (end - run) / 4;
+            if groups > 0 {
+                // SAFETY: both are whole groups of runs: `groups` of the
+                // old block's from `run` and of ours from `n`, in bounds.
+                unsafe {
+                    ptr::copy_nonoverlapping(
+                        old.run_addresses(run)[0],
+                        self.buf[run_offsets(self.n)[0]..].as_mut_ptr().cast::<u8>(),
+                        20 * groups,
+                    )
+                };
+                self.n += 4 * groups;
+                run += 4 * groups;
+                self.last_code = old.code(run - 1);
+            }
+        }
+        for run in run..end {
+            self.append(old.payload(run), old.code(run));
+        }
+        let w = starts.iter().rposition(|w| *w != 0).expect("count > 0");
+        self.last_start = 64 * w + 63 - starts[w].leading_zeros() as usize;
+    }
+
+    /// Fresh runs for bytes `lo..hi` from `prefixes` (all those inside
+    /// the range, and the longest above it) under `default`: the winner
+    /// can change only where a prefix inside the range starts or ends, so
+    /// cut there and give each segment the longest prefix covering its
+    /// first byte.
+    pub(super) fn fill(&mut self, prefixes: &Prefixes, default: Leaf, lo: usize, hi: usize) {
+        let prefix_bits = &prefixes.bits;
+        let mut cut_bits = Bits::<5>::default();
+        cut_bits.set_raw(lo);
+        cut_bits.set_raw(hi);
+        // Only prefixes inside lo..hi: at each level, the indices whose
+        // byte ranges fall within it.
+        for l in 0..=8u32 {
+            let shift = 8 - l;
+            let (first, end) = (lo.div_ceil(1 << shift), hi >> shift);
+            if first >= end {
+                continue;
+            }
+            let base = 1usize << l;
+            for idx in prefix_bits.ones_in(base + first, base + end) {
+                let (_, plo, phi) = index_range(idx);
+                cut_bits.set_raw(plo);
+                cut_bits.set_raw(phi);
+            }
+        }
+        let best = |b: usize| {
+            (0..=8u32)
+                .rev()
+                .map(|l| (l, prefix_index(l, b as u8)))
+                .find(|&(_, idx)| prefix_bits.get(idx))
+                .map_or((default.payload, default_code(default)), |(l, idx)| {
+                    (prefixes.get(idx).expect("stored"), code_of(l))
+                })
+        };
+        let mut cuts = cut_bits.ones().peekable();
+        while let Some(start) = cuts.next() {
+            match cuts.peek() {
+                Some(_) if start < hi => {
+                    let (payload, code) = best(start);
+                    self.push(start, payload, code);
+                }
+                _ => break,
+            }
+        }
+    }
+
+    /// Ends the runs: ranks, and the last group's unused codes.
+    pub(super) fn finish(&mut self) {
+        self.bits.fix_ranks();
+        for run in self.n..self.n.next_multiple_of(4) {
+            self.buf[run_offsets(run)[0]].write(NO_MATCH);
+        }
+    }
+
+    pub(super) fn code(&self, run: usize) -> u8 {
+        // SAFETY: the first n runs are written.
+        unsafe { self.buf[run_offsets(run)[0]].assume_init() }
+    }
+
+    /// The node's prefixes that win a byte in `lo..hi` (after `finish`).
+    pub(super) fn winners_in(&self, lo: usize, hi: usize) -> Bits<8> {
+        let mut out = Bits::default();
+        for (run, start) in runs_overlapping(&self.bits, lo, hi) {
+            if let Some(idx) = winner_of(self.code(run), start) {
+                out.set_raw(idx);
+            }
+        }
+        out
+    }
+
+    /// The runs as the block lays them out (after `finish`).
+    pub(super) fn bytes(&self) -> &[MaybeUninit<u8>] {
+        &self.buf[..runs_bytes(self.n)]
+    }
+}
+
+/// The runs of `bits` (run starts, ranks fixed) that overlap bytes
+/// `lo..hi`, as (run, its first byte).
+pub(super) fn runs_overlapping(
+    bits: &Bits<4>,
+    lo: usize,
+    hi: usize,
+) -> impl Iterator<Item = (usize, usize)> {
+    let first = bits.rank_incl(lo) - 1;
+    let first_start = bits.last_one_upto(lo).expect("bit 0 is set");
+    std::iter::once(first_start)
+        .chain(bits.ones_in(lo + 1, hi))
+        .enumerate()
+        .map(move |(i, start)| (first + i, start))
+}
