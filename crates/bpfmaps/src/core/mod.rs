@@ -2,9 +2,12 @@
 //! family declares, reclamation. It names no map family: the families
 //! depend on it, and `crate::registry` lists them.
 
+pub(crate) mod arena;
 pub mod bytes;
 pub mod contract;
 pub mod error;
 pub mod family;
 pub mod flags;
+pub(crate) mod free_list;
 pub mod reclaim;
+mod sync;

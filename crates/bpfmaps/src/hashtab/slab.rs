@@ -11,12 +11,12 @@
 //! ```
 //! `lv` is "live" (linked in a bucket), `rf` the LRU referenced bit.
 //!
-//! Free list: writers pop from `free` under a mutex. An element unlinked
-//! from its bucket is not reusable until every reader pinned at unlink time
-//! has unpinned; the epoch collector then pushes it onto `returned`, a
-//! lock-free push-only stack (pushes and whole-stack `swap` are ABA-free), so
-//! a reader thread running the collector never takes a lock. Writers drain
-//! `returned` into `free` when `free` runs dry.
+//! Free list: the shared one (`core::free_list`). Writers take elements
+//! from a chain under a mutex. An element unlinked from its bucket is not
+//! reusable until every reader pinned at unlink time has unpinned; the
+//! epoch collector then releases it, lock-free (a reader thread running
+//! the collector never takes a lock), linked through its first word (the
+//! dead element's `next`).
 
 use std::alloc::{Layout, alloc_zeroed, dealloc};
 use std::ptr::{self, NonNull};
@@ -25,6 +25,7 @@ use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU32, AtomicUsize, Ordering}
 use parking_lot::Mutex;
 
 use crate::core::error::{Error, Result};
+use crate::core::free_list::{Chain, FirstWord, FreeList};
 use crate::core::reclaim::drop_in_background;
 
 /// Header at the start of every element; key and value bytes follow.
@@ -149,15 +150,17 @@ unsafe impl Send for Chunk {}
 pub(super) struct Slab {
     pub layout: ElemLayout,
     chunks: Mutex<Vec<Chunk>>,
-    free: Mutex<*mut ElemHeader>,
-    returned: AtomicPtr<ElemHeader>,
+    /// Free elements for writers.
+    free: Mutex<Chain>,
+    /// Elements back from their grace period.
+    returned: FreeList,
     total: AtomicUsize,
     /// Elements per chunk when growing.
     grow_by: usize,
 }
 
-// SAFETY: the raw free-list head is only touched under its mutex; element
-// memory is shared by design and guarded by the table's protocol.
+// SAFETY: element memory is shared by design and guarded by the table's
+// protocol; the free chain is only touched under its mutex.
 unsafe impl Send for Slab {}
 // SAFETY: as above.
 unsafe impl Sync for Slab {}
@@ -169,30 +172,27 @@ impl Slab {
         let slab = Slab {
             layout,
             chunks: Mutex::new(Vec::new()),
-            free: Mutex::new(ptr::null_mut()),
-            returned: AtomicPtr::new(ptr::null_mut()),
+            free: Mutex::new(Chain::default()),
+            returned: FreeList::default(),
             total: AtomicUsize::new(0),
             grow_by: grow_by.max(1),
         };
         if prealloc > 0 {
-            let mut free = slab.free.lock();
-            slab.grow(&mut free, prealloc)?;
+            slab.grow(&mut slab.free.lock(), prealloc)?;
         }
         Ok(slab)
     }
 
     /// Allocates a chunk of `n` elements and threads them onto `free`.
-    fn grow(&self, free: &mut *mut ElemHeader, n: usize) -> Result<()> {
+    fn grow(&self, free: &mut Chain, n: usize) -> Result<()> {
         let bytes = n.checked_mul(self.layout.size).ok_or(Error::NoMemory)?;
         let layout = Layout::from_size_align(bytes, 64).map_err(|_| Error::NoMemory)?;
         // SAFETY: non-zero size (n >= 1, element size >= 16).
         let base = NonNull::new(unsafe { alloc_zeroed(layout) }).ok_or(Error::NoMemory)?;
         for i in (0..n).rev() {
-            // SAFETY: i < n, inside the chunk; zeroed memory is a valid header.
-            let elem = unsafe { base.as_ptr().add(i * self.layout.size) }.cast::<ElemHeader>();
-            // SAFETY: the element is fresh and private.
-            unsafe { (*elem).next.store(*free, Ordering::Relaxed) };
-            *free = elem;
+            // SAFETY: i < n, inside the chunk; the element is fresh and
+            // private, its first word free for the link.
+            unsafe { free.push(&FirstWord, base.as_ptr().add(i * self.layout.size) as usize) };
         }
         self.chunks.lock().push(Chunk {
             base,
@@ -206,38 +206,24 @@ impl Slab {
     /// Takes a free element for a writer.
     pub fn alloc(&self) -> Result<ElemPtr> {
         let mut free = self.free.lock();
-        if free.is_null() {
-            *free = self.returned.swap(ptr::null_mut(), Ordering::Acquire);
-        }
-        if free.is_null() {
-            self.grow(&mut free, self.grow_by)?;
-        }
-        let elem = *free;
-        // SAFETY: elements on the free list are private to the slab.
-        *free = unsafe { (*elem).next.load(Ordering::Relaxed) };
+        let elem = match self.returned.take(&FirstWord, &mut free) {
+            Some(elem) => elem,
+            None => {
+                self.grow(&mut free, self.grow_by)?;
+                free.pop(&FirstWord).expect("a new chunk's elements")
+            }
+        };
         Ok(ElemPtr(
-            NonNull::new(elem).expect("free list holds non-null elements"),
+            NonNull::new(elem as *mut ElemHeader).expect("free list holds non-null elements"),
         ))
     }
 
     /// Gives back an element no reader can see any more (called after the
     /// grace period, possibly on a reader's thread: lock-free).
     pub fn release(&self, elem: ElemPtr) {
-        let elem = elem.0.as_ptr();
-        let mut head = self.returned.load(Ordering::Relaxed);
-        loop {
-            // SAFETY: the element is unreachable by readers and writers.
-            unsafe { (*elem).next.store(head, Ordering::Relaxed) };
-            match self.returned.compare_exchange_weak(
-                head,
-                elem,
-                Ordering::Release,
-                Ordering::Relaxed,
-            ) {
-                Ok(_) => return,
-                Err(now) => head = now,
-            }
-        }
+        // SAFETY: the element is unreachable by readers and writers; its
+        // first word (`next`) becomes the link.
+        unsafe { self.returned.release(&FirstWord, elem.0.as_ptr() as usize) };
     }
 
     /// Bytes held by element chunks.

@@ -12,7 +12,6 @@
 //! `kernel/bpf/lpm_trie.c` (binary nodes, one lock, one allocation per
 //! node): the baseline every LPM benchmark shows, and a second test oracle.
 
-mod arena;
 mod bits;
 mod direct;
 mod ip;

@@ -6,13 +6,14 @@
 //! creation, so readers index without locks while writers add chunks.
 //! A slot is immutable while any leaf can point at it: changing a value
 //! takes a new slot. Freed slots are reused only after an epoch grace
-//! period: the deferred release pushes them onto a lock-free stack (linked
-//! through the dead slot's first bytes), and the writer drains it.
+//! period, through the shared free list (`core::free_list`): the deferred
+//! release links the dead slot by id through its first four bytes.
 
 use std::alloc::{Layout, alloc_zeroed, dealloc};
-use std::sync::atomic::{AtomicPtr, AtomicU32, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicPtr, AtomicUsize, Ordering};
 
 use crate::core::error::{Error, Result};
+use crate::core::free_list::{Chain, FreeList, Links, NIL};
 use crate::core::reclaim::Guard;
 
 /// "No route": a leaf with no matching prefix.
@@ -25,23 +26,33 @@ pub(super) struct RouteStore {
     slot_size: usize,
     chunks: Box<[AtomicPtr<u8>]>,
     allocated_chunks: AtomicUsize,
-    /// Slots back from their grace period (lock-free push, swap to drain).
-    returned: AtomicU32,
+    /// Slots back from their grace period.
+    returned: FreeList,
 }
 
 /// Writer-only allocation state (kept under the trie's writer lock).
-#[derive(Debug)]
+#[derive(Debug, Default)]
 pub(super) struct RouteAlloc {
-    free: u32,
+    free: Chain,
     next_fresh: u32,
 }
 
-impl Default for RouteAlloc {
-    fn default() -> Self {
-        RouteAlloc {
-            free: NO_ROUTE,
-            next_fresh: 0,
+/// A free slot holds the id of the next one in its first four bytes
+/// (values here are over 4 bytes).
+// SAFETY: the link is read back as written, from the same slot.
+unsafe impl Links for RouteStore {
+    unsafe fn next(&self, id: usize) -> usize {
+        // SAFETY: a free slot of an allocated chunk.
+        match unsafe { self.slot(id as u32).cast::<u32>().read_unaligned() } {
+            NO_ROUTE => NIL,
+            next => next as usize,
         }
+    }
+
+    unsafe fn set_next(&self, id: usize, next: usize) {
+        let next = if next == NIL { NO_ROUTE } else { next as u32 };
+        // SAFETY: a free slot nobody else touches.
+        unsafe { self.slot(id as u32).cast::<u32>().write_unaligned(next) }
     }
 }
 
@@ -60,7 +71,7 @@ impl RouteStore {
                 .map(|_| AtomicPtr::new(std::ptr::null_mut()))
                 .collect(),
             allocated_chunks: AtomicUsize::new(0),
-            returned: AtomicU32::new(NO_ROUTE),
+            returned: FreeList::default(),
         }
     }
 
@@ -89,14 +100,8 @@ impl RouteStore {
 
     /// Takes a slot and fills it (writer only).
     pub fn alloc(&self, state: &mut RouteAlloc, value: &[u8]) -> Result<u32> {
-        if state.free == NO_ROUTE {
-            state.free = self.returned.swap(NO_ROUTE, Ordering::Acquire);
-        }
-        let id = if state.free != NO_ROUTE {
-            let id = state.free;
-            // SAFETY: a free slot's first 4 bytes hold the next free id.
-            state.free = unsafe { self.slot(id).cast::<u32>().read_unaligned() };
-            id
+        let id = if let Some(id) = self.returned.take(self, &mut state.free) {
+            id as u32
         } else {
             let id = state.next_fresh;
             let chunk = (id >> CHUNK_SHIFT) as usize;
@@ -125,20 +130,8 @@ impl RouteStore {
     /// Gives back a slot no reader can reach any more (after the grace
     /// period; lock-free, may run on any thread).
     pub fn release(&self, id: u32) {
-        let mut head = self.returned.load(Ordering::Relaxed);
-        loop {
-            // SAFETY: the slot is dead; its first bytes become the link.
-            unsafe { self.slot(id).cast::<u32>().write_unaligned(head) };
-            match self.returned.compare_exchange_weak(
-                head,
-                id,
-                Ordering::Release,
-                Ordering::Relaxed,
-            ) {
-                Ok(_) => return,
-                Err(now) => head = now,
-            }
-        }
+        // SAFETY: the slot is dead (its grace period is over) and ours.
+        unsafe { self.returned.release(self, id as usize) };
     }
 
     /// Bytes held by slot chunks and the chunk table.

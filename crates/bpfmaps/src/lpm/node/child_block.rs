@@ -5,8 +5,8 @@ use std::ptr::{self, NonNull};
 use std::sync::atomic::{AtomicPtr, Ordering};
 
 use super::{DataBlock, Skip};
+use crate::core::arena::Arena;
 use crate::core::reclaim::Guard;
-use crate::lpm::arena::Arena;
 use crate::lpm::bits::Bits;
 
 /// A child-block entry: the node's (children, data, skip).

@@ -10,7 +10,7 @@ use super::leaf::{
 use super::prefixes::in_subtree;
 use super::runs::{Runs, run_offsets, runs_bytes, runs_overlapping};
 use super::{Leaf, LeafCell, Prefixes, index_range};
-use crate::lpm::arena::Arena;
+use crate::core::arena::Arena;
 use crate::lpm::bits::Bits;
 
 /// Header of a data block. Then, in order: the runs, in groups of four

@@ -46,11 +46,11 @@ use std::sync::{Arc, OnceLock};
 
 use parking_lot::Mutex;
 
-use super::arena::Arena;
 use super::direct::DirectIndex;
 use super::key::{self, mask_host_bits};
 use super::node::{DataBlock, Leaf, Node, Skip, prefix_index};
 use super::routes::{RouteAlloc, RouteStore};
+use crate::core::arena::Arena;
 use crate::core::error::{Error, Result};
 use crate::core::reclaim::{Guard, pin};
 

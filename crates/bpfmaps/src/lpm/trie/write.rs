@@ -8,10 +8,10 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
 use super::{LpmTrie, Pos, position};
+use crate::core::arena::Arena;
 use crate::core::error::{Error, Result, check_len};
 use crate::core::flags::UpdateFlag;
 use crate::core::reclaim::{Guard, drop_in_background, pin};
-use crate::lpm::arena::Arena;
 use crate::lpm::bits::Bits;
 use crate::lpm::node::{ChildBlock, DataBlock, Entry, Leaf, Node, Skip, free_subtree, index_range};
 use crate::lpm::routes::{RouteAlloc, RouteStore};

@@ -1,37 +1,42 @@
-//! Block arena for the LPM trie: node blocks are carved from large chunks
-//! instead of one heap allocation each, so a lookup's few blocks share
-//! pages (the kernel trie's dTLB problem), big chunks are backed by huge
-//! pages where the kernel allows (`MADV_HUGEPAGE`), and dropping a trie of
-//! a million prefixes frees a few dozen chunks instead of walking it.
+//! A block arena: a map's blocks carved from large chunks instead of one
+//! heap allocation each, so a lookup's few blocks share pages (the kernel
+//! LPM trie's dTLB problem), big chunks are backed by huge pages where the
+//! kernel allows (`MADV_HUGEPAGE`), and dropping a map of a million blocks
+//! frees a few dozen chunks instead of walking it. The LPM trie's node
+//! blocks live here; any map with copy-on-write blocks can.
 //!
-//! Sizes are rounded up to 16-byte classes. The writer (one at a time,
-//! under the trie's lock) allocates from a private free list per class, then
-//! from blocks returned after their grace period, then from the current
-//! chunk; when that is used up, from the smallest larger free block, split,
-//! and only then from a new chunk. Returns arrive from epoch-deferred closures on any thread, so they
-//! go onto a lock-free push-only stack per class (linked through the dead
-//! block's first word), which the writer drains whole.
+//! Sizes are rounded up to 16-byte classes. The one writer (a map's
+//! writer lock serialises allocations; the arena's own lock is then never
+//! contended) allocates from its private chain per class, then from the
+//! blocks released after their grace period, then from the current chunk;
+//! when that is used up, from the smallest larger free block, split, and
+//! only then from a new chunk. Releases arrive from epoch-deferred
+//! closures on any thread, so they go onto the per-class lock-free free
+//! lists (`core::free_list`), linked through the dead block's first word.
 
 use std::alloc::{Layout, alloc, dealloc};
-use std::ptr::{self, NonNull};
-use std::sync::atomic::{AtomicPtr, AtomicUsize, Ordering};
+use std::ptr::NonNull;
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 use parking_lot::Mutex;
 
+use super::free_list::{Chain, FirstWord, FreeList};
+
 const GRANULE: usize = 16;
-/// Largest block: a data block with 256 runs and 511 prefixes, or a child
-/// block of 256 nodes, is under 5 KiB.
-const MAX_BLOCK: usize = 8 << 10;
+/// Largest block: 8 KiB (an LPM data block with 256 runs and 511
+/// prefixes, or a child block of 256 nodes, is under 5 KiB).
+pub(crate) const MAX_BLOCK: usize = 8 << 10;
 const CLASSES: usize = MAX_BLOCK / GRANULE + 1;
-/// Small tries stay small: chunks start at 4 KiB and double up to 2 MiB.
+/// Small maps stay small: chunks start at 4 KiB and double up to 2 MiB.
 const FIRST_CHUNK: usize = 4 << 10;
 const HUGE_PAGE: usize = 2 << 20;
 
 /// A block arena. `alloc` is for the (single) writer; `release` may run
 /// anywhere.
-pub(super) struct Arena {
+pub(crate) struct Arena {
     writer: Mutex<ArenaWriter>,
-    returned: [AtomicPtr<u8>; CLASSES],
+    /// Per size class, blocks back from their grace period.
+    returned: [FreeList; CLASSES],
     chunks: Mutex<Vec<(NonNull<u8>, Layout)>>,
     chunk_bytes: AtomicUsize,
     /// Bytes in blocks handed out and not yet released.
@@ -44,39 +49,30 @@ unsafe impl Send for Arena {}
 // SAFETY: as above.
 unsafe impl Sync for Arena {}
 
-/// The writer's side: private free lists and the chunk being carved.
+/// The writer's side: private chains of free blocks and the chunk being
+/// carved.
 struct ArenaWriter {
-    free: [*mut u8; CLASSES],
-    cursor: *mut u8,
-    end: *mut u8,
+    free: [Chain; CLASSES],
+    cursor: usize,
+    end: usize,
     next_chunk: usize,
 }
-
-// SAFETY: used only under the trie's writer lock.
-unsafe impl Send for ArenaWriter {}
 
 impl Default for ArenaWriter {
     fn default() -> Self {
         ArenaWriter {
-            free: [ptr::null_mut(); CLASSES],
-            cursor: ptr::null_mut(),
-            end: ptr::null_mut(),
+            free: std::array::from_fn(|_| Chain::default()),
+            cursor: 0,
+            end: 0,
             next_chunk: FIRST_CHUNK,
         }
     }
 }
 
-/// Puts the free block at `block` of `class` granules on the writer's list.
-fn push_free(w: &mut ArenaWriter, block: *mut u8, class: usize) {
-    // SAFETY: the block is free, at least one granule, and ours to link.
-    unsafe { block.cast::<*mut u8>().write(w.free[class]) };
-    w.free[class] = block;
-}
-
 fn class_of(size: usize) -> usize {
     assert!(
         size <= MAX_BLOCK,
-        "LPM block of {size} bytes exceeds the arena's largest class"
+        "a block of {size} bytes exceeds the arena's largest class"
     );
     size.div_ceil(GRANULE)
 }
@@ -85,15 +81,15 @@ impl Arena {
     pub fn new() -> Self {
         Arena {
             writer: Mutex::new(ArenaWriter::default()),
-            returned: std::array::from_fn(|_| AtomicPtr::new(ptr::null_mut())),
+            returned: std::array::from_fn(|_| FreeList::default()),
             chunks: Mutex::new(Vec::new()),
             chunk_bytes: AtomicUsize::new(0),
             live_bytes: AtomicUsize::new(0),
         }
     }
 
-    /// Allocates a block for `layout` (align at most 16). Meant for the
-    /// trie's single writer, so the lock is uncontended.
+    /// Allocates a block for `layout` (align at most 16). Meant for a map's
+    /// single writer, so the lock is uncontended.
     pub fn alloc(&self, layout: Layout) -> NonNull<u8> {
         debug_assert!(layout.align() <= GRANULE);
         let mut w = self.writer.lock();
@@ -101,56 +97,54 @@ impl Arena {
         let class = class_of(layout.size());
         self.live_bytes
             .fetch_add(class * GRANULE, Ordering::Relaxed);
-        if w.free[class].is_null() {
-            w.free[class] = self.returned[class].swap(ptr::null_mut(), Ordering::Acquire);
-        }
-        let block = w.free[class];
-        if let Some(block) = NonNull::new(block) {
-            // SAFETY: a free block's first word links to the next free one.
-            w.free[class] = unsafe { block.as_ptr().cast::<*mut u8>().read() };
-            return block;
-        }
+        let block = self.returned[class]
+            .take(&FirstWord, &mut w.free[class])
+            .or_else(|| self.carve(w, class))
+            .unwrap_or_else(|| {
+                let size = class * GRANULE;
+                // The end of the chunk becomes a free block of its own size.
+                let tail = w.end - w.cursor;
+                if tail >= GRANULE {
+                    // SAFETY: the tail is unused memory of our chunk.
+                    unsafe { w.free[tail / GRANULE].push(&FirstWord, w.cursor) };
+                }
+                self.new_chunk(w, size);
+                self.carve(w, class).expect("a new chunk fits the block")
+            });
+        NonNull::new(block as *mut u8).expect("chunk memory")
+    }
+
+    /// `class` granules from the current chunk, or else from the smallest
+    /// larger free block; `None` when neither has room.
+    fn carve(&self, w: &mut ArenaWriter, class: usize) -> Option<usize> {
         let size = class * GRANULE;
-        if (w.end as usize) - (w.cursor as usize) < size {
-            if let Some(block) = self.split_free(w, class) {
-                return block;
-            }
-            // The end of the chunk becomes a free block of its own size.
-            let tail = (w.end as usize) - (w.cursor as usize);
-            if tail >= GRANULE {
-                push_free(w, w.cursor, tail / GRANULE);
-            }
-            self.new_chunk(w, size);
+        if w.end - w.cursor >= size {
+            let block = w.cursor;
+            w.cursor += size;
+            return Some(block);
         }
-        let block = w.cursor;
-        // SAFETY: the chunk has room for `size` more bytes.
-        w.cursor = unsafe { w.cursor.add(size) };
-        NonNull::new(block).expect("chunk memory")
+        self.split_free(w, class)
     }
 
     /// Before the arena grows: the smallest free block of a larger class,
     /// its first `class` granules handed out and the rest kept free.
     /// Returned blocks are taken in first, all classes at once. Runs once
     /// per chunk, so its walks cost little; it keeps the free lists of a
-    /// trie built by many copy-on-write updates from holding more than
-    /// the trie itself (blocks grow a class at a time as nodes fill).
-    fn split_free(&self, w: &mut ArenaWriter, class: usize) -> Option<NonNull<u8>> {
-        for c in 1..CLASSES {
-            let mut block = self.returned[c].swap(ptr::null_mut(), Ordering::Acquire);
-            while !block.is_null() {
-                // SAFETY: a free block's first word links to the next.
-                let next = unsafe { block.cast::<*mut u8>().read() };
-                push_free(w, block, c);
-                block = next;
+    /// map built by many copy-on-write updates from holding more than the
+    /// map itself (blocks grow a class at a time as nodes fill).
+    fn split_free(&self, w: &mut ArenaWriter, class: usize) -> Option<usize> {
+        for (c, returned) in self.returned.iter().enumerate().skip(1) {
+            let mut taken = returned.take_all();
+            while let Some(block) = taken.pop(&FirstWord) {
+                // SAFETY: a released block is free and ours.
+                unsafe { w.free[c].push(&FirstWord, block) };
             }
         }
-        let c = (class + 1..CLASSES).find(|&c| !w.free[c].is_null())?;
-        let block = w.free[c];
-        // SAFETY: as above.
-        w.free[c] = unsafe { block.cast::<*mut u8>().read() };
-        // SAFETY: the block has c > class granules.
-        push_free(w, unsafe { block.add(class * GRANULE) }, c - class);
-        NonNull::new(block)
+        let c = (class + 1..CLASSES).find(|&c| !w.free[c].is_empty())?;
+        let block = w.free[c].pop(&FirstWord)?;
+        // SAFETY: the block has c > class granules; its tail is free.
+        unsafe { w.free[c - class].push(&FirstWord, block + class * GRANULE) };
+        Some(block)
     }
 
     /// Starts a new chunk with room for at least `need` bytes.
@@ -167,16 +161,15 @@ impl Arena {
         let Some(chunk) = NonNull::new(p) else {
             std::alloc::handle_alloc_error(layout)
         };
-        #[cfg(target_os = "linux")]
+        #[cfg(all(target_os = "linux", not(miri)))]
         if size >= HUGE_PAGE {
             // SAFETY: advice on memory we own; failure only loses the hint.
             unsafe { libc::madvise(p.cast(), size, libc::MADV_HUGEPAGE) };
         }
         self.chunks.lock().push((chunk, layout));
         self.chunk_bytes.fetch_add(size, Ordering::Relaxed);
-        w.cursor = p;
-        // SAFETY: one past the end of the chunk.
-        w.end = unsafe { p.add(size) };
+        w.cursor = p as usize;
+        w.end = w.cursor + size;
     }
 
     /// Returns a block nobody can reach any more (lock-free; any thread).
@@ -188,28 +181,14 @@ impl Arena {
         let class = class_of(size);
         self.live_bytes
             .fetch_sub(class * GRANULE, Ordering::Relaxed);
-        let mut head = self.returned[class].load(Ordering::Relaxed);
-        loop {
-            // SAFETY: the block is dead; its first word becomes the link.
-            unsafe { block.cast::<*mut u8>().write(head) };
-            match self.returned[class].compare_exchange_weak(
-                head,
-                block,
-                Ordering::Release,
-                Ordering::Relaxed,
-            ) {
-                Ok(_) => return,
-                Err(now) => head = now,
-            }
-        }
+        // SAFETY: the block is dead, and at least a granule of ours.
+        unsafe { self.returned[class].release(&FirstWord, block as usize) };
     }
 
     /// Whether some released block is waiting to be reused (for tests).
     #[cfg(test)]
     pub fn has_returned(&self) -> bool {
-        self.returned
-            .iter()
-            .any(|r| !r.load(Ordering::Relaxed).is_null())
+        self.returned.iter().any(FreeList::has_returned)
     }
 
     /// Bytes of chunk memory held.
@@ -217,7 +196,7 @@ impl Arena {
         self.chunk_bytes.load(Ordering::Relaxed)
     }
 
-    /// Bytes in live blocks (rounded to their size class): what the trie
+    /// Bytes in live blocks (rounded to their size class): what the map
     /// uses of what it holds.
     pub fn live_bytes(&self) -> usize {
         self.live_bytes.load(Ordering::Relaxed)
@@ -249,15 +228,18 @@ mod tests {
         unsafe { arena.release(a.as_ptr(), 100) };
         assert_eq!(arena.alloc(l), a, "a returned block is reused first");
         assert_eq!(arena.bytes(), FIRST_CHUNK);
-        for _ in 0..2000 {
+        let n = if cfg!(miri) { 40 } else { 2000 };
+        for _ in 0..n {
             arena.alloc(Layout::from_size_align(MAX_BLOCK, 16).unwrap());
         }
-        assert!(arena.bytes() >= 2000 * MAX_BLOCK);
+        assert!(arena.bytes() >= n * MAX_BLOCK);
     }
 
     use proptest::prelude::*;
 
     proptest! {
+        #![proptest_config(ProptestConfig::with_cases(if cfg!(miri) { 3 } else { 256 }))]
+
         /// Random allocations and releases (sizes across all classes):
         /// live blocks never overlap, and each keeps what was written into
         /// it, through block reuse, splitting and chunk tails.
