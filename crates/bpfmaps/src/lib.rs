@@ -49,6 +49,8 @@ pub mod conformance;
 pub mod core;
 pub mod hash;
 pub mod hashtab;
+#[cfg(all(test, loom))]
+mod loom_models;
 pub mod lpm;
 pub mod registry;
 pub mod stackmap;
