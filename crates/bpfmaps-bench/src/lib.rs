@@ -8,7 +8,7 @@
 //! - [`suite`]: the [`Suite`] trait and the per-run context [`Ctx`]
 //!   (options, progress bar, printing).
 //! - [`suites`]: the registry, one file per suite.
-//! - [`measure`] and [`stats`]: timing over batches, mean ± stddev.
+//! - [`measure`] and [`stats`]: timing over batches, median and spread.
 //! - [`alloc`]: the counting global allocator behind every memory number.
 //! - [`record`]: the JSON record and the stable metric names.
 //! - [`keys`], [`hasher`]: kernel-bench keys, a `BuildHasher` per
@@ -27,7 +27,9 @@
 //! ## Method
 //! Rates are measured with [`std::time::Instant`] over batches of
 //! operations, for several repetitions (5, or 3 with `--quick`) after a
-//! short warm-up; results are mean ± sample stddev over repetitions.
+//! short warm-up, implementations compared in one case in interleaved
+//! turns (the first rotating); results are the median and spread (min..max)
+//! over repetitions.
 //! Memory is measured by the counting allocator: bytes requested from the
 //! system allocator and not yet freed, by the building thread.
 

@@ -7,10 +7,11 @@
 //! ```json
 //! {"suite": "hash-sweep", "case": "n=100000,ks=64,fill=16/16",
 //!  "impl": "bpfmaps(xxh3)", "metric": "lookups_per_sec",
-//!  "value": 12345678.9, "unit": "ops/s", "stddev": 123456.7}
+//!  "value": 12345678.9, "unit": "ops/s", "min": 12012345.6, "max": 12456789.0}
 //! ```
 //!
-//! `stddev` is `null` for single observations (memory, counts).
+//! `value` is the median over repetitions; `min` and `max` their spread,
+//! `null` for single observations (memory, counts).
 //!
 //! # Cases
 //! A case is a comma-separated list of `key=value` parameters, e.g.
@@ -298,13 +299,14 @@ pub struct Record {
     pub impl_name: String,
     /// Metric name from [`METRICS`].
     pub metric: String,
-    /// Mean over repetitions, or the single observation.
+    /// Median over repetitions, or the single observation.
     pub value: f64,
     /// The metric's unit.
     pub unit: String,
-    /// Sample standard deviation over repetitions; `None` for single
-    /// observations.
-    pub stddev: Option<f64>,
+    /// Smallest repetition; `None` for single observations.
+    pub min: Option<f64>,
+    /// Largest repetition; `None` for single observations.
+    pub max: Option<f64>,
 }
 
 impl Record {
@@ -315,9 +317,10 @@ impl Record {
             case: case.into(),
             impl_name: impl_name.into(),
             metric: metric.name.into(),
-            value: s.mean,
+            value: s.median,
             unit: metric.unit.into(),
-            stddev: Some(s.stddev),
+            min: Some(s.min),
+            max: Some(s.max),
         }
     }
 
@@ -330,7 +333,8 @@ impl Record {
             metric: metric.name.into(),
             value,
             unit: metric.unit.into(),
-            stddev: None,
+            min: None,
+            max: None,
         }
     }
 
@@ -397,17 +401,16 @@ mod tests {
         keys.sort_unstable();
         assert_eq!(
             keys,
-            ["case", "impl", "metric", "stddev", "suite", "unit", "value"]
+            ["case", "impl", "max", "metric", "min", "suite", "unit", "value"]
         );
         assert_eq!(obj["impl"], "bpfmaps(xxh3)");
         assert_eq!(obj["metric"], "lookups_per_sec");
         assert_eq!(obj["unit"], "ops/s");
-        assert_eq!(obj["value"], 2.0);
-        assert!(obj["stddev"].as_f64().unwrap() > 1.4);
+        assert_eq!((&obj["value"], &obj["min"], &obj["max"]), (&2.0.into(), &1.0.into(), &3.0.into()));
 
         let single = Record::single("s", "c", "i", &MEM_BYTES_HELD, 42.0);
         let v = serde_json::to_value(&single).unwrap();
-        assert!(v["stddev"].is_null());
+        assert!(v["min"].is_null() && v["max"].is_null());
         assert_eq!(v["unit"], "bytes");
 
         let back: Vec<Record> =

@@ -48,7 +48,8 @@ pub fn write(dir: &Path, input: &ReportInput<'_>) -> io::Result<()> {
          ## Machine\n\n{}\n\
          ## Method\n\n\
          - Rates: `std::time::Instant` around batches of operations, {} repetitions after a short warm-up; \
-         `mean ± stddev` is over repetitions (sample standard deviation).\n\
+         implementations compared in one case are timed in interleaved turns, the first rotating; \
+         `median [min..max]` over repetitions.\n\
          - Speed ratios: above 1 means faster than the baseline named in the section, whichever way the metric points.\n\
          - Memory: bytes requested from the allocator and still held by the building thread after building \
          (a counting global allocator); `reported` is the map's own `memory_usage()`.\n\
@@ -152,7 +153,7 @@ fn all_results(suite: &dyn Suite, records: &[Record]) -> String {
                 let cell = find(records, c, i, m).map_or("".into(), |r| {
                     let mut cell = cell_value(r);
                     if *i != suite.baseline()
-                        && r.stddev.is_some()
+                        && r.min.is_some()
                         && let Some(s) =
                             find(records, c, suite.baseline(), m).and_then(|b| speed_vs(r, b))
                     {
@@ -172,29 +173,21 @@ fn all_results(suite: &dyn Suite, records: &[Record]) -> String {
     out + "</details>\n\n"
 }
 
-/// A compact cell: `12.35 ± 0.12` (M ops/s), `3.21 ± 0.02` (ns), `4.2 MiB`.
+/// A compact cell: `12.35 [12.01..12.46]` (M ops/s), `3.21 [3.19..3.30]`
+/// (ns), `4.2 MiB`.
 fn cell_value(r: &Record) -> String {
-    let (v, sd) = match r.unit.as_str() {
-        "ops/s" => (r.value / 1e6, r.stddev.map(|s| s / 1e6)),
+    let (scale, prec) = match r.unit.as_str() {
+        "ops/s" => (1e6, 2),
         "bytes" => return fmt_bytes(r.value),
         "count" => return format!("{:.0}", r.value),
-        "ratio" => {
-            return match r.stddev {
-                Some(sd) => format!("{:.4} ± {sd:.4}", r.value),
-                None => format!("{:.4}", r.value),
-            };
-        }
-        "ms" => {
-            return match r.stddev {
-                Some(sd) => format!("{:.3} ± {sd:.3}", r.value),
-                None => format!("{:.3}", r.value),
-            };
-        }
-        _ => (r.value, r.stddev),
+        "ratio" => (1.0, 4),
+        "ms" => (1.0, 3),
+        _ => (1.0, 2),
     };
-    match sd {
-        Some(sd) => format!("{v:.2} ± {sd:.2}"),
-        None => format!("{v:.2}"),
+    let v = r.value / scale;
+    match (r.min, r.max) {
+        (Some(lo), Some(hi)) => format!("{v:.prec$} [{:.prec$}..{:.prec$}]", lo / scale, hi / scale),
+        _ => format!("{v:.prec$}"),
     }
 }
 
@@ -212,11 +205,12 @@ mod tests {
             "i",
             &LOOKUPS_PER_SEC,
             Stats {
-                mean: 12.345e6,
-                stddev: 0.12e6,
+                median: 12.345e6,
+                min: 12.01e6,
+                max: 12.46e6,
                 n: 3,
             },
         );
-        assert_eq!(cell_value(&r), "12.35 ± 0.12");
+        assert_eq!(cell_value(&r), "12.35 [12.01..12.46]");
     }
 }

@@ -1,12 +1,16 @@
-//! Mean and sample standard deviation over repetitions.
+//! The median and spread (smallest to largest) of repeated measurements:
+//! on a shared, noisy machine a slow outlier moves a mean and a standard
+//! deviation, but not the median, and the spread shows the noise as it was.
 
 /// Summary of repeated measurements of one quantity.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Stats {
-    /// Arithmetic mean.
-    pub mean: f64,
-    /// Sample standard deviation (n - 1 denominator); 0 for one sample.
-    pub stddev: f64,
+    /// The median (the mean of the two middle samples for an even count).
+    pub median: f64,
+    /// The smallest sample.
+    pub min: f64,
+    /// The largest sample.
+    pub max: f64,
     /// Number of samples.
     pub n: usize,
 }
@@ -17,21 +21,25 @@ impl Stats {
     ///
     /// ```
     /// use bpfmaps_bench::stats::Stats;
-    /// let s = Stats::from_samples(&[2.0, 4.0, 4.0, 4.0, 5.0, 5.0, 7.0, 9.0]);
-    /// assert_eq!(s.mean, 5.0);
-    /// assert!((s.stddev - 2.138).abs() < 1e-3);
+    /// let s = Stats::from_samples(&[4.0, 9.0, 2.0, 5.0, 7.0]);
+    /// assert_eq!((s.median, s.min, s.max), (5.0, 2.0, 9.0));
     /// ```
     pub fn from_samples(samples: &[f64]) -> Stats {
         assert!(!samples.is_empty(), "no samples");
-        let n = samples.len();
-        let mean = samples.iter().sum::<f64>() / n as f64;
-        let stddev = if n < 2 {
-            0.0
+        let mut sorted = samples.to_vec();
+        sorted.sort_by(f64::total_cmp);
+        let n = sorted.len();
+        let median = if n % 2 == 1 {
+            sorted[n / 2]
         } else {
-            let ss: f64 = samples.iter().map(|x| (x - mean) * (x - mean)).sum();
-            (ss / (n - 1) as f64).sqrt()
+            (sorted[n / 2 - 1] + sorted[n / 2]) / 2.0
         };
-        Stats { mean, stddev, n }
+        Stats {
+            median,
+            min: sorted[0],
+            max: sorted[n - 1],
+            n,
+        }
     }
 
     /// The same quantity inverted sample by sample (e.g. ops/s to s/op),
@@ -47,34 +55,20 @@ mod tests {
     use super::*;
 
     #[test]
-    fn mean_and_sample_stddev() {
-        let s = Stats::from_samples(&[1.0, 2.0, 3.0, 4.0]);
-        assert_eq!(s.mean, 2.5);
-        // Sample variance: (2.25 + 0.25 + 0.25 + 2.25) / 3 = 5/3.
-        assert!((s.stddev - (5.0f64 / 3.0).sqrt()).abs() < 1e-12);
-        assert_eq!(s.n, 4);
+    fn median_and_spread() {
+        let s = Stats::from_samples(&[4.0, 1.0, 3.0, 2.0]);
+        assert_eq!((s.median, s.min, s.max, s.n), (2.5, 1.0, 4.0, 4));
     }
 
     #[test]
     fn one_sample_has_no_spread() {
         let s = Stats::from_samples(&[7.5]);
-        assert_eq!((s.mean, s.stddev), (7.5, 0.0));
+        assert_eq!((s.median, s.min, s.max), (7.5, 7.5, 7.5));
     }
 
     #[test]
-    fn constant_samples_have_zero_stddev() {
-        assert_eq!(Stats::from_samples(&[3.0; 5]).stddev, 0.0);
-    }
-
-    #[test]
-    fn inverse_is_per_sample() {
-        let s = Stats::inverse_of(&[1e9, 2e9], 1e9);
-        assert_eq!(s.mean, 0.75);
-    }
-
-    #[test]
-    #[should_panic(expected = "no samples")]
-    fn empty_panics() {
-        Stats::from_samples(&[]);
+    fn inverse_inverts_each_sample() {
+        let s = Stats::inverse_of(&[1e9, 2e9, 4e9], 1e9);
+        assert_eq!((s.median, s.min, s.max), (0.5, 0.25, 1.0));
     }
 }

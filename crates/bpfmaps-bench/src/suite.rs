@@ -240,10 +240,13 @@ pub fn speed_vs(r: &Record, base: &Record) -> Option<f64> {
     (den > 0.0 && num.is_finite()).then(|| num / den)
 }
 
-/// `12.345 ± 0.123 M ops/s`, `3.21 ± 0.02 ns`, `4.2 MiB`, `0`, `0.0032`.
+/// `12.345 [12.012..12.457] M ops/s` (median [min..max]), `3.21
+/// [3.19..3.30] ns`, `4.2 MiB`, `0`, `0.0032`.
 pub fn fmt_value(r: &Record, with_spread: bool) -> String {
-    let spread = |scale: f64, prec: usize| match r.stddev {
-        Some(sd) if with_spread => format!(" ± {:.prec$}", sd / scale),
+    let spread = |scale: f64, prec: usize| match (r.min, r.max) {
+        (Some(lo), Some(hi)) if with_spread => {
+            format!(" [{:.prec$}..{:.prec$}]", lo / scale, hi / scale)
+        }
         _ => String::new(),
     };
     match r.unit.as_str() {
@@ -339,12 +342,13 @@ mod tests {
             "i",
             &LOOKUPS_PER_SEC,
             Stats {
-                mean: 12.345e6,
-                stddev: 0.123e6,
+                median: 12.345e6,
+                min: 12.012e6,
+                max: 12.457e6,
                 n: 5,
             },
         );
-        assert_eq!(fmt_value(&r, true), " 12.345 ± 0.123 M ops/s");
+        assert_eq!(fmt_value(&r, true), " 12.345 [12.012..12.457] M ops/s");
         let m = Record::single("s", "c", "i", &MEM_BYTES_HELD, 4.2 * 1024.0 * 1024.0);
         assert_eq!(fmt_value(&m, true), "4.2 MiB");
         let f = Record::single("s", "c", "i", &FALSE_POSITIVE_RATE, 0.003_21);

@@ -237,6 +237,11 @@ mod tests {
 
     use proptest::prelude::*;
 
+    /// Under Miri, smaller blocks and fewer operations: it checks every
+    /// byte written and read, a thousand times slower than a native run.
+    const TEST_MAX_BLOCK: usize = if cfg!(miri) { 200 } else { MAX_BLOCK };
+    const TEST_OPS: usize = if cfg!(miri) { 60 } else { 400 };
+
     proptest! {
         #![proptest_config(ProptestConfig::with_cases(if cfg!(miri) { 3 } else { 256 }))]
 
@@ -244,7 +249,7 @@ mod tests {
         /// live blocks never overlap, and each keeps what was written into
         /// it, through block reuse, splitting and chunk tails.
         #[test]
-        fn live_blocks_never_overlap(ops in prop::collection::vec((any::<bool>(), 1usize..MAX_BLOCK, any::<u8>()), 1..400)) {
+        fn live_blocks_never_overlap(ops in prop::collection::vec((any::<bool>(), 1usize..TEST_MAX_BLOCK, any::<u8>()), 1..TEST_OPS)) {
             let arena = Arena::new();
             let mut live: Vec<(*mut u8, usize, u8)> = Vec::new();
             for (release, size, fill) in ops {
