@@ -401,12 +401,17 @@ mod tests {
         keys.sort_unstable();
         assert_eq!(
             keys,
-            ["case", "impl", "max", "metric", "min", "suite", "unit", "value"]
+            [
+                "case", "impl", "max", "metric", "min", "suite", "unit", "value"
+            ]
         );
         assert_eq!(obj["impl"], "bpfmaps(xxh3)");
         assert_eq!(obj["metric"], "lookups_per_sec");
         assert_eq!(obj["unit"], "ops/s");
-        assert_eq!((&obj["value"], &obj["min"], &obj["max"]), (&2.0.into(), &1.0.into(), &3.0.into()));
+        assert_eq!(
+            (&obj["value"], &obj["min"], &obj["max"]),
+            (&2.0.into(), &1.0.into(), &3.0.into())
+        );
 
         let single = Record::single("s", "c", "i", &MEM_BYTES_HELD, 42.0);
         let v = serde_json::to_value(&single).unwrap();

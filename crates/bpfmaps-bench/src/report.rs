@@ -186,7 +186,9 @@ fn cell_value(r: &Record) -> String {
     };
     let v = r.value / scale;
     match (r.min, r.max) {
-        (Some(lo), Some(hi)) => format!("{v:.prec$} [{:.prec$}..{:.prec$}]", lo / scale, hi / scale),
+        (Some(lo), Some(hi)) => {
+            format!("{v:.prec$} [{:.prec$}..{:.prec$}]", lo / scale, hi / scale)
+        }
         _ => format!("{v:.prec$}"),
     }
 }

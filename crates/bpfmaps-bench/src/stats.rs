@@ -67,6 +67,12 @@ mod tests {
     }
 
     #[test]
+    #[should_panic(expected = "no samples")]
+    fn empty_panics() {
+        Stats::from_samples(&[]);
+    }
+
+    #[test]
     fn inverse_inverts_each_sample() {
         let s = Stats::inverse_of(&[1e9, 2e9, 4e9], 1e9);
         assert_eq!((s.median, s.min, s.max), (0.5, 0.25, 1.0));

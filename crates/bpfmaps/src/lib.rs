@@ -62,6 +62,13 @@ pub use crate::core::reclaim::{Guard, pin};
 pub use crate::hash::HashPolicy;
 pub use crate::registry::create;
 
+/// Test sizes: the native one, or a smaller one under Miri, which checks
+/// every memory access of the code it runs, a thousand times slower.
+#[cfg(any(test, feature = "conformance"))]
+pub(crate) const fn scaled(native: usize, miri: usize) -> usize {
+    if cfg!(miri) { miri } else { native }
+}
+
 /// The README's examples, compiled and run as doctests.
 #[cfg(doctest)]
 #[doc = include_str!("../../../README.md")]

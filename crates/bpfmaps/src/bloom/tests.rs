@@ -100,7 +100,11 @@ fn no_false_negatives() {
             let f = BloomFilter::with_hash(size, 2000, 0, rng.random(), hash).unwrap();
             // Overfill on purpose: false negatives must not appear even then.
             // (One-byte values: all 256 of them.)
-            let n = if size == 1 { 256 } else { 3000 };
+            let n = if size == 1 {
+                256
+            } else {
+                crate::scaled(3000, 100)
+            };
             let values = distinct_values(&mut rng, size, n);
             for v in &values {
                 f.push(v).unwrap();
@@ -112,6 +116,7 @@ fn no_false_negatives() {
 }
 
 #[test]
+#[cfg_attr(miri, ignore = "a statistical test: 21,000 values per hashing")]
 fn false_positive_rate_is_near_theory() {
     // n = 1000 values in m = 8192 bits with k = 5: theory
     // (1 - e^(-kn/m))^k = 0.0201. Over 20_000 absent probes that is ~400
@@ -146,7 +151,8 @@ fn concurrent_pushes_lose_no_bits() {
     let mut rng = StdRng::seed_from_u64(3);
     // A small array so the two threads hammer the same words.
     let f = Arc::new(BloomFilter::with_seed(8, 64, 3, 9).unwrap());
-    let values = Arc::new(distinct_values(&mut rng, 8, 4000));
+    let n = crate::scaled(4000, 200);
+    let values = Arc::new(distinct_values(&mut rng, 8, n));
     let threads: Vec<_> = (0..2)
         .map(|t| {
             let (f, values) = (Arc::clone(&f), Arc::clone(&values));
@@ -161,7 +167,7 @@ fn concurrent_pushes_lose_no_bits() {
         t.join().unwrap();
     }
     assert!(values.iter().all(|v| f.contains(v)));
-    assert_eq!(Map::len(&*f), 4000);
+    assert_eq!(Map::len(&*f), n);
 
     // The same set pushed from one thread gives the same bits.
     let serial = BloomFilter::with_seed(8, 64, 3, 9).unwrap();
@@ -246,7 +252,7 @@ fn create_round_trip() {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig::with_cases(64))]
+    #![proptest_config(ProptestConfig::with_cases(crate::scaled(64, 2) as u32))]
 
     /// Against a `HashSet` model: every pushed value is reported present.
     #[test]

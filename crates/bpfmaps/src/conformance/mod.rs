@@ -199,8 +199,8 @@ pub fn check_family(family: &Family) -> Result<(), Violation> {
     let within = |e: Violation| Violation(format!("{}: {e}", family.name));
     check_creation(family).map_err(within)?;
     check_bad_input(family).map_err(within)?;
-    for seed in 0..4 {
-        differential(family, seed, 300).map_err(within)?;
+    for seed in 0..crate::scaled(4, 1) as u64 {
+        differential(family, seed, crate::scaled(300, 60)).map_err(within)?;
     }
     Ok(())
 }

@@ -99,7 +99,7 @@ mod never_panics {
     }
 
     proptest! {
-        #![proptest_config(ProptestConfig::with_cases(if cfg!(miri) { 8 } else { 1000 }))]
+        #![proptest_config(ProptestConfig::with_cases(crate::scaled(1000, 8) as u32))]
 
         /// Any spec of any registered family, and any calls with buffers
         /// of any size: errors, never a panic, and a length within the

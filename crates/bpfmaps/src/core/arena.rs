@@ -243,7 +243,7 @@ mod tests {
     const TEST_OPS: usize = if cfg!(miri) { 60 } else { 400 };
 
     proptest! {
-        #![proptest_config(ProptestConfig::with_cases(if cfg!(miri) { 3 } else { 256 }))]
+        #![proptest_config(ProptestConfig::with_cases(crate::scaled(256, 3) as u32))]
 
         /// Random allocations and releases (sizes across all classes):
         /// live blocks never overlap, and each keeps what was written into

@@ -118,12 +118,13 @@ fn many_replacements_do_not_exhaust_a_full_preallocated_map() {
     for i in 0..64 {
         map.update(&k(i), &v(0), BPF_ANY).unwrap();
     }
-    for round in 0..200u64 {
+    let rounds = crate::scaled(200, 10) as u64;
+    for round in 0..rounds {
         for i in 0..64 {
             map.update(&k(i), &v(round), BPF_ANY).unwrap();
         }
     }
-    assert!((0..64).all(|i| get(&map, i) == Some(199)));
+    assert!((0..64).all(|i| get(&map, i) == Some(rounds - 1)));
 }
 
 #[test]
@@ -239,7 +240,7 @@ fn every_policy_and_odd_key_sizes_work() {
                     .map(|b| (i * 31 + b * 7) as u8)
                     .collect::<Vec<_>>()
             };
-            let n = 200.min(1 << (8 * key_size.min(2)));
+            let n = crate::scaled(200, 12).min(1 << (8 * key_size.min(2)));
             for i in 0..n {
                 map.update(&key(i), &[i as u8; 3], BPF_ANY).unwrap();
             }
@@ -347,12 +348,12 @@ fn op() -> impl Strategy<Value = Op> {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig::with_cases(64))]
+    #![proptest_config(ProptestConfig::with_cases(crate::scaled(64, 2) as u32))]
 
     /// Random operation sequences agree with a std HashMap model, including
     /// errors (flags, fullness at 100 entries).
     #[test]
-    fn hash_map_matches_model(ops in prop::collection::vec(op(), 1..400), prealloc: bool) {
+    fn hash_map_matches_model(ops in prop::collection::vec(op(), 1..crate::scaled(400, 40)), prealloc: bool) {
         let map = HashMap::with_options(1, 8, 100, HashOptions { prealloc, ..Default::default() }).unwrap();
         let mut model: Model<u8, u64> = Model::new();
         for op in ops {
@@ -391,7 +392,7 @@ proptest! {
     /// The LRU map never exceeds max_entries, never fails an update for lack
     /// of room, and holds only values that were written for their key.
     #[test]
-    fn lru_map_holds_only_written_values(keys in prop::collection::vec(any::<u16>(), 1..600)) {
+    fn lru_map_holds_only_written_values(keys in prop::collection::vec(any::<u16>(), 1..crate::scaled(600, 60))) {
         let map = LruHashMap::new(2, 8, 50).unwrap();
         let mut last: Model<u16, u64> = Model::new();
         for (i, key) in keys.into_iter().enumerate() {
@@ -416,25 +417,26 @@ proptest! {
 /// the writer has published a newer one before the read started.
 #[test]
 fn concurrent_readers_see_whole_fresh_values() {
-    const KEYS: u32 = 512;
     const VALUE_WORDS: usize = 8;
+    let keys = crate::scaled(512, 16) as u32;
+    let versions = crate::scaled(60, 3) as u32;
     let encode = |key: u32, version: u32| -> Vec<u8> {
         let word = ((key as u64) << 32) | version as u64;
         (0..VALUE_WORDS).flat_map(|_| word.to_ne_bytes()).collect()
     };
     for lru in [false, true] {
         let map: Arc<dyn Map> = if lru {
-            Arc::new(LruHashMap::new(4, 8 * VALUE_WORDS, KEYS).unwrap())
+            Arc::new(LruHashMap::new(4, 8 * VALUE_WORDS, keys).unwrap())
         } else {
-            Arc::new(HashMap::new(4, 8 * VALUE_WORDS, KEYS).unwrap())
+            Arc::new(HashMap::new(4, 8 * VALUE_WORDS, keys).unwrap())
         };
         // Published[key] = the newest version whose update has completed.
         let published: Arc<Vec<std::sync::atomic::AtomicU32>> = Arc::new(
-            (0..KEYS)
+            (0..keys)
                 .map(|_| std::sync::atomic::AtomicU32::new(0))
                 .collect(),
         );
-        for key in 0..KEYS {
+        for key in 0..keys {
             map.update(&k(key), &encode(key, 0), BPF_ANY).unwrap();
         }
         let stop = Arc::new(AtomicBool::new(false));
@@ -455,7 +457,7 @@ fn concurrent_readers_see_whole_fresh_values() {
                     let mut reads = 0u64;
                     let mut i = r as u32;
                     while !stop.load(Ordering::Relaxed) {
-                        let key = i.wrapping_mul(2654435761) % KEYS;
+                        let key = i.wrapping_mul(2654435761) % keys;
                         i += 1;
                         let floor = published[key as usize].load(Ordering::Acquire);
                         match map.lookup(&k(key), &mut out) {
@@ -484,8 +486,8 @@ fn concurrent_readers_see_whole_fresh_values() {
         let writer = {
             let (map, published) = (map.clone(), published.clone());
             std::thread::spawn(move || {
-                for version in 1..=60u32 {
-                    for key in 0..KEYS {
+                for version in 1..=versions {
+                    for key in 0..keys {
                         if (key + version) % 7 == 0 {
                             map.delete(&k(key)).unwrap();
                         }
@@ -502,22 +504,23 @@ fn concurrent_readers_see_whole_fresh_values() {
         }
         // Nothing lost: every key holds its last version.
         let mut out = vec![0u8; 8 * VALUE_WORDS];
-        for key in 0..KEYS {
+        for key in 0..keys {
             map.lookup(&k(key), &mut out).unwrap();
-            assert_eq!(out, encode(key, 60));
+            assert_eq!(out, encode(key, versions));
         }
-        assert_eq!(map.len(), KEYS as usize);
+        assert_eq!(map.len(), keys as usize);
     }
 }
 
 /// Two writers on disjoint keys plus a reader: nothing lost, len exact.
 #[test]
 fn concurrent_writers_lose_nothing() {
+    let per_writer = crate::scaled(10_000, 100) as u64;
     let map = Arc::new(
         HashMap::with_options(
             8,
             8,
-            20_000,
+            2 * per_writer as u32,
             HashOptions {
                 prealloc: false,
                 ..Default::default()
@@ -529,7 +532,7 @@ fn concurrent_writers_lose_nothing() {
         .map(|w| {
             let map = map.clone();
             std::thread::spawn(move || {
-                for i in 0..10_000u64 {
+                for i in 0..per_writer {
                     let key = (i * 2 + w).to_ne_bytes();
                     map.update(&key, &v(i), BPF_NOEXIST).unwrap();
                     if i % 3 == 0 {
@@ -543,9 +546,9 @@ fn concurrent_writers_lose_nothing() {
     for w in writers {
         w.join().unwrap();
     }
-    assert_eq!(map.len(), 20_000);
+    assert_eq!(map.len(), 2 * per_writer as usize);
     let guard = pin();
-    for i in 0..20_000u64 {
+    for i in 0..2 * per_writer {
         assert_eq!(map.get(&i.to_ne_bytes(), &guard), Some(&v(i / 2)[..]));
     }
     assert_eq!(
@@ -561,7 +564,7 @@ fn lru_under_concurrent_inserts_stays_within_capacity() {
         .map(|t| {
             let map = map.clone();
             std::thread::spawn(move || {
-                for i in 0..20_000u32 {
+                for i in 0..crate::scaled(20_000, 300) as u32 {
                     let key = i * 2 + t;
                     map.update(&k(key), &v(key as u64), BPF_ANY).unwrap();
                     let mut out = [0u8; 8];
@@ -579,6 +582,7 @@ fn lru_under_concurrent_inserts_stays_within_capacity() {
 }
 
 #[test]
+#[cfg_attr(miri, ignore = "a million entries")]
 fn dropping_a_big_map_is_quick() {
     let map = HashMap::new(8, 8, 1_000_000).unwrap();
     for i in 0..1_000_000u64 {

@@ -165,7 +165,7 @@ fn kernel_lpm_order() {
 fn kernel_lpm_map() {
     let mut rng = StdRng::seed_from_u64(0xf00ba1);
     for keysize in 1..=16usize {
-        let (n_nodes, n_lookups) = (1 << 8, 1 << 9);
+        let (n_nodes, n_lookups) = (crate::scaled(1 << 8, 16), crate::scaled(1 << 9, 32));
         let map = KernelLpmTrie::new(keysize, keysize + 1, 4096).unwrap();
         let mut model = BruteForce::default();
 
@@ -420,7 +420,7 @@ fn kernel_lpm_multi_thread() {
         key4(24, "192.168.128.0"),
         key4(24, "192.168.1.0"),
     ];
-    let iters = 2000;
+    let iters = crate::scaled(2000, 30);
     std::thread::scope(|s| {
         for cmd in 0..4 {
             let (map, keys) = (&map, &keys);
@@ -604,7 +604,7 @@ fn kernel_lpm_trie_iterate_strs() {
 /// order while the smallest is deleted after each step.
 #[test]
 fn kernel_lpm_trie_iterate_ints() {
-    let max_entries = 4096u32;
+    let max_entries = crate::scaled(4096, 64) as u32;
     let map = KernelLpmTrie::new(4, 1, max_entries).unwrap();
     for i in 0..max_entries {
         map.update(&encode_key(32, &i.to_be_bytes()), &[1], BPF_NOEXIST)
@@ -957,6 +957,8 @@ fn refused_updates_leave_the_shape_unchanged() {
 // ---------------------------------------------------------------------------
 
 proptest! {
+    #![proptest_config(ProptestConfig::with_cases(crate::scaled(256, 4) as u32))]
+
     /// The kernel's 8/4/2/1-byte loop agrees with the bitwise helper.
     #[test]
     fn word_loop_matches_bitwise_common_prefix(
@@ -1162,7 +1164,7 @@ fn run_against_oracle(
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 160, ..ProptestConfig::default() })]
+    #![proptest_config(ProptestConfig::with_cases(crate::scaled(160, 2) as u32))]
 
     /// Random updates (every flag), deletes that uncover shorter prefixes,
     /// re-inserts, /0 and host routes, at data sizes 1, 3, 4, 6 and 16, with
@@ -1309,7 +1311,7 @@ fn readers_see_only_stored_values_while_a_writer_churns() {
         }
         let mut rng = StdRng::seed_from_u64(99);
         let mut present = vec![false; churn.len()];
-        for _ in 0..20_000 {
+        for _ in 0..crate::scaled(20_000, 300) {
             let i = rng.random_range(0..churn.len());
             let (plen, data) = churn[i];
             if rng.random_bool(0.5) {
@@ -1342,7 +1344,7 @@ fn readers_see_only_stored_values_while_a_writer_churns() {
 fn dropping_a_large_trie() {
     let mut rng = StdRng::seed_from_u64(7);
     let trie = KernelLpmTrie::new(16, 8, 20_000).unwrap();
-    for _ in 0..20_000 {
+    for _ in 0..crate::scaled(20_000, 200) {
         let data: [u8; 16] = rng.random();
         let plen = rng.random_range(0..=128);
         trie.insert_data(&data, plen, &[0; 8], BPF_ANY).unwrap();

@@ -240,8 +240,11 @@ fn covering_and_covered() {
 
 #[test]
 fn clear_returns_blocks_for_reuse() {
-    let t = LpmTrie::new(4, 4, 100_000).unwrap();
-    for i in 0..100_000u32 {
+    let n = crate::scaled(100_000, 600) as u32;
+    let t = LpmTrie::new(4, 4, 100_000)
+        .unwrap()
+        .with_direct_index_from(0);
+    for i in 0..n {
         t.insert(&(i << 8).to_be_bytes(), 24, &v(i), BPF_ANY)
             .unwrap();
     }
@@ -263,7 +266,7 @@ fn clear_returns_blocks_for_reuse() {
     }
     assert!(t.arena_has_returned(), "cleared blocks never came back");
     assert_eq!(t.memory_live(), empty, "cleared blocks still live");
-    for i in 0..100_000u32 {
+    for i in 0..n {
         t.insert(&(i << 8).to_be_bytes(), 24, &v(i + 1), BPF_ANY)
             .unwrap();
     }
@@ -306,7 +309,7 @@ fn sparse_paths_are_compressed_split_and_merged_back() {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig::with_cases(32))]
+    #![proptest_config(ProptestConfig::with_cases(crate::scaled(32, 2) as u32))]
 
     /// Inserting a second set and removing it again leaves the trie with
     /// exactly the nodes a fresh build of the first set has.
@@ -365,7 +368,7 @@ fn ops(n: usize) -> impl Strategy<Value = Vec<Op>> {
             1 => arb_prefix(n).prop_map(|(d, l)| Op::Remove(d, l)),
             2 => (any::<usize>(), 0..4u32).prop_map(|(i, x)| Op::Replace(i, x)),
         ],
-        1..120,
+        1..crate::scaled(120, 30),
     )
 }
 
@@ -552,7 +555,7 @@ fn check_trie(
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig::with_cases(48))]
+    #![proptest_config(ProptestConfig::with_cases(crate::scaled(48, 2) as u32))]
 
     #[test]
     fn matches_brute_force_1_byte(ops in ops(1), probes in prop::collection::vec(prop::collection::vec(any::<u8>(), 1), 16)) {
@@ -582,7 +585,9 @@ proptest! {
 
 #[test]
 fn matches_brute_force_256_bytes() {
-    let mut runner = proptest::test_runner::TestRunner::new(ProptestConfig::with_cases(8));
+    let mut runner = proptest::test_runner::TestRunner::new(ProptestConfig::with_cases(
+        crate::scaled(8, 1) as u32,
+    ));
     runner
         .run(
             &(
@@ -629,7 +634,7 @@ fn readers_never_miss_a_stable_route(direct: bool) {
     for (d, l) in &stable {
         t.insert(d, *l, &encode(d, *l), BPF_ANY).unwrap();
     }
-    let mut churn: Vec<([u8; 4], u32)> = (0..2000u32)
+    let mut churn: Vec<([u8; 4], u32)> = (0..crate::scaled(2000, 40) as u32)
         .map(|i| {
             let x = i.wrapping_mul(2654435761);
             let l = [8, 12, 20, 24, 28, 32][i as usize % 6];
@@ -661,7 +666,7 @@ fn readers_never_miss_a_stable_route(direct: bool) {
         })
         .collect();
     wait_for_readers(&looking, 2);
-    churn_while_reading(&t, &churn, 6, encode, &stop, readers);
+    churn_while_reading(&t, &churn, crate::scaled(6, 2), encode, &stop, readers);
     assert_eq!(t.len(), stable.len());
 }
 
@@ -777,7 +782,7 @@ fn concurrent_readers_across_edge_splits_and_merges() {
         })
         .collect();
     wait_for_readers(&looking, 2);
-    churn_while_reading(&t, &churn, 400, encode, &stop, readers);
+    churn_while_reading(&t, &churn, crate::scaled(400, 4), encode, &stop, readers);
     assert_eq!(t.len(), stable.len());
     assert!(t.direct_index_matches_tree());
     let fresh = LpmTrie::new(16, 20, 10_000).unwrap();
@@ -817,6 +822,7 @@ fn shared_prefixes(file: &str) -> Option<Vec<(Vec<u8>, u32)>> {
 /// prefix's first and last address and for random addresses, on the real
 /// full table.
 #[test]
+#[cfg_attr(miri, ignore = "the real table: a million prefixes")]
 fn agrees_with_the_kernel_port_on_the_real_table() {
     for (file, n) in [
         ("prefixes_ipv4.txt.gz", 4usize),
@@ -912,6 +918,7 @@ fn hidden_by_scan(prefixes: &[(Vec<u8>, u32)]) -> usize {
 /// covering prefix that the trace never touches (those are present from
 /// start to end, so no table state can answer with less).
 #[test]
+#[cfg_attr(miri, ignore = "the real table and a day of BGP updates")]
 fn concurrent_readers_during_a_real_bgp_trace() {
     use std::collections::HashMap;
     use std::io::BufRead;
@@ -1053,7 +1060,7 @@ fn value_updates_round_by_round(value_size: usize) {
         ([10, 1, 2, 200], 32),
     ];
     let mut x = 0x2545_f491u32;
-    while prefixes.len() < 6000 {
+    while prefixes.len() < crate::scaled(6000, 60) {
         x ^= x << 13;
         x ^= x >> 17;
         x ^= x << 5;
@@ -1121,7 +1128,7 @@ fn value_updates_round_by_round(value_size: usize) {
         })
         .collect();
     wait_for_readers(&looking, 2);
-    for round in 1..=40 {
+    for round in 1..=crate::scaled(40, 3) as u32 {
         begun.store(round, Ordering::Release);
         for (id, (d, l)) in prefixes.iter().enumerate() {
             // EBUSY (8-byte values: no route slot back from its grace

@@ -118,6 +118,7 @@ fn collision_is_eexist_unless_reuse() {
 }
 
 #[test]
+#[cfg_attr(miri, ignore = "a birthday search over ~2^16 stacks")]
 fn fast_stack_cmp_trusts_the_hash() {
     for hash in [StackHash::Jhash2, StackHash::Xxh3] {
         let map = StackTraceMap::with_hash(2, 1 << 10, hash).unwrap();
@@ -313,7 +314,7 @@ fn concurrent_get_stackid_and_lookup_never_tear() {
     let writer = {
         let (map, done) = (Arc::clone(&map), Arc::clone(&done));
         std::thread::spawn(move || {
-            for round in 0..4000u64 {
+            for round in 0..crate::scaled(4000, 100) as u64 {
                 let s = round.wrapping_mul(0x9e37_79b9) % STACKS;
                 let flags = if round % 3 == 0 {
                     0
@@ -333,7 +334,7 @@ fn concurrent_get_stackid_and_lookup_never_tear() {
     };
     let mut reads = 0u64;
     let mut value = vec![0u8; map.value_size()];
-    while !done.load(Ordering::Acquire) || reads < 1000 {
+    while !done.load(Ordering::Acquire) || reads < crate::scaled(1000, 20) as u64 {
         for id in 0..8u32 {
             {
                 let guard = pin();
@@ -371,9 +372,10 @@ fn concurrent_writers_agree_on_ids() {
         .map(|t| {
             let map = Arc::clone(&map);
             std::thread::spawn(move || {
-                (0..2000u64)
+                let n = crate::scaled(2000, 60) as u64;
+                (0..n)
                     .map(|i| {
-                        let s = if t == 0 { i } else { 1999 - i };
+                        let s = if t == 0 { i } else { n - 1 - i };
                         (s, map.get_stackid(&[s, !s], 0))
                     })
                     .collect()
@@ -419,7 +421,7 @@ fn pool_stack(n: u8) -> Vec<u64> {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig::with_cases(128))]
+    #![proptest_config(ProptestConfig::with_cases(crate::scaled(128, 3) as u32))]
 
     /// Against a `HashMap<u32, Vec<u64>>` model of the buckets.
     #[test]

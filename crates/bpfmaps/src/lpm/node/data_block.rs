@@ -594,6 +594,8 @@ mod tests {
     }
 
     proptest! {
+        #![proptest_config(ProptestConfig::with_cases(crate::scaled(256, 3) as u32))]
+
         /// A chain of changes, each rebuilding only the changed prefix's
         /// byte range from the block before, gives the same runs, leaves,
         /// hidden prefixes and counts as a full build of the same prefixes,
