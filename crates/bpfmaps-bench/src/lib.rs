@@ -34,6 +34,7 @@
 //! system allocator and not yet freed, by the building thread.
 
 pub mod alloc;
+pub mod hash_impls;
 pub mod hasher;
 pub mod keys;
 pub mod lpm_tables;

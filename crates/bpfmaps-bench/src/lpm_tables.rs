@@ -1,5 +1,8 @@
-//! The LPM implementations the suites compare, behind one trait, and the
-//! shared building, verification and lookup-timing helpers.
+//! The LPM implementations the suites compare, behind one trait (with its
+//! object-safe views: [`SharedLpm`] for writers beside readers, [`AnyLpm`]
+//! to keep several built tables side by side), the one list every LPM
+//! suite iterates ([`each_lpm`], [`lpm_names`]), and the shared
+//! building, verification and lookup-timing helpers.
 //!
 //! | name | type | lookup |
 //! |---|---|---|
@@ -28,11 +31,10 @@ use prefix_trie::PrefixMap;
 
 use crate::alloc::MemProbe;
 use crate::measure::{Plan, rate_samples};
-use crate::prefixes::{Family, Prefix};
+use crate::prefixes::{Family, Prefix, V4};
 use crate::suite::Ctx;
 
-/// Lookups per pinned guard and per clock check.
-pub const BATCH: usize = 256;
+pub use crate::suite::BATCH;
 
 /// `max_entries` of the bpfmaps and kernel tries: room for any table here.
 pub const MAX_ENTRIES: u32 = 1 << 24;
@@ -77,11 +79,128 @@ pub trait LpmTable<F: Family>: Sized {
     fn live(&self) -> Option<usize> {
         None
     }
+    /// Writers through `&self` while readers read, if it takes them.
+    fn shared(&self) -> Option<&dyn SharedLpm<F>> {
+        None
+    }
 }
+
+/// What an implementation is to the suites, which take some of them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Role {
+    /// The kernel port: the baseline and the reference for answers.
+    Kernel,
+    /// bpfmaps' `LpmTrie` through its fastest single lookup (`get_as`).
+    Bpfmaps,
+    /// bpfmaps' `LpmTrie` through another of its lookup APIs (`lpm-real`).
+    Api,
+    /// A userspace peer (skipped by `--no-peers`).
+    Peer,
+}
+
+/// What a suite does with one implementation, generic over its type so
+/// that the suite's timed loops are monomorphic: given the kernel port's
+/// answers (`None` for the kernel port itself), returns its output and its
+/// own answers.
+pub trait LpmStep<F: Family> {
+    /// What the step gives per implementation (records, a kept table).
+    type Out;
+    /// The answers implementations are checked against.
+    type Reference;
+    /// Runs the step on `T`.
+    fn step<T: LpmTable<F> + Sync + 'static>(
+        &self,
+        reference: Option<&Self::Reference>,
+    ) -> (Self::Out, Self::Reference);
+}
+
+/// Called once per implementation of the list, in report order.
+trait Visit<F: Family> {
+    fn visit<T: LpmTable<F> + Sync + 'static>(&mut self, role: Role);
+}
+
+/// Every LPM implementation, in report order (the kernel port first: the
+/// baseline, and the reference for answers): the one list every LPM suite
+/// iterates. Adding a peer is an impl of [`LpmTable`] and one line here.
+fn visit_all<F: Family>(v: &mut impl Visit<F>) {
+    v.visit::<KernelLpmTrie>(Role::Kernel);
+    v.visit::<LpmTrie>(Role::Bpfmaps);
+    v.visit::<ValueLpm>(Role::Api);
+    v.visit::<ManyLpm>(Role::Api);
+    v.visit::<PrefixTrie<F>>(Role::Peer);
+    v.visit::<IpNetworkTable<u32>>(Role::Peer);
+}
+
+/// Runs `step` on every implementation playing one of `roles`, in report
+/// order. Without a `reference`, the first (the kernel port, which
+/// `roles` must then include) gives it.
+pub fn each_lpm<F: Family, S: LpmStep<F>>(
+    step: &S,
+    roles: &[Role],
+    reference: Option<S::Reference>,
+) -> Vec<S::Out> {
+    struct Each<'a, S: LpmStep<F>, F: Family> {
+        step: &'a S,
+        roles: &'a [Role],
+        reference: Option<S::Reference>,
+        out: Vec<S::Out>,
+    }
+    impl<S: LpmStep<F>, F: Family> Visit<F> for Each<'_, S, F> {
+        fn visit<T: LpmTable<F> + Sync + 'static>(&mut self, role: Role) {
+            if !self.roles.contains(&role) {
+                return;
+            }
+            assert!(
+                self.reference.is_some() || role == Role::Kernel,
+                "the kernel port runs first and gives the reference"
+            );
+            let (out, answers) = self.step.step::<T>(self.reference.as_ref());
+            self.reference.get_or_insert(answers);
+            self.out.push(out);
+        }
+    }
+    let mut each = Each {
+        step,
+        roles,
+        reference,
+        out: Vec::new(),
+    };
+    visit_all::<F>(&mut each);
+    each.out
+}
+
+/// The names of the implementations playing one of `roles`, in report
+/// order (for summary tables and charts).
+pub fn lpm_names(roles: &[Role]) -> Vec<&'static str> {
+    struct Names<'a>(&'a [Role], Vec<&'static str>);
+    impl Visit<V4> for Names<'_> {
+        fn visit<T: LpmTable<V4> + Sync + 'static>(&mut self, role: Role) {
+            if self.0.contains(&role) {
+                self.1.push(T::NAME);
+            }
+        }
+    }
+    let mut names = Names(roles, Vec::new());
+    visit_all(&mut names);
+    names.1
+}
+
+/// The roles most suites run: the kernel port and bpfmaps, and the peers
+/// unless `--no-peers`.
+pub fn roles(peers: bool) -> &'static [Role] {
+    if peers {
+        &[Role::Kernel, Role::Bpfmaps, Role::Peer]
+    } else {
+        &[Role::Kernel, Role::Bpfmaps]
+    }
+}
+
+/// Every role (`lpm-real`, which shows each lookup API).
+pub const ALL_ROLES: &[Role] = &[Role::Kernel, Role::Bpfmaps, Role::Api, Role::Peer];
 
 /// A table that writers change through `&self` while readers look up
 /// (bpfmaps and the kernel port).
-pub trait SharedLpm<F: Family>: LpmTable<F> + Sync {
+pub trait SharedLpm<F: Family>: Sync {
     /// Inserts or replaces (`BPF_ANY`).
     fn insert_shared(&self, p: &Prefix<F>, value: u32);
     /// Removes the exact prefix; false if it was not stored (`ENOENT`).
@@ -164,6 +283,9 @@ macro_rules! shared_lpm_table {
             }
             fn live(&self) -> Option<usize> {
                 $live(self)
+            }
+            fn shared(&self) -> Option<&dyn SharedLpm<F>> {
+                Some(self)
             }
         }
     };
@@ -495,20 +617,62 @@ pub fn lookup_rates<F: Family, T: LpmTable<F>>(plan: Plan, t: &T, addrs: &[F::Ad
 }
 
 /// A built table of any implementation behind one type, so that a suite
-/// can keep several alive side by side and time their lookups in turns.
-pub trait AnyLpm<F: Family> {
+/// can keep several alive side by side and time them in turns: its
+/// lookup loop is the implementation's own monomorphic batch loop, boxed
+/// (one dynamic call per batch); single writes go through a dynamic call.
+pub trait AnyLpm<F: Family>: Sync {
     /// Implementation name in records ([`LpmTable::NAME`]).
     fn name(&self) -> &'static str;
     /// [`lookup_batches`] over `addrs`, boxed.
     fn lookups<'a>(&'a self, addrs: &'a [F::Addr]) -> Box<dyn FnMut() -> u64 + 'a>;
+    /// [`LpmTable::sum_batch`].
+    fn sum_batch(&self, addrs: &[F::Addr]) -> u64;
+    /// [`LpmTable::insert`].
+    fn insert(&mut self, p: &Prefix<F>, value: u32);
+    /// [`LpmTable::remove`].
+    fn remove(&mut self, p: &Prefix<F>) -> bool;
+    /// [`Answers::of`] this table.
+    fn answers(&self, addrs: &[F::Addr]) -> Answers;
+    /// [`LpmTable::count`].
+    fn count(&self) -> usize;
+    /// [`LpmTable::reported`].
+    fn reported(&self) -> Option<usize>;
+    /// [`LpmTable::live`].
+    fn live(&self) -> Option<usize>;
+    /// [`LpmTable::shared`].
+    fn shared(&self) -> Option<&dyn SharedLpm<F>>;
 }
 
-impl<F: Family, T: LpmTable<F>> AnyLpm<F> for T {
+impl<F: Family, T: LpmTable<F> + Sync> AnyLpm<F> for T {
     fn name(&self) -> &'static str {
         T::NAME
     }
     fn lookups<'a>(&'a self, addrs: &'a [F::Addr]) -> Box<dyn FnMut() -> u64 + 'a> {
         Box::new(lookup_batches::<F, T>(self, addrs))
+    }
+    fn sum_batch(&self, addrs: &[F::Addr]) -> u64 {
+        LpmTable::sum_batch(self, addrs)
+    }
+    fn insert(&mut self, p: &Prefix<F>, value: u32) {
+        LpmTable::insert(self, p, value);
+    }
+    fn remove(&mut self, p: &Prefix<F>) -> bool {
+        LpmTable::remove(self, p)
+    }
+    fn answers(&self, addrs: &[F::Addr]) -> Answers {
+        Answers::of::<F, T>(self, addrs)
+    }
+    fn count(&self) -> usize {
+        LpmTable::count(self)
+    }
+    fn reported(&self) -> Option<usize> {
+        LpmTable::reported(self)
+    }
+    fn live(&self) -> Option<usize> {
+        LpmTable::live(self)
+    }
+    fn shared(&self) -> Option<&dyn SharedLpm<F>> {
+        LpmTable::shared(self)
     }
 }
 

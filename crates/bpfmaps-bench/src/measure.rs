@@ -82,6 +82,19 @@ pub fn settle_reaper() {
     let _ = rx.recv_timeout(Duration::from_secs(60));
 }
 
+/// CPU time the calling thread has run.
+pub fn thread_cpu_time() -> Duration {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `ts` is a valid, writable timespec; the clock id is a
+    // constant Linux supports.
+    let rc = unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
+    assert_eq!(rc, 0, "clock_gettime(CLOCK_THREAD_CPUTIME_ID)");
+    Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32)
+}
+
 /// Per-repetition rates in operations per second.
 pub fn rate_samples(plan: Plan, mut batch: impl FnMut() -> u64) -> Vec<f64> {
     if !plan.warmup.is_zero() {
@@ -107,22 +120,35 @@ pub fn rate_samples(plan: Plan, mut batch: impl FnMut() -> u64) -> Vec<f64> {
 /// loop before it left there. `result[i]` holds loop `i`'s `plan.reps`
 /// rates, as [`rate_samples`] returns them for one loop.
 pub fn rate_samples_interleaved<B: FnMut() -> u64>(plan: Plan, loops: &mut [B]) -> Vec<Vec<f64>> {
-    let n = loops.len();
     if !plan.warmup.is_zero() {
         for batch in loops.iter_mut() {
             run_for(plan.warmup, batch);
         }
     }
-    let mut rates = vec![Vec::with_capacity(plan.reps); n];
-    for r in 0..plan.reps {
+    in_turns(loops.len(), plan.reps, |i| {
+        run_for(plan.rep_time / 4, &mut loops[i]);
+        let (ops, elapsed) = run_for(plan.rep_time, &mut loops[i]);
+        ops as f64 / elapsed.as_secs_f64()
+    })
+}
+
+/// Takes `reps` samples of each of `n` implementations *in turns*:
+/// repetition `r` samples every implementation once, starting with
+/// `r % n`, so that load drifting on the machine falls on all of them
+/// alike and none always runs right after the same other one.
+/// `result[i]` holds implementation `i`'s samples in order. For
+/// measurements that are not a loop of batches (a replay onto a fresh
+/// table, a drop, a run of several threads); [`rate_samples_interleaved`]
+/// is this for batch loops.
+pub fn in_turns(n: usize, reps: usize, mut sample: impl FnMut(usize) -> f64) -> Vec<Vec<f64>> {
+    let mut samples = vec![Vec::with_capacity(reps); n];
+    for r in 0..reps {
         for k in 0..n {
             let i = (r + k) % n;
-            run_for(plan.rep_time / 4, &mut loops[i]);
-            let (ops, elapsed) = run_for(plan.rep_time, &mut loops[i]);
-            rates[i].push(ops as f64 / elapsed.as_secs_f64());
+            samples[i].push(sample(i));
         }
     }
-    rates
+    samples
 }
 
 /// Operations per second: median and spread over the plan's repetitions.
@@ -194,6 +220,19 @@ mod tests {
         // loop goes first.
         runs.dedup();
         assert_eq!(runs, [0, 1, 2, 0, 1, 2, 1, 2, 0, 2, 0, 1, 0, 1, 2]);
+    }
+
+    #[test]
+    fn turns_rotate_which_goes_first() {
+        let mut order = Vec::new();
+        let samples = in_turns(3, 3, |i| {
+            order.push(i);
+            (order.len() * 10 + i) as f64
+        });
+        assert_eq!(order, [0, 1, 2, 1, 2, 0, 2, 0, 1]);
+        assert_eq!(samples[0], [10.0, 60.0, 80.0]);
+        assert_eq!(samples[2], [32.0, 52.0, 72.0]);
+        assert!(in_turns(2, 0, |_| 1.0).iter().all(Vec::is_empty));
     }
 
     #[test]

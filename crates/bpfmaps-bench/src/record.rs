@@ -64,6 +64,15 @@ pub const LOOKUPS_PER_SEC: Metric = Metric {
     doc: "lookups completed per second, summed over reader threads",
 };
 
+/// Lookups per second of the readers' own CPU time.
+pub const LOOKUPS_PER_CPU_SEC: Metric = Metric {
+    name: "lookups_per_cpu_sec",
+    unit: "ops/s",
+    label: "lookups/cpu-s",
+    higher_is_better: true,
+    doc: "lookups completed per second of reader CPU time, summed over reader threads: what a lookup costs, whatever share of the cores the scheduler gave the readers",
+};
+
 /// Writer operations per second (updates, deletes, inserts).
 pub const WRITER_OPS_PER_SEC: Metric = Metric {
     name: "writer_ops_per_sec",
@@ -259,6 +268,7 @@ pub const LPM_DISAGREEMENTS: Metric = Metric {
 pub const METRICS: &[Metric] = &[
     NS_PER_HASH,
     LOOKUPS_PER_SEC,
+    LOOKUPS_PER_CPU_SEC,
     WRITER_OPS_PER_SEC,
     MEM_BYTES_HELD,
     MEM_REPORTED,

@@ -22,6 +22,11 @@ use crate::plot::LinePlot;
 use crate::record::{Record, metric};
 use crate::table::Table;
 
+/// Operations per batch in every suite's timed loops: lookups per pinned
+/// guard (as a BPF program runs its lookups under one RCU read section)
+/// and per clock check.
+pub const BATCH: usize = 256;
+
 /// One benchmark question: a name, options, a run, and how to present it.
 pub trait Suite: Sync {
     /// Subcommand name (`hashfn`, `hash-sweep`, ...).
@@ -144,6 +149,17 @@ impl Ctx {
     pub fn plan(&self) -> Plan {
         let rep = if self.opts.quick { 40 } else { 100 };
         Plan::new(self.reps(), Duration::from_millis(rep))
+    }
+
+    /// A list option: what was given, else the mode's default.
+    pub fn list_or<T: Clone>(&self, given: Vec<T>, quick: &[T], full: &[T]) -> Vec<T> {
+        if !given.is_empty() {
+            given
+        } else if self.opts.quick {
+            quick.to_vec()
+        } else {
+            full.to_vec()
+        }
     }
 
     /// The data directory given with `--data`.

@@ -13,26 +13,24 @@
 //! be 0. `read_misses` counts reads that fell between a delete and its
 //! reinsert, which is allowed.
 
-use std::hint::black_box;
 use std::sync::Barrier;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use bpfmaps::hashtab::{HashMap, HashOptions};
-use bpfmaps::{BPF_ANY, BPF_NOEXIST, HashPolicy, Map};
+use bpfmaps::HashPolicy;
 use clap::{Args, Command};
-use dashmap::DashMap;
 
-use crate::alloc::MemProbe;
+use crate::hash_impls::{HashImpl, Probes, ReadCounts, hash_impl};
 use crate::hasher::PolicyBuildHasher;
 use crate::keys::{KeySet, shuffled_indices};
+use crate::measure::thread_cpu_time;
 use crate::plot::LinePlot;
 use crate::record::{
-    LOOKUPS_PER_SEC, MEM_BYTES_HELD, MISMATCHES, READ_MISSES, Record, WRITER_OPS_PER_SEC, case,
-    find, ratio,
+    LOOKUPS_PER_CPU_SEC, LOOKUPS_PER_SEC, MEM_BYTES_HELD, MISMATCHES, READ_MISSES, Record,
+    WRITER_OPS_PER_SEC, case, find, ratio,
 };
 use crate::stats::Stats;
-use crate::suite::{Ctx, Suite};
+use crate::suite::{BATCH, Ctx, Suite};
 use crate::suites::parse_policy;
 use crate::table::{Table, fmt_mops, fmt_ratio};
 
@@ -59,124 +57,29 @@ struct Opts {
     policy: HashPolicy,
 }
 
-/// Lookups per pinned guard and per stop check.
-const BATCH: usize = 256;
 /// Writer operations per stop check.
 const WRITER_BATCH: usize = 64;
 
-/// What a batch of reads saw.
-#[derive(Debug, Default, Clone, Copy)]
-struct ReadCounts {
-    found: u64,
-    missing: u64,
-    bad: u64,
-}
-
-impl std::ops::AddAssign for ReadCounts {
-    fn add_assign(&mut self, o: ReadCounts) {
-        self.found += o.found;
-        self.missing += o.missing;
-        self.bad += o.bad;
-    }
-}
-
-#[inline]
-fn check(id: u32, value: u64, c: &mut ReadCounts) {
-    if value >> 32 == u64::from(id) {
-        c.found += 1;
-    } else {
-        c.bad += 1;
-    }
-}
-
-/// A concurrent map under test.
-trait Target: Sync {
-    const NAME: &'static str;
-    /// Looks up `keys[id]` for each id, checking the values.
-    fn read_batch(&self, keys: &KeySet, ids: &[u32]) -> ReadCounts;
-    /// Inserts or replaces (`BPF_ANY`).
-    fn write(&self, key: &[u8], value: u64);
-    /// Deletes a present key.
-    fn remove(&self, key: &[u8]);
-    /// Entry count.
-    fn count(&self) -> usize;
-}
-
-impl Target for HashMap {
-    const NAME: &'static str = "bpfmaps";
-    fn read_batch(&self, keys: &KeySet, ids: &[u32]) -> ReadCounts {
-        let guard = bpfmaps::pin();
-        let mut c = ReadCounts::default();
-        for &id in ids {
-            match self.get(black_box(keys.key(id as usize)), &guard) {
-                Some(v) => check(
-                    id,
-                    u64::from_ne_bytes(v.try_into().expect("8-byte values")),
-                    &mut c,
-                ),
-                None => c.missing += 1,
-            }
-        }
-        c
-    }
-    fn write(&self, key: &[u8], value: u64) {
-        self.update(key, &value.to_ne_bytes(), BPF_ANY)
-            .expect("update");
-    }
-    fn remove(&self, key: &[u8]) {
-        self.delete(key).expect("delete of a present key");
-    }
-    fn count(&self) -> usize {
-        self.len()
-    }
-}
-
-impl Target for DashMap<Box<[u8]>, u64, PolicyBuildHasher> {
-    const NAME: &'static str = "dashmap";
-    fn read_batch(&self, keys: &KeySet, ids: &[u32]) -> ReadCounts {
-        let mut c = ReadCounts::default();
-        for &id in ids {
-            match self.get(black_box(keys.key(id as usize))) {
-                Some(v) => check(id, *v, &mut c),
-                None => c.missing += 1,
-            }
-        }
-        c
-    }
-    fn write(&self, key: &[u8], value: u64) {
-        // BPF_ANY without allocating a key when it is present.
-        match self.get_mut(key) {
-            Some(mut v) => *v = value,
-            None => {
-                self.insert(key.into(), value);
-            }
-        }
-    }
-    fn remove(&self, key: &[u8]) {
-        assert!(
-            DashMap::remove(self, key).is_some(),
-            "delete of a present key"
-        );
-    }
-    fn count(&self) -> usize {
-        self.len()
-    }
-}
+/// The implementations compared: those of [`crate::hash_impls`] that take
+/// writes while readers read.
+const IMPLS: [&str; 2] = ["dashmap", "bpfmaps"];
 
 /// One timed repetition.
 struct Once {
     lookups_per_sec: f64,
+    lookups_per_cpu_sec: f64,
     writer_ops_per_sec: f64,
     reads: ReadCounts,
 }
 
-fn run_once<T: Target>(
-    map: &T,
+fn run_once(
+    map: &dyn HashImpl,
     keys: &KeySet,
     readers: usize,
     duration: Duration,
     rep: u64,
 ) -> Once {
+    let writes = map.shared().expect("a map that takes concurrent writes");
     let n = keys.len();
     let stop = AtomicBool::new(false);
     let barrier = Barrier::new(readers + 2);
@@ -186,16 +89,21 @@ fn run_once<T: Target>(
                 let (stop, barrier) = (&stop, &barrier);
                 s.spawn(move || {
                     let ids = shuffled_indices(n, rep * 100 + r as u64);
+                    let probes = KeySet::kernel_indices(&ids, keys.key_size());
                     let mut counts = ReadCounts::default();
                     let mut pos = 0;
                     barrier.wait();
-                    let start = Instant::now();
+                    let (start, cpu) = (Instant::now(), thread_cpu_time());
                     while !stop.load(Ordering::Relaxed) {
                         let end = (pos + BATCH).min(n);
-                        counts += map.read_batch(keys, &ids[pos..end]);
+                        counts += map.read_batch(Probes {
+                            keys: probes.slice(pos..end),
+                            key_size: keys.key_size(),
+                            ids: &ids[pos..end],
+                        });
                         pos = if end == n { 0 } else { end };
                     }
-                    (counts, start.elapsed())
+                    (counts, start.elapsed(), thread_cpu_time() - cpu)
                 })
             })
             .collect();
@@ -214,11 +122,11 @@ fn run_once<T: Target>(
                         let key = keys.key(id as usize);
                         let value = u64::from(id) << 32 | u64::from(generation);
                         if generation % 8 == 0 {
-                            map.remove(key);
-                            map.write(key, value);
+                            writes.remove(key);
+                            writes.write(key, value);
                             ops += 2;
                         } else {
-                            map.write(key, value);
+                            writes.write(key, value);
                             ops += 1;
                         }
                     }
@@ -231,59 +139,72 @@ fn run_once<T: Target>(
         stop.store(true, Ordering::Relaxed);
         let mut once = Once {
             lookups_per_sec: 0.0,
+            lookups_per_cpu_sec: 0.0,
             writer_ops_per_sec: writer.join().expect("writer thread"),
             reads: ReadCounts::default(),
         };
         for t in reader_threads {
-            let (counts, elapsed) = t.join().expect("reader thread");
-            once.lookups_per_sec +=
-                (counts.found + counts.missing + counts.bad) as f64 / elapsed.as_secs_f64();
+            let (counts, elapsed, cpu) = t.join().expect("reader thread");
+            once.lookups_per_sec += counts.total() as f64 / elapsed.as_secs_f64();
+            once.lookups_per_cpu_sec += counts.total() as f64 / cpu.as_secs_f64();
             once.reads += counts;
         }
         once
     })
 }
 
-/// Runs every reader count against one map; records in reader order.
-fn measure<T: Target>(
+/// Runs `readers` reader threads against each map in turn, the first
+/// rotating with the repetition; records per map.
+fn measure(
     ctx: &Ctx,
-    map: &T,
+    maps: &[(&str, Box<dyn HashImpl>, usize)],
     keys: &KeySet,
-    held: usize,
     readers: usize,
     duration: Duration,
     base: &str,
 ) -> Vec<Record> {
     let c = format!("readers={readers},{base}");
-    let (mut lookups, mut writes, mut reads) = (Vec::new(), Vec::new(), ReadCounts::default());
+    let n = maps.len();
+    let mut samples = vec![(Vec::new(), Vec::new(), Vec::new(), ReadCounts::default()); n];
     for rep in 0..ctx.reps() {
-        let once = run_once(map, keys, readers, duration, rep as u64);
-        assert_eq!(map.count(), keys.len(), "{}: entries lost", T::NAME);
-        lookups.push(once.lookups_per_sec);
-        writes.push(once.writer_ops_per_sec);
-        reads += once.reads;
-        ctx.step();
+        for k in 0..n {
+            let i = (rep + k) % n;
+            let (name, map, _) = &maps[i];
+            let once = run_once(&**map, keys, readers, duration, rep as u64);
+            assert_eq!(map.len(), keys.len(), "{name}: entries lost");
+            samples[i].0.push(once.lookups_per_sec);
+            samples[i].1.push(once.lookups_per_cpu_sec);
+            samples[i].2.push(once.writer_ops_per_sec);
+            samples[i].3 += once.reads;
+            ctx.step();
+        }
     }
     let s = ctx.suite();
-    vec![
-        Record::stats(
-            s,
-            &c,
-            T::NAME,
-            &LOOKUPS_PER_SEC,
-            Stats::from_samples(&lookups),
-        ),
-        Record::stats(
-            s,
-            &c,
-            T::NAME,
-            &WRITER_OPS_PER_SEC,
-            Stats::from_samples(&writes),
-        ),
-        Record::single(s, &c, T::NAME, &MISMATCHES, reads.bad as f64),
-        Record::single(s, &c, T::NAME, &READ_MISSES, reads.missing as f64),
-        Record::single(s, &c, T::NAME, &MEM_BYTES_HELD, held as f64),
-    ]
+    maps.iter()
+        .zip(samples)
+        .flat_map(|((name, _, held), (lookups, per_cpu, writes, reads))| {
+            [
+                Record::stats(s, &c, name, &LOOKUPS_PER_SEC, Stats::from_samples(&lookups)),
+                Record::stats(
+                    s,
+                    &c,
+                    name,
+                    &LOOKUPS_PER_CPU_SEC,
+                    Stats::from_samples(&per_cpu),
+                ),
+                Record::stats(
+                    s,
+                    &c,
+                    name,
+                    &WRITER_OPS_PER_SEC,
+                    Stats::from_samples(&writes),
+                ),
+                Record::single(s, &c, name, &MISMATCHES, reads.bad as f64),
+                Record::single(s, &c, name, &READ_MISSES, reads.missing as f64),
+                Record::single(s, &c, name, &MEM_BYTES_HELD, *held as f64),
+            ]
+        })
+        .collect()
 }
 
 impl Suite for Concurrency {
@@ -302,8 +223,11 @@ impl Suite for Concurrency {
          the 8th a delete and a reinsert. Readers look up every key in a \
          shuffled order (bpfmaps pins one guard per 256 lookups) and check \
          that each value was written for that key (`mismatches`, must be 0). \
+         The maps take turns within each repetition, the first rotating. \
          `lookups_per_sec` is summed over readers; with 2 readers and the \
-         writer there are 3 busy threads, more than a 2-core machine has."
+         writer there are 3 busy threads, more than a 2-core machine has, so \
+         the scheduler decides much of it: `lookups_per_cpu_sec` divides by \
+         the readers' own CPU time instead."
     }
 
     fn baseline(&self) -> &'static str {
@@ -331,34 +255,19 @@ impl Suite for Concurrency {
         ]);
         ctx.set_steps((opts.readers.len() * 2 * ctx.reps()) as u64);
 
-        let probe = MemProbe::start();
-        let dash: DashMap<Box<[u8]>, u64, PolicyBuildHasher> =
-            DashMap::with_capacity_and_hasher(n, PolicyBuildHasher::new(opts.policy, seed));
-        for (id, key) in keys.iter().enumerate() {
-            dash.insert(key.into(), (id as u64) << 32);
-        }
-        let dash_held = probe.held();
-
-        let probe = MemProbe::start();
-        let options = HashOptions {
-            prealloc: true,
-            policy: opts.policy,
-            seed: Some(seed),
-        };
-        let ours = HashMap::with_options(opts.key_size, 8, opts.entries, options)
-            .expect("creating the map");
-        for (id, key) in keys.iter().enumerate() {
-            ours.update(key, &((id as u64) << 32).to_ne_bytes(), BPF_NOEXIST)
-                .expect("insert");
-        }
-        let ours_held = probe.held();
+        let hasher = PolicyBuildHasher::new(opts.policy, seed);
+        let maps: Vec<(&str, Box<dyn HashImpl>, usize)> = IMPLS
+            .iter()
+            .map(|&name| {
+                let probe = crate::alloc::MemProbe::start();
+                let map = hash_impl(opts.key_size, name).filled(&keys, n, hasher);
+                (name, map, probe.held())
+            })
+            .collect();
 
         let mut all = Vec::new();
         for &readers in &opts.readers {
-            let mut recs = measure(ctx, &dash, &keys, dash_held, readers, duration, &base);
-            recs.extend(measure(
-                ctx, &ours, &keys, ours_held, readers, duration, &base,
-            ));
+            let recs = measure(ctx, &maps, &keys, readers, duration, &base);
             ctx.print(&recs);
             all.extend(recs);
         }
@@ -373,13 +282,14 @@ impl Suite for Concurrency {
                 "bpfmaps lookups M/s",
                 "dashmap lookups M/s",
                 "bpfmaps/dashmap",
+                "per reader CPU-s",
                 "bpfmaps writer M/s",
                 "dashmap writer M/s",
                 "writer bpfmaps/dashmap",
                 "mismatches (bpfmaps, dashmap)",
             ],
         )
-        .with_note("Lookups summed over reader threads; mismatches must be 0.");
+        .with_note("Lookups summed over reader threads (medians); `per reader CPU-s` is bpfmaps/dashmap in lookups per second of the readers' own CPU time, which does not depend on how the scheduler shares 2 cores among 3 threads; mismatches must be 0.");
         let mut cases: Vec<&str> = records.iter().map(|r| r.case.as_str()).collect();
         cases.dedup();
         for c in cases {
@@ -396,6 +306,10 @@ impl Suite for Concurrency {
                 fmt_ratio(ratio(
                     get("bpfmaps", LOOKUPS_PER_SEC.name),
                     get("dashmap", LOOKUPS_PER_SEC.name),
+                )),
+                fmt_ratio(ratio(
+                    get("bpfmaps", LOOKUPS_PER_CPU_SEC.name),
+                    get("dashmap", LOOKUPS_PER_CPU_SEC.name),
                 )),
                 fmt_mops(get("bpfmaps", WRITER_OPS_PER_SEC.name).map(|r| r.value)),
                 fmt_mops(get("dashmap", WRITER_OPS_PER_SEC.name).map(|r| r.value)),

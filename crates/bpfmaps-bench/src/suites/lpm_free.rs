@@ -17,6 +17,7 @@ use bpfmaps::lpm::{KernelLpmTrie, LpmTrie};
 use clap::{Args, Command};
 
 use crate::lpm_tables::{BATCH, LpmTable, build};
+use crate::measure::thread_cpu_time;
 use crate::prefixes::{Prefix, V4, addrs_inside};
 use crate::record::{
     FREE_MS, MAX_READER_STALL_MS, MAX_READER_STALL_ON_CPU_MS, Record, case, find, ratio,
@@ -54,19 +55,6 @@ const WARM: Duration = Duration::from_millis(20);
 struct Watch {
     watching: AtomicBool,
     stop: AtomicBool,
-}
-
-/// CPU time the calling thread has run.
-fn thread_cpu_time() -> Duration {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: `ts` is a valid, writable timespec; the clock id is a
-    // constant Linux supports.
-    let rc = unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
-    assert_eq!(rc, 0, "clock_gettime(CLOCK_THREAD_CPUTIME_ID)");
-    Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32)
 }
 
 /// What the reader saw while watching.

@@ -12,12 +12,11 @@
 //! (one repetition of each at a time), so that machine load drifting over
 //! the run does not favour whichever ran in the quiet seconds.
 
-use bpfmaps::lpm::{KernelLpmTrie, LpmTrie};
 use clap::{Args, Command};
-use ip_network_table::IpNetworkTable;
 
 use crate::lpm_tables::{
-    Answers, AnyLpm, BATCH, LpmTable, ManyLpm, PrefixTrie, ValueLpm, build, check_agreement,
+    ALL_ROLES, Answers, AnyLpm, BATCH, LpmStep, LpmTable, Role, build, check_agreement, each_lpm,
+    lpm_names,
 };
 use crate::measure::{rate_samples_interleaved, settle_reaper};
 use crate::prefixes::{
@@ -52,15 +51,6 @@ struct Opts {
     no_peers: bool,
 }
 
-/// Implementations in report order; the first is the baseline.
-const IMPLS: [&str; 6] = [
-    "kernel",
-    "bpfmaps",
-    "bpfmaps-get",
-    "bpfmaps-get_many_as",
-    "prefix-trie",
-    "ip_network_table",
-];
 /// Lookup sets.
 const SETS: [&str; 2] = ["random", "inside"];
 
@@ -82,12 +72,14 @@ struct Kept<F: Family> {
     recs: Vec<Record>,
 }
 
-impl<F: Family> Real<'_, F> {
+impl<F: Family> LpmStep<F> for Real<'_, F> {
+    type Out = Kept<F>;
+    type Reference = [Answers; 2];
+
     /// Builds `T` (`builds` times, keeping the last), records build time
     /// and memory, and compares its answers for both lookup sets with
-    /// `reference` (the kernel port's; `None` when building the kernel
-    /// port). Returns the table with its answers.
-    fn build<T: LpmTable<F> + 'static>(
+    /// `reference`.
+    fn step<T: LpmTable<F> + Sync + 'static>(
         &self,
         reference: Option<&[Answers; 2]>,
     ) -> (Kept<F>, [Answers; 2]) {
@@ -145,22 +137,18 @@ impl<F: Family> Real<'_, F> {
         };
         (kept, answers)
     }
+}
 
+impl<F: Family> Real<'_, F> {
     /// Builds every implementation in turn, keeping each, then times the
     /// lookups of all of them interleaved, one lookup set at a time.
     fn run(&self, peers: bool) -> Vec<Record> {
-        let (kernel, reference) = self.build::<KernelLpmTrie>(None);
-        let mut kept = vec![
-            kernel,
-            self.build::<LpmTrie>(Some(&reference)).0,
-            self.build::<ValueLpm>(Some(&reference)).0,
-            self.build::<ManyLpm>(Some(&reference)).0,
-        ];
-        if peers {
-            kept.push(self.build::<PrefixTrie<F>>(Some(&reference)).0);
-            kept.push(self.build::<IpNetworkTable<u32>>(Some(&reference)).0);
-        }
-        drop(reference);
+        let roles = if peers {
+            ALL_ROLES
+        } else {
+            &[Role::Kernel, Role::Bpfmaps, Role::Api]
+        };
+        let mut kept = each_lpm(self, roles, None);
         // Earlier builds dropped by `build` may still be being freed.
         settle_reaper();
         let s = self.ctx.suite();
@@ -276,7 +264,12 @@ impl Suite for LpmReal {
 
     fn run(&self, ctx: &Ctx) -> Vec<Record> {
         let opts: Opts = ctx.options();
-        let impls = if opts.no_peers { 4 } else { 6 };
+        let impls = lpm_names(if opts.no_peers {
+            &ALL_ROLES[..3]
+        } else {
+            ALL_ROLES
+        })
+        .len();
         let run_v4 = opts.families.iter().any(|f| f == "ipv4");
         let run_v6 = opts.families.iter().any(|f| f == "ipv6");
         // Per family: each implementation's build, then each lookup set.
@@ -352,7 +345,7 @@ impl Suite for LpmReal {
                 "Lookups per second (millions); speed ratios above 1 mean faster \
                  than the kernel port, the memory ratio below 1 smaller.",
             );
-            for imp in IMPLS {
+            for imp in lpm_names(ALL_ROLES) {
                 let build = get(base, imp, BUILD_MS.name);
                 let mem = get(base, imp, MEM_BYTES_PER_PREFIX.name);
                 if build.is_none() {
@@ -377,7 +370,7 @@ impl Suite for LpmReal {
             let look = |s: &str, i: &str| get(&set(s), i, LOOKUPS_PER_SEC.name);
             if look("random", "prefix-trie").is_some() {
                 let mut row = vec![base.to_string()];
-                for imp in ["bpfmaps", "bpfmaps-get", "bpfmaps-get_many_as"] {
+                for imp in lpm_names(&[Role::Bpfmaps, Role::Api]) {
                     for s in SETS {
                         row.push(fmt_ratio(ratio(look(s, imp), look(s, "prefix-trie"))));
                     }

@@ -10,11 +10,11 @@
 //! implementation is built first and kept; their lookups are then timed in
 //! turns (one repetition of each at a time).
 
-use bpfmaps::lpm::{KernelLpmTrie, LpmTrie};
 use clap::{Args, Command};
-use ip_network_table::IpNetworkTable;
 
-use crate::lpm_tables::{Answers, AnyLpm, BATCH, LpmTable, PrefixTrie, build, check_agreement};
+use crate::lpm_tables::{
+    Answers, AnyLpm, BATCH, LpmStep, LpmTable, build, check_agreement, each_lpm, lpm_names, roles,
+};
 use crate::measure::{rate_samples_interleaved, settle_reaper};
 use crate::plot::LinePlot;
 use crate::prefixes::{Prefix, V4, addrs_inside};
@@ -44,9 +44,6 @@ struct Opts {
     no_peers: bool,
 }
 
-/// Implementations in report order; the first is the baseline.
-const IMPLS: [&str; 4] = ["kernel", "bpfmaps", "prefix-trie", "ip_network_table"];
-
 fn case_of(n: usize) -> String {
     case(&[("n", &n)])
 }
@@ -70,11 +67,15 @@ struct Kept {
     bad: usize,
 }
 
-impl Scale<'_> {
-    /// Builds `T` and compares its answers with `reference` (the kernel
-    /// port's; `None` when building the kernel port). Returns the table
-    /// with its answers.
-    fn build<T: LpmTable<V4> + 'static>(&self, reference: Option<&Answers>) -> (Kept, Answers) {
+impl LpmStep<V4> for Scale<'_> {
+    type Out = Kept;
+    type Reference = Answers;
+
+    /// Builds `T` and compares its answers with `reference`.
+    fn step<T: LpmTable<V4> + Sync + 'static>(
+        &self,
+        reference: Option<&Answers>,
+    ) -> (Kept, Answers) {
         let built = build::<V4, T>(self.prefixes);
         let t = built.table;
         assert_eq!(t.count(), self.n, "{}: prefixes lost", T::NAME);
@@ -90,7 +91,9 @@ impl Scale<'_> {
         };
         (kept, got)
     }
+}
 
+impl Scale<'_> {
     /// Times the lookups of every kept table interleaved; returns each
     /// one's records.
     fn measure(&self, kept: &[Kept]) -> Vec<Record> {
@@ -204,7 +207,8 @@ impl Suite for LpmScale {
         let set = ipv4_prefixes(ctx, most);
         ctx.note(&format!("lpm-scale: prefixes: {}", set.source));
         let addr_count = opts.addrs.max(1).div_ceil(BATCH) * BATCH;
-        let impls = if opts.no_peers { 2 } else { 4 };
+        let roles = roles(!opts.no_peers);
+        let impls = lpm_names(roles).len();
         // Per entry count: each implementation's build, then the lookups.
         ctx.set_steps((entries.len() * (impls + 1)) as u64);
 
@@ -220,13 +224,7 @@ impl Suite for LpmScale {
             };
             // Every implementation built and kept, then their lookups
             // timed in turns.
-            let (kernel, reference) = scale.build::<KernelLpmTrie>(None);
-            let mut kept = vec![kernel, scale.build::<LpmTrie>(Some(&reference)).0];
-            if !opts.no_peers {
-                kept.push(scale.build::<PrefixTrie<V4>>(Some(&reference)).0);
-                kept.push(scale.build::<IpNetworkTable<u32>>(Some(&reference)).0);
-            }
-            drop(reference);
+            let kept = each_lpm(&scale, roles, None);
             all.extend(scale.measure(&kept));
         }
         all
@@ -237,63 +235,53 @@ impl Suite for LpmScale {
         cases.dedup();
         let n_of = |c: &str| crate::record::case_param(c, "n").unwrap_or("?").to_string();
 
+        let impls = lpm_names(roles(true));
+        let others = impls.iter().filter(|&&i| i != "kernel");
+        let mut speed_cols: Vec<String> = vec!["prefixes".into()];
+        speed_cols.extend(impls.iter().map(|i| format!("{i} ns")));
+        speed_cols.extend(others.clone().map(|i| format!("{i}/kernel")));
+        speed_cols.push("bpfmaps/prefix-trie".into());
         let mut speed = Table::new(
             "lpm-scale: lookup ns and speed vs the kernel port",
-            &[
-                "prefixes",
-                "kernel ns",
-                "bpfmaps ns",
-                "prefix-trie ns",
-                "ip_network_table ns",
-                "bpfmaps/kernel",
-                "prefix-trie/kernel",
-                "ip_network_table/kernel",
-                "bpfmaps/prefix-trie",
-            ],
+            &speed_cols.iter().map(String::as_str).collect::<Vec<_>>(),
         )
         .with_note("Speed ratios (time of the denominator / time): above 1 means faster.");
+        let mut mem_cols: Vec<&str> = vec!["prefixes"];
+        mem_cols.extend(&impls);
+        mem_cols.extend([
+            "bpfmaps reported",
+            "kernel reported",
+            "bpfmaps/kernel",
+            "bpfmaps/prefix-trie",
+        ]);
         let mut mem = Table::new(
             "lpm-scale: bytes per prefix (counting allocator) and vs the kernel port",
-            &[
-                "prefixes",
-                "kernel",
-                "bpfmaps",
-                "prefix-trie",
-                "ip_network_table",
-                "bpfmaps reported",
-                "kernel reported",
-                "bpfmaps/kernel",
-                "bpfmaps/prefix-trie",
-            ],
+            &mem_cols,
         )
         .with_note("Memory ratios: below 1 means smaller than the denominator.");
         for c in cases {
             let ns = |imp: &str| find(records, c, imp, NS_PER_LOOKUP.name);
             let ns_cell = |imp: &str| ns(imp).map_or("-".into(), |r| format!("{:.1}", r.value));
-            speed.push(vec![
-                n_of(c),
-                ns_cell(IMPLS[0]),
-                ns_cell(IMPLS[1]),
-                ns_cell(IMPLS[2]),
-                ns_cell(IMPLS[3]),
-                fmt_ratio(ratio(ns("kernel"), ns("bpfmaps"))),
-                fmt_ratio(ratio(ns("kernel"), ns("prefix-trie"))),
-                fmt_ratio(ratio(ns("kernel"), ns("ip_network_table"))),
-                fmt_ratio(ratio(ns("prefix-trie"), ns("bpfmaps"))),
-            ]);
+            let mut row = vec![n_of(c)];
+            row.extend(impls.iter().map(|i| ns_cell(i)));
+            row.extend(
+                others
+                    .clone()
+                    .map(|i| fmt_ratio(ratio(ns("kernel"), ns(i)))),
+            );
+            row.push(fmt_ratio(ratio(ns("prefix-trie"), ns("bpfmaps"))));
+            speed.push(row);
             let m = |imp: &str| find(records, c, imp, MEM_BYTES_PER_PREFIX.name);
             let cell = |r: Option<&Record>| r.map_or("-".into(), |r| fmt_bytes(r.value));
-            mem.push(vec![
-                n_of(c),
-                cell(m(IMPLS[0])),
-                cell(m(IMPLS[1])),
-                cell(m(IMPLS[2])),
-                cell(m(IMPLS[3])),
+            let mut row = vec![n_of(c)];
+            row.extend(impls.iter().map(|i| cell(m(i))));
+            row.extend([
                 cell(find(records, c, "bpfmaps", MEM_REPORTED_PER_PREFIX.name)),
                 cell(find(records, c, "kernel", MEM_REPORTED_PER_PREFIX.name)),
                 fmt_ratio(ratio(m("bpfmaps"), m("kernel"))),
                 fmt_ratio(ratio(m("bpfmaps"), m("prefix-trie"))),
             ]);
+            mem.push(row);
         }
         vec![speed, mem]
     }
@@ -329,7 +317,7 @@ impl Suite for LpmScale {
             "bytes per prefix",
         );
         mem.log_x = true;
-        for imp in IMPLS {
+        for imp in lpm_names(roles(true)) {
             ns.add(imp, points(imp, NS_PER_LOOKUP.name));
             if imp != "kernel" {
                 fast.add(imp, points(imp, NS_PER_LOOKUP.name));

@@ -199,7 +199,10 @@ impl Replay<'_> {
     }
 
     /// Replays with one reader thread looking up the same table meanwhile.
-    fn with_reader<T: SharedLpm<V4>>(&self, reference: &(Answers, usize)) -> Vec<Record> {
+    fn with_reader<T: LpmTable<V4> + SharedLpm<V4>>(
+        &self,
+        reference: &(Answers, usize),
+    ) -> Vec<Record> {
         let (mut updates, mut lookups) = (Vec::new(), Vec::new());
         let mut last = None;
         let addrs = &self.addrs[..];
