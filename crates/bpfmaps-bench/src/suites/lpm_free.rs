@@ -13,11 +13,11 @@ use std::sync::Barrier;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use bpfmaps::lpm::{KernelLpmTrie, LpmTrie};
+use bpfmaps::lpm::LpmTrie;
 use clap::{Args, Command};
 
-use crate::lpm_tables::{BATCH, LpmTable, build};
-use crate::measure::thread_cpu_time;
+use crate::lpm_tables::{BATCH, LpmStep, LpmTable, Role, build, each_lpm, lpm_names, roles};
+use crate::measure::{in_turns, thread_cpu_time};
 use crate::prefixes::{Prefix, V4, addrs_inside};
 use crate::record::{
     FREE_MS, MAX_READER_STALL_MS, MAX_READER_STALL_ON_CPU_MS, Record, case, find, ratio,
@@ -138,6 +138,78 @@ struct Free<'a> {
     tail: Duration,
 }
 
+/// One implementation's drops: the map its reader looks up while a big
+/// one is dropped, and what each turn saw.
+struct Drops<'f, T> {
+    free: &'f Free<'f>,
+    reader_map: T,
+    /// How long the last drop took: the next idle window is as long.
+    took: Duration,
+    drops: DropSamples,
+}
+
+/// What the turns of one implementation saw.
+#[derive(Default)]
+struct DropSamples {
+    name: &'static str,
+    frees: Vec<f64>,
+    stalls: Vec<Stall>,
+    idle: Vec<Stall>,
+}
+
+/// One turn of `drop` and `idle`, behind one type for every implementation.
+trait DropTurn {
+    /// Builds a big map, watches an idle window as long as the last drop,
+    /// then drops the map while the reader watches.
+    fn turn(&mut self);
+    /// What the turns so far saw.
+    fn samples(&self) -> &DropSamples;
+}
+
+impl<T: LpmTable<V4> + Sync> DropTurn for Drops<'_, T> {
+    fn turn(&mut self) {
+        let f = self.free;
+        let big = build::<V4, T>(f.prefixes).table;
+        assert_eq!(big.count(), f.n, "{}: prefixes lost", T::NAME);
+        let took = self.took;
+        let (_, idle) = watch(&self.reader_map, &f.addrs, f.tail, || {
+            std::thread::sleep(took);
+            Duration::ZERO
+        });
+        let (took, stall) = watch(&self.reader_map, &f.addrs, f.tail, move || {
+            let start = Instant::now();
+            drop(big);
+            start.elapsed()
+        });
+        self.took = took;
+        self.drops.idle.push(idle);
+        self.drops.frees.push(ms(took));
+        self.drops.stalls.push(stall);
+    }
+
+    fn samples(&self) -> &DropSamples {
+        &self.drops
+    }
+}
+
+impl<'f> LpmStep<V4> for &'f Free<'f> {
+    type Out = Box<dyn DropTurn + 'f>;
+    type Reference = ();
+
+    fn step<T: LpmTable<V4> + Sync + 'static>(&self, _: Option<&()>) -> (Self::Out, ()) {
+        let drops = Drops {
+            free: self,
+            reader_map: build::<V4, T>(self.reader_prefixes).table,
+            took: Duration::ZERO,
+            drops: DropSamples {
+                name: T::NAME,
+                ..DropSamples::default()
+            },
+        };
+        (Box::new(drops), ())
+    }
+}
+
 impl Free<'_> {
     fn records(&self, imp: &str, op: &str, frees: &[f64], stalls: &[Stall]) -> Vec<Record> {
         let c = case(&[("n", &self.n), ("op", &op)]);
@@ -176,33 +248,22 @@ impl Free<'_> {
     /// the same kind; before it, a window as long with nothing freed
     /// (`idle`; before, so that work the allocator defers from the drop to
     /// a later call does not land in it).
-    fn drop_and_idle<T: LpmTable<V4> + Sync>(&self) -> Vec<Record> {
-        let reader_map = build::<V4, T>(self.reader_prefixes).table;
-        let (mut frees, mut stalls, mut idle) = (Vec::new(), Vec::new(), Vec::new());
-        let mut took = Duration::ZERO;
-        for _ in 0..self.ctx.reps() {
-            let big = build::<V4, T>(self.prefixes).table;
-            assert_eq!(big.count(), self.n, "{}: prefixes lost", T::NAME);
-            let (_, stall) = watch(&reader_map, &self.addrs, self.tail, || {
-                std::thread::sleep(took);
-                Duration::ZERO
-            });
-            idle.push(stall);
-            let stall;
-            (took, stall) = watch(&reader_map, &self.addrs, self.tail, move || {
-                let start = Instant::now();
-                drop(big);
-                start.elapsed()
-            });
-            frees.push(ms(took));
-            stalls.push(stall);
+    /// `drop` and `idle` for every implementation playing one of `roles`,
+    /// in turns (one repetition of each at a time, the first rotating).
+    fn drop_and_idle(&self, roles: &[Role]) -> Vec<Record> {
+        let mut drops = each_lpm(&self, roles, Some(()));
+        in_turns(drops.len(), self.ctx.reps(), |i| {
+            drops[i].turn();
+            0.0
+        });
+        let mut recs = Vec::new();
+        for d in drops.iter().map(|d| d.samples()) {
+            recs.extend(self.records(d.name, "drop", &d.frees, &d.stalls));
+            recs.extend(self.records(d.name, "idle", &[], &d.idle));
         }
-        let mut recs = self.records(T::NAME, "drop", &frees, &stalls);
-        recs.extend(self.records(T::NAME, "idle", &[], &idle));
         recs
     }
 
-    /// bpfmaps `clear()` of a full map while the reader looks up in it.
     fn clear(&self) -> Vec<Record> {
         let (mut frees, mut stalls) = (Vec::new(), Vec::new());
         for _ in 0..self.ctx.reps() {
@@ -249,7 +310,9 @@ impl Suite for LpmFree {
          stall of a scheduler tick (4 ms at 250 Hz) that no map caused: \
          `max_reader_stall_on_cpu_ms` takes off the time the reader was off \
          the CPU (its thread CPU time, read once per 256 lookups, against the \
-         wall time). Targets: free under 50 ms, no stall over 1 ms."
+         wall time). The implementations' `drop` repetitions run in turns \
+         (one of each at a time, the first rotating). Targets: free under \
+         50 ms, no stall over 1 ms."
     }
 
     fn baseline(&self) -> &'static str {
@@ -274,9 +337,8 @@ impl Suite for LpmFree {
             addrs: addrs_inside(&set.prefixes[..reader_n], 1 << 16, SEED + 4),
             tail: Duration::from_millis(opts.tail_ms.unwrap_or(if ctx.quick() { 50 } else { 200 })),
         };
-        ctx.set_steps(5);
-        let mut all = free.drop_and_idle::<KernelLpmTrie>();
-        all.extend(free.drop_and_idle::<LpmTrie>());
+        ctx.set_steps(2 * lpm_names(roles(false)).len() as u64 + 1);
+        let mut all = free.drop_and_idle(roles(false));
         all.extend(free.clear());
         all
     }
@@ -298,7 +360,7 @@ impl Suite for LpmFree {
             ],
         )
         .with_note(
-            "`free ms`: mean time the freeing thread spent in the call; stalls: \
+            "`free ms`: median time the freeing thread spent in the call; stalls: \
              the worst gap between two lookups of the reader over all \
              repetitions; on-CPU: that gap less the time the reader was \
              preempted (what the map, not the machine, is to blame for); \

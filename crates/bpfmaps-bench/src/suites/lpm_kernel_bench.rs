@@ -16,18 +16,16 @@
 
 use std::time::Duration;
 
-use bpfmaps::lpm::{KernelLpmTrie, LpmTrie};
 use clap::{Args, Command};
-use ip_network_table::IpNetworkTable;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
 use crate::keys::shuffled_indices;
 use crate::lpm_tables::{
-    Answers, BATCH, LpmTable, PrefixTrie, build, check_agreement, drop_and_reclaim, lookup_rates,
-    value_of,
+    Answers, AnyLpm, BATCH, LpmStep, LpmTable, Role, build, check_agreement, drop_and_reclaim,
+    each_lpm, lpm_names, roles, value_of,
 };
-use crate::measure::rate_samples;
+use crate::measure::{in_turns, rate_samples_interleaved};
 use crate::prefixes::{Prefix, V4};
 use crate::record::{LPM_DISAGREEMENTS, NS_PER_OP, OPS_PER_SEC, Record, case, find, ratio};
 use crate::stats::Stats;
@@ -51,8 +49,6 @@ struct Opts {
 
 /// Operations in report order.
 const OPS: [&str; 4] = ["lookup", "update", "delete-insert", "free"];
-/// Implementations in report order; the first is the baseline.
-const IMPLS: [&str; 4] = ["kernel", "bpfmaps", "prefix-trie", "ip_network_table"];
 
 /// Lookup keys per case.
 const LOOKUP_KEYS: usize = 1 << 16;
@@ -98,84 +94,192 @@ struct Bench<'a> {
     free_builds: usize,
 }
 
-impl Bench<'_> {
-    fn lookup<T: LpmTable<V4>>(&self, reference: Option<&Answers>) -> (Vec<Record>, Answers) {
-        let t = build::<V4, T>(&self.keys).table;
-        let got = Answers::of::<V4, T>(&t, &self.lookups);
-        let c = case_of(self.n, "lookup");
-        let samples = lookup_rates::<V4, T>(self.ctx.plan(), &t, &self.lookups);
-        let mut recs = rate_records(self.ctx, &c, T::NAME, &samples);
-        let bad = reference.map_or(0, |r| check_agreement(self.ctx, &c, T::NAME, &got, r));
-        recs.push(Record::single(
-            self.ctx.suite(),
-            &c,
-            T::NAME,
-            &LPM_DISAGREEMENTS,
-            bad as f64,
-        ));
-        self.ctx.step();
-        (recs, got)
+/// One implementation's table for every operation but `lookup`, with
+/// its monomorphic loops behind one object so the implementations can be
+/// timed in turns.
+trait Ops {
+    /// Implementation name.
+    fn name(&self) -> &'static str;
+    /// One batch of `update` (re-inserting existing keys); returns its
+    /// operations.
+    fn update_batch(&mut self) -> u64;
+    /// One batch of `delete-insert`; returns its operations.
+    fn delete_insert_batch(&mut self) -> u64;
+    /// Entries freed per second over `free_builds` builds and drops (the
+    /// builds untimed).
+    fn free_rate(&self) -> f64;
+    /// The table's prefixes and answers now.
+    fn check(&self) -> (usize, Answers);
+}
+
+struct Kept<'b, T> {
+    bench: &'b Bench<'b>,
+    table: T,
+    /// Where `update` and `delete-insert` are in `bench.order`.
+    pos: usize,
+}
+
+impl<T: LpmTable<V4>> Kept<'_, T> {
+    /// The next key in update order.
+    fn next(&mut self) -> u32 {
+        let i = self.bench.order[self.pos];
+        self.pos = (self.pos + 1) % self.bench.order.len();
+        i
+    }
+}
+
+impl<T: LpmTable<V4>> Ops for Kept<'_, T> {
+    fn name(&self) -> &'static str {
+        T::NAME
     }
 
-    /// `update` and `delete-insert` on one table; checks it still answers
-    /// as before afterwards.
-    fn writes<T: LpmTable<V4>>(&self, reference: &Answers) -> Vec<Record> {
-        let mut t = build::<V4, T>(&self.keys).table;
-        let n = self.order.len();
-        let mut pos = 0;
-        let samples = rate_samples(self.ctx.plan(), || {
-            for _ in 0..BATCH {
-                let i = self.order[pos];
-                t.insert(&self.keys[i as usize], value_of(i as usize));
-                pos = (pos + 1) % n;
-            }
-            BATCH as u64
-        });
-        let mut recs = rate_records(self.ctx, &case_of(self.n, "update"), T::NAME, &samples);
-        self.ctx.step();
-        let samples = rate_samples(self.ctx.plan(), || {
-            for _ in 0..BATCH / 2 {
-                let i = self.order[pos];
-                let k = &self.keys[i as usize];
-                assert!(t.remove(k), "{}: key {i} missing", T::NAME);
-                t.insert(k, value_of(i as usize));
-                pos = (pos + 1) % n;
-            }
-            BATCH as u64
-        });
-        let c = case_of(self.n, "delete-insert");
-        recs.extend(rate_records(self.ctx, &c, T::NAME, &samples));
-        assert_eq!(t.count(), n, "{}: entries lost", T::NAME);
-        let after = Answers::of::<V4, T>(&t, &self.lookups);
-        let bad = check_agreement(self.ctx, &c, T::NAME, &after, reference);
-        recs.push(Record::single(
-            self.ctx.suite(),
-            &c,
-            T::NAME,
-            &LPM_DISAGREEMENTS,
-            bad as f64,
-        ));
-        self.ctx.step();
-        recs
+    fn update_batch(&mut self) -> u64 {
+        for _ in 0..BATCH {
+            let i = self.next();
+            self.table
+                .insert(&self.bench.keys[i as usize], value_of(i as usize));
+        }
+        BATCH as u64
     }
 
-    /// Time to drop a full map, per entry.
-    fn free<T: LpmTable<V4>>(&self) -> Vec<Record> {
+    fn delete_insert_batch(&mut self) -> u64 {
+        for _ in 0..BATCH / 2 {
+            let i = self.next();
+            let k = &self.bench.keys[i as usize];
+            assert!(self.table.remove(k), "{}: key {i} missing", T::NAME);
+            self.table.insert(k, value_of(i as usize));
+        }
+        BATCH as u64
+    }
+
+    fn free_rate(&self) -> f64 {
         let drop_once = || {
             let before = crate::alloc::current();
-            let built = build::<V4, T>(&self.keys);
+            let built = build::<V4, T>(&self.bench.keys);
             let slack = (built.held / 20).max(64 << 10);
             drop_and_reclaim(built.table, before, slack, Duration::from_secs(1))
         };
-        drop_once();
-        let samples: Vec<f64> = (0..self.ctx.reps())
-            .map(|_| {
-                let total: Duration = (0..self.free_builds).map(|_| drop_once()).sum();
-                (self.free_builds as f64 * f64::from(self.n)) / total.as_secs_f64().max(1e-9)
-            })
-            .collect();
+        let builds = self.bench.free_builds;
+        let total: Duration = (0..builds).map(|_| drop_once()).sum();
+        (builds as f64 * f64::from(self.bench.n)) / total.as_secs_f64().max(1e-9)
+    }
+
+    fn check(&self) -> (usize, Answers) {
+        (
+            self.table.count(),
+            Answers::of::<V4, T>(&self.table, &self.bench.lookups),
+        )
+    }
+}
+
+/// One batch of a write operation on a kept table.
+type Batch = fn(&mut dyn Ops) -> u64;
+
+/// Builds each implementation and compares its lookups with the kernel
+/// port's.
+struct Lookups<'b>(&'b Bench<'b>);
+
+impl LpmStep<V4> for Lookups<'_> {
+    type Out = (Box<dyn AnyLpm<V4>>, usize);
+    type Reference = Answers;
+
+    fn step<T: LpmTable<V4> + Sync + 'static>(
+        &self,
+        reference: Option<&Answers>,
+    ) -> (Self::Out, Answers) {
+        let b = self.0;
+        let t = build::<V4, T>(&b.keys).table;
+        let got = Answers::of::<V4, T>(&t, &b.lookups);
+        let c = case_of(b.n, "lookup");
+        let bad = reference.map_or(0, |r| check_agreement(b.ctx, &c, T::NAME, &got, r));
+        b.ctx.step();
+        ((Box::new(t), bad), got)
+    }
+}
+
+/// Builds each implementation for the write and free operations.
+impl<'b> LpmStep<V4> for &'b Bench<'b> {
+    type Out = Box<dyn Ops + 'b>;
+    type Reference = ();
+
+    fn step<T: LpmTable<V4> + Sync + 'static>(&self, _: Option<&()>) -> (Self::Out, ()) {
+        let table = build::<V4, T>(&self.keys).table;
+        (
+            Box::new(Kept {
+                bench: self,
+                table,
+                pos: 0,
+            }),
+            (),
+        )
+    }
+}
+
+impl Bench<'_> {
+    fn records(&self, op: &str, name: &str, samples: &[f64], bad: Option<usize>) -> Vec<Record> {
+        let c = case_of(self.n, op);
+        let mut recs = rate_records(self.ctx, &c, name, samples);
+        if let Some(bad) = bad {
+            let s = self.ctx.suite();
+            recs.push(Record::single(s, &c, name, &LPM_DISAGREEMENTS, bad as f64));
+        }
+        recs
+    }
+
+    /// `lookup` for every implementation playing one of `roles`, timed in
+    /// turns; returns the records and the kernel port's answers.
+    fn lookup(&self, roles: &[Role]) -> (Vec<Record>, Answers) {
+        let kept = each_lpm(&Lookups(self), roles, None);
+        let reference = kept[0].0.answers(&self.lookups);
+        let rates = {
+            let mut loops: Vec<_> = kept.iter().map(|k| k.0.lookups(&self.lookups)).collect();
+            rate_samples_interleaved(self.ctx.plan(), &mut loops)
+        };
         self.ctx.step();
-        rate_records(self.ctx, &case_of(self.n, "free"), T::NAME, &samples)
+        let recs = kept
+            .iter()
+            .zip(rates)
+            .flat_map(|((t, bad), r)| self.records("lookup", t.name(), &r, Some(*bad)))
+            .collect();
+        (recs, reference)
+    }
+
+    /// `update`, `delete-insert` and `free` for the implementations playing
+    /// one of `roles`, each operation timed in turns; checks every table
+    /// still answers as before after the writes.
+    fn writes_and_frees(&self, roles: &[Role], reference: &Answers) -> Vec<Record> {
+        let mut kept = each_lpm(&self, roles, Some(()));
+        let mut recs = Vec::new();
+        let ops: [(&str, Batch); 2] = [
+            ("update", |k| k.update_batch()),
+            ("delete-insert", |k| k.delete_insert_batch()),
+        ];
+        for (op, batch) in ops {
+            let rates = {
+                let mut loops: Vec<_> = kept.iter_mut().map(|k| move || batch(&mut **k)).collect();
+                rate_samples_interleaved(self.ctx.plan(), &mut loops)
+            };
+            self.ctx.step();
+            for (k, r) in kept.iter().zip(rates) {
+                let bad = (op == "delete-insert").then(|| {
+                    let (count, after) = k.check();
+                    assert_eq!(count, self.n as usize, "{}: entries lost", k.name());
+                    let c = case_of(self.n, op);
+                    check_agreement(self.ctx, &c, k.name(), &after, reference)
+                });
+                recs.extend(self.records(op, k.name(), &r, bad));
+            }
+        }
+        // One untimed round first, as the timed ones will run.
+        for k in &kept {
+            k.free_rate();
+        }
+        let rates = in_turns(kept.len(), self.ctx.reps(), |i| kept[i].free_rate());
+        self.ctx.step();
+        for (k, r) in kept.iter().zip(rates) {
+            recs.extend(self.records("free", k.name(), &r, None));
+        }
+        recs
     }
 }
 
@@ -201,7 +305,10 @@ impl Suite for LpmKernelBench {
          entry (the builds in between are not timed; for bpfmaps, which frees \
          replaced blocks and finally its arena after an epoch grace period, \
          this includes flushing those deferred frees on the same thread). \
-         The peers `prefix-trie` and `ip_network_table` run the lookups only."
+         The peers `prefix-trie` and `ip_network_table` run the lookups only. \
+         Every implementation is built first; then each operation is timed \
+         in turns (one repetition of each implementation at a time, the \
+         first rotating)."
     }
 
     fn baseline(&self) -> &'static str {
@@ -231,54 +338,30 @@ impl Suite for LpmKernelBench {
                 .unwrap_or(if ctx.quick() { 10 } else { 30 })
                 .max(1),
         };
-        ctx.set_steps(4 + 2 * 2 + 2);
-
-        let mut all = Vec::new();
-        let (recs, reference) = bench.lookup::<KernelLpmTrie>(None);
-        ctx.print(&recs);
-        all.extend(recs);
-        let (recs, _) = bench.lookup::<LpmTrie>(Some(&reference));
-        ctx.print(&recs);
-        all.extend(recs);
-        let (recs, _) = bench.lookup::<PrefixTrie<V4>>(Some(&reference));
-        ctx.print(&recs);
-        all.extend(recs);
-        let (recs, _) = bench.lookup::<IpNetworkTable<u32>>(Some(&reference));
-        ctx.print(&recs);
-        all.extend(recs);
-
-        let mut writes = bench.writes::<KernelLpmTrie>(&reference);
-        writes.extend(bench.writes::<LpmTrie>(&reference));
-        writes.sort_by_key(|r| OPS.iter().position(|op| r.param("op") == Some(op)));
+        let lookup_roles = roles(true);
+        ctx.set_steps((lpm_names(lookup_roles).len() + OPS.len()) as u64);
+        let (mut all, reference) = bench.lookup(lookup_roles);
+        ctx.print(&all);
+        let writes = bench.writes_and_frees(roles(false), &reference);
         ctx.print(&writes);
         all.extend(writes);
-
-        let mut frees = bench.free::<KernelLpmTrie>();
-        frees.extend(bench.free::<LpmTrie>());
-        ctx.print(&frees);
-        all.extend(frees);
         all
     }
 
     fn summaries(&self, records: &[Record]) -> Vec<Table> {
+        let impls = lpm_names(roles(true));
+        let others: Vec<&str> = impls.iter().copied().filter(|&i| i != "kernel").collect();
+        let mut cols = vec!["op".to_string()];
+        cols.extend(impls.iter().map(|i| format!("{i} M/s")));
+        cols.extend(lpm_names(roles(false)).iter().map(|i| format!("{i} ns/op")));
+        cols.extend(others.iter().map(|i| format!("{i}/kernel")));
+        cols.push("bpfmaps/prefix-trie".into());
         let mut t = Table::new(
             "lpm-kernel-bench: operations per second (millions) and speed vs the kernel port",
-            &[
-                "op",
-                "kernel M/s",
-                "bpfmaps M/s",
-                "prefix-trie M/s",
-                "ip_network_table M/s",
-                "kernel ns/op",
-                "bpfmaps ns/op",
-                "bpfmaps/kernel",
-                "prefix-trie/kernel",
-                "ip_network_table/kernel",
-                "bpfmaps/prefix-trie",
-            ],
+            &cols.iter().map(String::as_str).collect::<Vec<_>>(),
         )
         .with_note(
-            "Ratios are speed ratios: above 1 means faster than the denominator. \
+            "Medians; ratios are speed ratios: above 1 means faster than the denominator. \
              `free` counts entries freed by `drop` (until the memory is back).",
         );
         let mut cases: Vec<&str> = records.iter().map(|r| r.case.as_str()).collect();
@@ -289,21 +372,20 @@ impl Suite for LpmKernelBench {
                 find(records, c, imp, NS_PER_OP.name)
                     .map_or("-".into(), |r| format!("{:.1}", r.value))
             };
-            t.push(vec![
+            let mut row = vec![
                 crate::record::case_param(c, "op")
                     .unwrap_or("?")
                     .to_string(),
-                fmt_mops(get(IMPLS[0]).map(|r| r.value)),
-                fmt_mops(get(IMPLS[1]).map(|r| r.value)),
-                fmt_mops(get(IMPLS[2]).map(|r| r.value)),
-                fmt_mops(get(IMPLS[3]).map(|r| r.value)),
-                ns("kernel"),
-                ns("bpfmaps"),
-                fmt_ratio(ratio(get("bpfmaps"), get("kernel"))),
-                fmt_ratio(ratio(get("prefix-trie"), get("kernel"))),
-                fmt_ratio(ratio(get("ip_network_table"), get("kernel"))),
-                fmt_ratio(ratio(get("bpfmaps"), get("prefix-trie"))),
-            ]);
+            ];
+            row.extend(impls.iter().map(|&i| fmt_mops(get(i).map(|r| r.value))));
+            row.extend(lpm_names(roles(false)).iter().map(|&i| ns(i)));
+            row.extend(
+                others
+                    .iter()
+                    .map(|&i| fmt_ratio(ratio(get(i), get("kernel")))),
+            );
+            row.push(fmt_ratio(ratio(get("bpfmaps"), get("prefix-trie"))));
+            t.push(row);
         }
         vec![t]
     }

@@ -13,12 +13,14 @@ use std::sync::Barrier;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
 
-use bpfmaps::lpm::{KernelLpmTrie, LpmTrie};
 use clap::{Args, Command};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
-use crate::lpm_tables::{Answers, BATCH, LpmTable, PrefixTrie, SharedLpm, build, check_agreement};
+use crate::lpm_tables::{
+    Answers, BATCH, LpmStep, LpmTable, Role, build, check_agreement, each_lpm, lpm_names, roles,
+};
+use crate::measure::in_turns;
 use crate::prefixes::{
     Mutation, Prefix, RIS_INITIAL_IPV4, RIS_MUTATIONS_IPV4, V4, addrs_inside, load_mutations,
     top_up,
@@ -48,8 +50,8 @@ struct Opts {
     no_reader: bool,
 }
 
-/// Implementations of the single-threaded replay, in report order.
-const IMPLS: [&str; 3] = ["kernel", "bpfmaps", "prefix-trie"];
+/// The implementations that take writes beside a reader.
+const SHARED: &[Role] = &[Role::Kernel, Role::Bpfmaps];
 
 /// The trace: an initial table and the mutations replayed onto it.
 struct Trace {
@@ -142,6 +144,126 @@ struct Replay<'a> {
     addrs: Vec<[u8; 4]>,
 }
 
+/// What a table answered after a replay, and how many prefixes it held.
+type Final = (Answers, usize);
+
+/// One implementation's replays: each turn builds a fresh table from the
+/// initial set (untimed) and replays the trace onto it (timed); the last
+/// table is kept for the check.
+trait Replayer {
+    /// Implementation name.
+    fn name(&self) -> &'static str;
+    /// One replay alone; returns mutations per second.
+    fn alone(&mut self) -> f64;
+    /// One replay while a reader looks up the same table; returns
+    /// mutations per second (the reader's rate goes to `lookups`).
+    fn with_reader(&mut self) -> f64;
+    /// Build times of the turns so far (ms).
+    fn builds(&self) -> &[f64];
+    /// The reader's lookups per second in the turns so far.
+    fn lookups(&self) -> &[f64];
+    /// The last table's answers.
+    fn final_answers(&self) -> Final;
+}
+
+struct Turns<'r, T> {
+    replay: &'r Replay<'r>,
+    last: Option<T>,
+    builds: Vec<f64>,
+    lookups: Vec<f64>,
+}
+
+impl<T: LpmTable<V4> + Sync> Turns<'_, T> {
+    fn fresh(&mut self) -> T {
+        drop(self.last.take());
+        let built = build::<V4, T>(&self.replay.trace.initial);
+        self.builds.push(built.time.as_secs_f64() * 1e3);
+        built.table
+    }
+}
+
+impl<T: LpmTable<V4> + Sync> Replayer for Turns<'_, T> {
+    fn name(&self) -> &'static str {
+        T::NAME
+    }
+
+    fn alone(&mut self) -> f64 {
+        let mut t = self.fresh();
+        let mutations = &self.replay.trace.mutations;
+        let secs = apply(&mut t, mutations);
+        self.last = Some(t);
+        mutations.len() as f64 / secs
+    }
+
+    fn with_reader(&mut self) -> f64 {
+        let t = self.fresh();
+        let shared = t.shared().expect("a table that takes concurrent writes");
+        let (addrs, mutations) = (&self.replay.addrs[..], &self.replay.trace.mutations);
+        let stop = AtomicBool::new(false);
+        let barrier = Barrier::new(2);
+        let (secs, (done, reader_secs)) = std::thread::scope(|s| {
+            let (t, stop, barrier) = (&t, &stop, &barrier);
+            let reader = s.spawn(move || {
+                let mut cursor = 0;
+                let mut done = 0u64;
+                let mut acc = 0u64;
+                barrier.wait();
+                let start = Instant::now();
+                while !stop.load(Ordering::Relaxed) {
+                    acc = acc.wrapping_add(t.sum_batch(&addrs[cursor..cursor + BATCH]));
+                    cursor = (cursor + BATCH) % addrs.len();
+                    done += BATCH as u64;
+                }
+                std::hint::black_box(acc);
+                (done, start.elapsed().as_secs_f64())
+            });
+            barrier.wait();
+            let start = Instant::now();
+            for m in mutations {
+                if m.announce {
+                    shared.insert_shared(&m.prefix, m.value);
+                } else {
+                    shared.remove_shared(&m.prefix);
+                }
+            }
+            let secs = start.elapsed().as_secs_f64();
+            stop.store(true, Ordering::Relaxed);
+            (secs, reader.join().expect("reader thread"))
+        });
+        self.lookups.push(done as f64 / reader_secs);
+        self.last = Some(t);
+        mutations.len() as f64 / secs
+    }
+
+    fn builds(&self) -> &[f64] {
+        &self.builds
+    }
+
+    fn lookups(&self) -> &[f64] {
+        &self.lookups
+    }
+
+    fn final_answers(&self) -> Final {
+        let t = self.last.as_ref().expect("at least one replay");
+        (Answers::of::<V4, T>(t, &self.replay.addrs), t.count())
+    }
+}
+
+impl<'r> LpmStep<V4> for &'r Replay<'r> {
+    type Out = Box<dyn Replayer + 'r>;
+    type Reference = ();
+
+    fn step<T: LpmTable<V4> + Sync + 'static>(&self, _: Option<&()>) -> (Self::Out, ()) {
+        let turns = Turns::<T> {
+            replay: self,
+            last: None,
+            builds: Vec::new(),
+            lookups: Vec::new(),
+        };
+        (Box::new(turns), ())
+    }
+}
+
 impl Replay<'_> {
     fn case(&self, readers: usize) -> String {
         case(&[
@@ -152,124 +274,60 @@ impl Replay<'_> {
         ])
     }
 
-    /// Single-threaded replays; returns the records and the final answers.
-    fn alone<T: LpmTable<V4>>(
+    /// Replays onto every implementation playing one of `roles`, in turns
+    /// (one replay of each per repetition, the first rotating), alone or
+    /// with a reader; then checks every final table against the kernel
+    /// port's (`reference`, or the first's). Returns the records and the
+    /// kernel port's final answers.
+    fn replays(
         &self,
-        reference: Option<&(Answers, usize)>,
-    ) -> (Vec<Record>, (Answers, usize)) {
-        let (mut rates, mut builds) = (Vec::new(), Vec::new());
-        let mut last = None;
-        for _ in 0..self.ctx.reps() {
-            drop(last.take());
-            let mut built = build::<V4, T>(&self.trace.initial);
-            builds.push(built.time.as_secs_f64() * 1e3);
-            let secs = apply(&mut built.table, &self.trace.mutations);
-            rates.push(self.trace.mutations.len() as f64 / secs);
-            last = Some(built.table);
-        }
-        let t = last.expect("at least one replay");
-        let fin = (Answers::of::<V4, T>(&t, &self.addrs), t.count());
-        let c = self.case(0);
-        let bad = reference.map_or(0, |r| {
+        roles: &[Role],
+        readers: usize,
+        reference: Option<&Final>,
+    ) -> (Vec<Record>, Final) {
+        let mut impls = each_lpm(&self, roles, Some(()));
+        let rates = in_turns(impls.len(), self.ctx.reps(), |i| {
+            let rate = if readers == 0 {
+                impls[i].alone()
+            } else {
+                impls[i].with_reader()
+            };
+            self.ctx.step();
+            rate
+        });
+        let c = self.case(readers);
+        let s = self.ctx.suite();
+        let mut reference = reference.cloned();
+        let mut recs = Vec::new();
+        for (imp, rates) in impls.iter().zip(rates) {
+            let name = imp.name();
+            let fin = imp.final_answers();
+            let r = reference.get_or_insert_with(|| fin.clone());
             if r.1 != fin.1 {
                 self.ctx.note(&format!(
-                    "WARNING: {} holds {} prefixes after the replay, kernel {}",
-                    T::NAME,
-                    fin.1,
-                    r.1
+                    "WARNING: {name} holds {} prefixes after the replay, kernel {}",
+                    fin.1, r.1
                 ));
             }
-            check_agreement(self.ctx, &c, T::NAME, &fin.0, &r.0) + usize::from(r.1 != fin.1)
-        });
-        let s = self.ctx.suite();
-        let recs = vec![
-            Record::stats(
+            let bad = check_agreement(self.ctx, &c, name, &fin.0, &r.0) + usize::from(r.1 != fin.1);
+            recs.push(Record::stats(
                 s,
                 &c,
-                T::NAME,
+                name,
                 &UPDATES_PER_SEC,
                 Stats::from_samples(&rates),
-            ),
-            Record::stats(s, &c, T::NAME, &BUILD_MS, Stats::from_samples(&builds)),
-            Record::single(s, &c, T::NAME, &LPM_DISAGREEMENTS, bad as f64),
-        ];
-        self.ctx.step();
-        self.ctx.print(&recs);
-        (recs, fin)
-    }
-
-    /// Replays with one reader thread looking up the same table meanwhile.
-    fn with_reader<T: LpmTable<V4> + SharedLpm<V4>>(
-        &self,
-        reference: &(Answers, usize),
-    ) -> Vec<Record> {
-        let (mut updates, mut lookups) = (Vec::new(), Vec::new());
-        let mut last = None;
-        let addrs = &self.addrs[..];
-        for _ in 0..self.ctx.reps() {
-            drop(last.take());
-            let t = build::<V4, T>(&self.trace.initial).table;
-            let stop = AtomicBool::new(false);
-            let barrier = Barrier::new(2);
-            let (secs, (done, reader_secs)) = std::thread::scope(|s| {
-                let (t, stop, barrier) = (&t, &stop, &barrier);
-                let reader = s.spawn(move || {
-                    let mut cursor = 0;
-                    let mut done = 0u64;
-                    let mut acc = 0u64;
-                    barrier.wait();
-                    let start = Instant::now();
-                    while !stop.load(Ordering::Relaxed) {
-                        acc = acc.wrapping_add(t.sum_batch(&addrs[cursor..cursor + BATCH]));
-                        cursor = (cursor + BATCH) % addrs.len();
-                        done += BATCH as u64;
-                    }
-                    std::hint::black_box(acc);
-                    (done, start.elapsed().as_secs_f64())
-                });
-                barrier.wait();
-                let start = Instant::now();
-                for m in &self.trace.mutations {
-                    if m.announce {
-                        t.insert_shared(&m.prefix, m.value);
-                    } else {
-                        t.remove_shared(&m.prefix);
-                    }
-                }
-                let secs = start.elapsed().as_secs_f64();
-                stop.store(true, Ordering::Relaxed);
-                (secs, reader.join().expect("reader thread"))
-            });
-            updates.push(self.trace.mutations.len() as f64 / secs);
-            lookups.push(done as f64 / reader_secs);
-            last = Some(t);
+            ));
+            if readers == 0 {
+                let builds = Stats::from_samples(imp.builds());
+                recs.push(Record::stats(s, &c, name, &BUILD_MS, builds));
+            } else {
+                let lookups = Stats::from_samples(imp.lookups());
+                recs.push(Record::stats(s, &c, name, &LOOKUPS_PER_SEC, lookups));
+            }
+            recs.push(Record::single(s, &c, name, &LPM_DISAGREEMENTS, bad as f64));
         }
-        let t = last.expect("at least one replay");
-        let c = self.case(1);
-        let fin = Answers::of::<V4, T>(&t, &self.addrs);
-        let bad = check_agreement(self.ctx, &c, T::NAME, &fin, &reference.0)
-            + usize::from(t.count() != reference.1);
-        let s = self.ctx.suite();
-        let recs = vec![
-            Record::stats(
-                s,
-                &c,
-                T::NAME,
-                &UPDATES_PER_SEC,
-                Stats::from_samples(&updates),
-            ),
-            Record::stats(
-                s,
-                &c,
-                T::NAME,
-                &LOOKUPS_PER_SEC,
-                Stats::from_samples(&lookups),
-            ),
-            Record::single(s, &c, T::NAME, &LPM_DISAGREEMENTS, bad as f64),
-        ];
-        self.ctx.step();
         self.ctx.print(&recs);
-        recs
+        (recs, reference.expect("at least one implementation"))
     }
 }
 
@@ -290,14 +348,15 @@ impl Suite for LpmUpdates {
          announces, 37,853 withdraws; quick mode replays the first 300,000) \
          are applied in order: an announce inserts or replaces (`BPF_ANY`) \
          with the line number as the value, a withdraw removes (`ENOENT` \
-         ignored). `readers=0`: the replay alone, one thread (prefix-trie \
+         ignored). `readers=0`: the replay alone, one thread (the peers \
          through `&mut`). `readers=1`: bpfmaps and the kernel port again, \
          with one reader thread looking up 2^20 addresses inside the initial \
          table's prefixes in a loop (one guard per 256 lookups) for as long \
          as the replay runs; `lookups_per_sec` is the reader's rate. Each \
-         repetition replays onto a freshly built table. Afterwards every \
-         table must answer the same lookups as the kernel port's and hold as \
-         many prefixes."
+         repetition replays onto a freshly built table, the implementations \
+         in turns (one replay of each per repetition, the first rotating). \
+         Afterwards every table must answer the same lookups as the kernel \
+         port's and hold as many prefixes."
     }
 
     fn baseline(&self) -> &'static str {
@@ -320,13 +379,12 @@ impl Suite for LpmUpdates {
             addrs: addrs_inside(&trace.initial, count, SEED + 3),
             trace,
         };
-        ctx.set_steps(if opts.no_reader { 3 } else { 5 });
-        let (mut all, reference) = replay.alone::<KernelLpmTrie>(None);
-        all.extend(replay.alone::<LpmTrie>(Some(&reference)).0);
-        all.extend(replay.alone::<PrefixTrie<V4>>(Some(&reference)).0);
+        let alone = roles(true);
+        let turns = lpm_names(alone).len() + if opts.no_reader { 0 } else { SHARED.len() };
+        ctx.set_steps((turns * ctx.reps()) as u64);
+        let (mut all, reference) = replay.replays(alone, 0, None);
         if !opts.no_reader {
-            all.extend(replay.with_reader::<KernelLpmTrie>(&reference));
-            all.extend(replay.with_reader::<LpmTrie>(&reference));
+            all.extend(replay.replays(SHARED, 1, Some(&reference)).0);
         }
         all
     }
@@ -334,43 +392,45 @@ impl Suite for LpmUpdates {
     fn summaries(&self, records: &[Record]) -> Vec<Table> {
         let mut cases: Vec<&str> = records.iter().map(|r| r.case.as_str()).collect();
         cases.dedup();
+        let impls = lpm_names(roles(true));
+        let others: Vec<&str> = impls.iter().copied().filter(|&i| i != "kernel").collect();
+        let mut cols = vec!["readers".to_string()];
+        cols.extend(impls.iter().map(|i| format!("{i} updates M/s")));
+        cols.extend(others.iter().map(|i| format!("{i}/kernel")));
+        cols.push("bpfmaps/prefix-trie".into());
+        cols.extend(
+            lpm_names(SHARED)
+                .iter()
+                .map(|i| format!("{i} reader M lookups/s")),
+        );
+        cols.push("reader bpfmaps/kernel".into());
         let mut t = Table::new(
             "lpm-updates: BGP trace replay",
-            &[
-                "readers",
-                "kernel updates M/s",
-                "bpfmaps updates M/s",
-                "prefix-trie updates M/s",
-                "bpfmaps/kernel",
-                "prefix-trie/kernel",
-                "bpfmaps/prefix-trie",
-                "kernel reader M lookups/s",
-                "bpfmaps reader M lookups/s",
-                "reader bpfmaps/kernel",
-            ],
+            &cols.iter().map(String::as_str).collect::<Vec<_>>(),
         )
         .with_note(
-            "Mutations applied per second by the one writer (millions) and, with \
+            "Mutations applied per second by the one writer (millions, medians) and, with \
              a reader, that reader's lookups per second; ratios above 1 mean \
              faster than the denominator.",
         );
         for c in cases {
             let u = |imp: &str| find(records, c, imp, UPDATES_PER_SEC.name);
             let l = |imp: &str| find(records, c, imp, LOOKUPS_PER_SEC.name);
-            t.push(vec![
+            let mut row = vec![
                 crate::record::case_param(c, "readers")
                     .unwrap_or("?")
                     .to_string(),
-                fmt_mops(u(IMPLS[0]).map(|r| r.value)),
-                fmt_mops(u(IMPLS[1]).map(|r| r.value)),
-                fmt_mops(u(IMPLS[2]).map(|r| r.value)),
-                fmt_ratio(ratio(u("bpfmaps"), u("kernel"))),
-                fmt_ratio(ratio(u("prefix-trie"), u("kernel"))),
-                fmt_ratio(ratio(u("bpfmaps"), u("prefix-trie"))),
-                fmt_mops(l("kernel").map(|r| r.value)),
-                fmt_mops(l("bpfmaps").map(|r| r.value)),
-                fmt_ratio(ratio(l("bpfmaps"), l("kernel"))),
-            ]);
+            ];
+            row.extend(impls.iter().map(|&i| fmt_mops(u(i).map(|r| r.value))));
+            row.extend(others.iter().map(|&i| fmt_ratio(ratio(u(i), u("kernel")))));
+            row.push(fmt_ratio(ratio(u("bpfmaps"), u("prefix-trie"))));
+            row.extend(
+                lpm_names(SHARED)
+                    .iter()
+                    .map(|&i| fmt_mops(l(i).map(|r| r.value))),
+            );
+            row.push(fmt_ratio(ratio(l("bpfmaps"), l("kernel"))));
+            t.push(row);
         }
         vec![t]
     }
