@@ -16,8 +16,10 @@
 //! only keys it calls maybe-present; `bloom(xxh3)+hashmap` is the same with
 //! `BloomHash::Xxh3` (one xxh3_128 per probe instead of 5 jhash calls).
 //! Lookups pin one guard per batch of 256 probes, as `hash-sweep` does.
-//! Each timing starts after bpfmaps' reaper thread has freed the maps of
-//! the previous case, so it does not share the CPU with those frees.
+//! In each case the map and every filter are built first and kept; their
+//! lookup loops are then timed in interleaved turns. The timing
+//! starts after bpfmaps' reaper thread has freed the maps of the previous
+//! case, so it does not share the CPU with those frees.
 //! The false-positive rate is counted in an untimed pass over the probes:
 //! map misses after a "maybe", per absent key.
 
@@ -33,12 +35,13 @@ use rand::{Rng, SeedableRng};
 
 use crate::alloc::MemProbe;
 use crate::keys::{KeySet, for_batch};
-use crate::measure::{rate, settle_reaper};
+use crate::measure::{rate_samples_interleaved, settle_reaper};
 use crate::plot::LinePlot;
 use crate::record::{
     FALSE_POSITIVE_RATE, LOOKUPS_PER_SEC, MEM_BYTES_HELD, MEM_REPORTED, Record, case, find, ratio,
 };
-use crate::suite::{Ctx, Suite, fmt_bytes};
+use crate::stats::Stats;
+use crate::suite::{BATCH, Ctx, Suite, fmt_bytes};
 use crate::table::{Table, fmt_mops, fmt_ratio};
 
 /// The suite.
@@ -67,14 +70,14 @@ struct Opts {
 const VALUE_SIZES: [usize; 4] = [4, 8, 16, 40];
 /// The hash map's value size.
 const MAP_VALUE_SIZE: usize = 8;
-/// Lookups per pinned guard and per clock check.
-const BATCH: usize = 256;
 /// Probe keys, cycled through by the timed loops.
 const PROBES: usize = 1 << 18;
 /// Seed of the probe sequence (which present keys, and the order).
 const PROBE_SEED: u64 = 0xb100_f11e;
 
 const HASHMAP: &str = "hashmap";
+/// The filters' hashings, in report order.
+const HASHES: [BloomHash; 2] = [BloomHash::Jhash, BloomHash::Xxh3];
 
 fn bloom_name(h: BloomHash) -> &'static str {
     match h {
@@ -127,16 +130,16 @@ fn probe_indices(n: u32, hit_every: u32) -> (Vec<u32>, usize) {
     (v, present)
 }
 
-/// Probes per second, every probe passing `filter` looked up in `map`.
-fn lookups(
-    ctx: &Ctx,
-    map: &HashMap,
-    probes: &KeySet,
-    filter: impl Fn(&[u8]) -> bool,
-) -> crate::stats::Stats {
-    settle_reaper();
+/// A lookup loop over the probes, boxed (one dynamic call per batch of
+/// [`BATCH`] probes, the probes' loop monomorphic): every probe passing
+/// `filter` is looked up in `map`.
+fn lookups<'a>(
+    map: &'a HashMap,
+    probes: &'a KeySet,
+    filter: impl Fn(&[u8]) -> bool + 'a,
+) -> Box<dyn FnMut() -> u64 + 'a> {
     let mut cursor = 0;
-    rate(ctx.plan(), || {
+    Box::new(move || {
         let guard = bpfmaps::pin();
         let (mut acc, mut found) = (0u64, 0u64);
         for_batch(probes, &mut cursor, BATCH, |k| {
@@ -186,13 +189,23 @@ struct Cell<'a> {
     case: String,
 }
 
-impl Cell<'_> {
-    fn suite(&self) -> &'static str {
-        self.ctx.suite()
-    }
+/// The map, built, with its memory.
+struct Built {
+    map: HashMap,
+    held: usize,
+}
 
-    /// The map alone; returns the map for the filtered runs.
-    fn hashmap(&self) -> (HashMap, Vec<Record>) {
+/// A filter in front of the map, built, with its false-positive rate.
+struct Filter {
+    hash: BloomHash,
+    bloom: BloomFilter,
+    held: usize,
+    fpp: f64,
+}
+
+impl Cell<'_> {
+    /// The map, full; checks that the present probes all hit.
+    fn hashmap(&self) -> Built {
         let probe = MemProbe::start();
         let map =
             HashMap::new(self.keys.key_size(), MAP_VALUE_SIZE, self.n).expect("creating the map");
@@ -203,19 +216,13 @@ impl Cell<'_> {
         let held = probe.held();
         let (found, _, _) = count_pass(&map, None, self.probes);
         assert_eq!(found, self.present as u64, "present probes must all hit");
-        let s = lookups(self.ctx, &map, self.probes, |_| true);
-        let (c, s_name) = (&self.case, self.suite());
-        let recs = vec![
-            Record::stats(s_name, c, HASHMAP, &LOOKUPS_PER_SEC, s),
-            Record::single(s_name, c, HASHMAP, &MEM_BYTES_HELD, held as f64),
-            Record::single(s_name, c, HASHMAP, &MEM_REPORTED, map.memory_usage() as f64),
-        ];
         self.ctx.step();
-        (map, recs)
+        Built { map, held }
     }
 
-    /// The filter with `hash` in front of `map`; memory is the filter's.
-    fn bloom(&self, map: &HashMap, hash: BloomHash, nr_hashes: u32) -> Vec<Record> {
+    /// The filter with `hash`, of the map's keys; its memory is the
+    /// filter's alone, its false-positive rate counted in front of `map`.
+    fn bloom(&self, map: &HashMap, hash: BloomHash, nr_hashes: u32) -> Filter {
         let probe = MemProbe::start();
         let bloom = BloomFilter::with_hash(
             self.keys.key_size(),
@@ -231,15 +238,52 @@ impl Cell<'_> {
         let held = probe.held();
         let (found, absent, false_pos) = count_pass(map, Some(&bloom), self.probes);
         assert_eq!(found, self.present as u64, "present probes must all hit");
-        let fpp = false_pos as f64 / absent.max(1) as f64;
-        let s = lookups(self.ctx, map, self.probes, |k| bloom.contains(k));
-        let (c, s_name, name) = (&self.case, self.suite(), bloom_name(hash));
-        let recs = vec![
-            Record::stats(s_name, c, name, &LOOKUPS_PER_SEC, s),
-            Record::single(s_name, c, name, &FALSE_POSITIVE_RATE, fpp),
-            Record::single(s_name, c, name, &MEM_BYTES_HELD, held as f64),
-            Record::single(s_name, c, name, &MEM_REPORTED, bloom.memory_usage() as f64),
+        self.ctx.step();
+        Filter {
+            hash,
+            bloom,
+            held,
+            fpp: false_pos as f64 / absent.max(1) as f64,
+        }
+    }
+
+    /// Times the map alone and each filter in front of it, in turns; the
+    /// records of all of them, the map's first.
+    fn measure(&self, built: &Built, filters: &[Filter]) -> Vec<Record> {
+        // The maps of the previous case may still be being freed.
+        settle_reaper();
+        let map = &built.map;
+        let rates = {
+            let mut loops = vec![lookups(map, self.probes, |_| true)];
+            loops.extend(
+                filters
+                    .iter()
+                    .map(|f| lookups(map, self.probes, |k| f.bloom.contains(k))),
+            );
+            rate_samples_interleaved(self.ctx.plan(), &mut loops)
+        };
+        let mut rates = rates.iter().map(|r| Stats::from_samples(r));
+        let (c, s) = (&self.case, self.ctx.suite());
+        let mut recs = vec![
+            Record::stats(
+                s,
+                c,
+                HASHMAP,
+                &LOOKUPS_PER_SEC,
+                rates.next().expect("the map's rate"),
+            ),
+            Record::single(s, c, HASHMAP, &MEM_BYTES_HELD, built.held as f64),
+            Record::single(s, c, HASHMAP, &MEM_REPORTED, map.memory_usage() as f64),
         ];
+        for (f, rate) in filters.iter().zip(rates) {
+            let name = bloom_name(f.hash);
+            recs.extend([
+                Record::stats(s, c, name, &LOOKUPS_PER_SEC, rate),
+                Record::single(s, c, name, &FALSE_POSITIVE_RATE, f.fpp),
+                Record::single(s, c, name, &MEM_BYTES_HELD, f.held as f64),
+                Record::single(s, c, name, &MEM_REPORTED, f.bloom.memory_usage() as f64),
+            ]);
+        }
         self.ctx.step();
         recs
     }
@@ -264,7 +308,12 @@ impl Suite for Bloom {
          keys, shuffled. `hashmap` looks every probe up; `bloom+hashmap` \
          (kernel hashing: 5 jhash calls) and `bloom(xxh3)+hashmap` (one \
          xxh3_128, Kirsch-Mitzenmacher) look up only probes the filter calls \
-         maybe-present. One guard is pinned per 256 probes. `fpp` is the \
+         maybe-present. One guard is pinned per 256 probes. In each case the \
+         map and the filters are built first and kept; then their \
+         lookup loops are timed in turns (interleaved): one repetition of \
+         each at a time, the one going first rotating, each turn after an \
+         untimed quarter-length warm-up of its own, so that load drifting \
+         on the machine falls on all of them alike. `fpp` is the \
          measured false-positive rate (map misses after a maybe, per absent \
          key); memory of a bloom row is the filter's alone (counting \
          allocator; `reported` is `memory_usage()`)."
@@ -280,24 +329,15 @@ impl Suite for Bloom {
 
     fn run(&self, ctx: &Ctx) -> Vec<Record> {
         let opts: Opts = ctx.options();
-        let entries = if !opts.entries.is_empty() {
-            opts.entries
-        } else if ctx.quick() {
-            vec![10_000, 1_000_000]
-        } else {
-            vec![10_000, 100_000, 1_000_000]
-        };
-        let value_sizes = if opts.value_sizes.is_empty() {
-            VALUE_SIZES.to_vec()
-        } else {
-            opts.value_sizes
-        };
-        let hashes: &[BloomHash] = if opts.no_xxh3 {
-            &[BloomHash::Jhash]
-        } else {
-            &[BloomHash::Jhash, BloomHash::Xxh3]
-        };
-        ctx.set_steps((entries.len() * value_sizes.len() * (1 + hashes.len())) as u64);
+        let entries = ctx.list_or(
+            opts.entries,
+            &[10_000, 1_000_000],
+            &[10_000, 100_000, 1_000_000],
+        );
+        let value_sizes = ctx.list_or(opts.value_sizes, &VALUE_SIZES, &VALUE_SIZES);
+        let hashes: &[BloomHash] = if opts.no_xxh3 { &HASHES[..1] } else { &HASHES };
+        // Per case: the map's build, each filter's, then the timing.
+        ctx.set_steps((entries.len() * value_sizes.len() * (2 + hashes.len())) as u64);
 
         let mut all = Vec::new();
         for &n in &entries {
@@ -313,10 +353,14 @@ impl Suite for Bloom {
                     present,
                     case: case_of(n, vs, opts.nr_hashes, opts.hit_every),
                 };
-                let (map, mut recs) = cell.hashmap();
-                for &h in hashes {
-                    recs.extend(cell.bloom(&map, h, opts.nr_hashes));
-                }
+                // The map and every filter built and kept, then their
+                // lookups timed in turns.
+                let built = cell.hashmap();
+                let filters: Vec<Filter> = hashes
+                    .iter()
+                    .map(|&h| cell.bloom(&built.map, h, opts.nr_hashes))
+                    .collect();
+                let recs = cell.measure(&built, &filters);
                 ctx.print(&recs);
                 all.extend(recs);
             }
@@ -343,7 +387,7 @@ impl Suite for Bloom {
             )
         };
         let mut tables = Vec::new();
-        for h in [BloomHash::Jhash, BloomHash::Xxh3] {
+        for h in HASHES {
             let name = bloom_name(h);
             if !records.iter().any(|r| r.impl_name == name) {
                 continue;
@@ -411,7 +455,7 @@ impl Suite for Bloom {
 
     fn plots(&self, records: &[Record]) -> Vec<LinePlot> {
         let mut plots = Vec::new();
-        for h in [BloomHash::Jhash, BloomHash::Xxh3] {
+        for h in HASHES {
             let name = bloom_name(h);
             let mut p = LinePlot::new(
                 format!(

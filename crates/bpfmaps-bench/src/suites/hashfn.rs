@@ -2,7 +2,8 @@
 //!
 //! Varies the function and the key size; holds the keys (64 kernel-bench
 //! keys of the size, cycled so no call can be hoisted) and the seed fixed.
-//! Calls are independent (throughput, not latency).
+//! Calls are independent (throughput, not latency). At each key size the
+//! functions are timed in interleaved turns.
 
 use std::hint::black_box;
 
@@ -11,10 +12,11 @@ use bpfmaps::hash::{jhash, kernel_htab_hash, xxh3};
 use clap::{Args, Command};
 
 use crate::keys::KeySet;
-use crate::measure::ns_per_op;
+use crate::measure::rate_samples_interleaved;
 use crate::plot::LinePlot;
 use crate::record::{NS_PER_HASH, Record, case, find, ratio};
-use crate::suite::{Ctx, Suite};
+use crate::stats::Stats;
+use crate::suite::{BATCH, Ctx, Suite};
 use crate::table::{Table, fmt_ratio};
 
 /// The suite.
@@ -28,11 +30,27 @@ struct Opts {
     sizes: Vec<usize>,
 }
 
-/// Functions in report order; the first is the baseline.
-const FUNCTIONS: [&str; 4] = ["jhash", "jhash-bytes", "xxh3", "hybrid"];
+/// A function's timed loop over the rotating keys, boxed: one dynamic
+/// call per batch of [`BATCH`] hash calls, the calls themselves direct.
+type HashLoop<'a> = Box<dyn FnMut() -> u64 + 'a>;
+
+/// Makes a function's [`HashLoop`] over the given keys.
+type MakeLoop = for<'a> fn(&'a KeySet) -> HashLoop<'a>;
+
+/// The functions in report order, each with its loop; the first is the
+/// baseline.
+const FUNCTIONS: [(&str, MakeLoop); 4] = [
+    ("jhash", |keys| hash_loop(keys, kernel_htab_hash)),
+    ("jhash-bytes", |keys| hash_loop(keys, jhash)),
+    ("xxh3", |keys| hash_loop(keys, xxh3)),
+    ("hybrid", |keys| {
+        hash_loop(keys, |k, s| HashPolicy::Hybrid.hash(k, s))
+    }),
+];
 
 /// Keys hashed in rotation.
 const ROTATION: usize = 64;
+const _: () = assert!(BATCH.is_multiple_of(ROTATION), "a batch is whole rotations");
 
 const LARGE: [usize; 11] = [80, 96, 128, 160, 192, 240, 256, 320, 384, 448, 512];
 
@@ -47,16 +65,19 @@ fn default_sizes(quick: bool) -> Vec<usize> {
     small.into_iter().chain(LARGE).collect()
 }
 
-/// Times `f` over the rotating keys; ns per call.
-fn time_fn(ctx: &Ctx, keys: &KeySet, f: impl Fn(&[u8], u32) -> u32) -> crate::stats::Stats {
-    let plan = ctx.plan().scaled(0.4);
-    ns_per_op(plan, || {
+/// The batch loop of `f` over the rotating keys: each call hashes every
+/// key [`BATCH`] / [`ROTATION`] times and returns the calls made.
+fn hash_loop<'a>(keys: &'a KeySet, f: impl Fn(&[u8], u32) -> u32 + 'a) -> HashLoop<'a> {
+    assert_eq!(keys.len(), ROTATION, "the rotation's keys");
+    Box::new(move || {
         let mut acc = 0u32;
-        for key in keys.iter() {
-            acc ^= f(black_box(key), black_box(0x5eed));
+        for _ in 0..BATCH / ROTATION {
+            for key in keys.iter() {
+                acc ^= f(black_box(key), black_box(0x5eed));
+            }
         }
         black_box(acc);
-        keys.len() as u64
+        BATCH as u64
     })
 }
 
@@ -75,7 +96,12 @@ impl Suite for HashFn {
          `htab_map_hash()`: `jhash2` over words when the size is a multiple of \
          4, else `jhash` over bytes; `jhash-bytes` is plain `jhash`; `hybrid` \
          is `HashPolicy::Hybrid` (`jhash2` for word-multiple keys under 32 \
-         bytes, xxh3 otherwise)."
+         bytes, xxh3 otherwise). A timed batch is 256 calls (the 64 keys \
+         four times). At each key size the functions are timed in turns \
+         (interleaved): one repetition of each function at a time, the one \
+         going first rotating, each turn after an untimed quarter-length \
+         warm-up of its own, so that load drifting on the machine falls on \
+         all of them alike."
     }
 
     fn baseline(&self) -> &'static str {
@@ -88,27 +114,29 @@ impl Suite for HashFn {
 
     fn run(&self, ctx: &Ctx) -> Vec<Record> {
         let opts: Opts = ctx.options();
-        let sizes = if opts.sizes.is_empty() {
-            default_sizes(ctx.quick())
-        } else {
-            opts.sizes
-        };
-        ctx.set_steps((sizes.len() * FUNCTIONS.len()) as u64);
+        let sizes = ctx.list_or(opts.sizes, &default_sizes(true), &default_sizes(false));
+        ctx.set_steps(sizes.len() as u64);
+        let plan = ctx.plan().scaled(0.4);
         let mut all = Vec::new();
         for &size in &sizes {
             let keys = KeySet::kernel(ROTATION, size);
             let c = case(&[("ks", &size)]);
-            let mut recs = Vec::new();
-            for name in FUNCTIONS {
-                let s = match name {
-                    "jhash" => time_fn(ctx, &keys, kernel_htab_hash),
-                    "jhash-bytes" => time_fn(ctx, &keys, jhash),
-                    "xxh3" => time_fn(ctx, &keys, xxh3),
-                    _ => time_fn(ctx, &keys, |k, s| HashPolicy::Hybrid.hash(k, s)),
-                };
-                recs.push(Record::stats(self.name(), &c, name, &NS_PER_HASH, s));
-                ctx.step();
-            }
+            let mut loops: Vec<HashLoop> = FUNCTIONS.iter().map(|(_, l)| l(&keys)).collect();
+            let rates = rate_samples_interleaved(plan, &mut loops);
+            let recs: Vec<Record> = FUNCTIONS
+                .iter()
+                .zip(rates)
+                .map(|((name, _), samples)| {
+                    Record::stats(
+                        self.name(),
+                        &c,
+                        name,
+                        &NS_PER_HASH,
+                        Stats::inverse_of(&samples, 1e9),
+                    )
+                })
+                .collect();
+            ctx.step();
             ctx.print(&recs);
             all.extend(recs);
         }
@@ -162,7 +190,7 @@ impl Suite for HashFn {
             "ns per hash",
         );
         p.log_x = true;
-        for f in FUNCTIONS {
+        for (f, _) in FUNCTIONS {
             let pts = records
                 .iter()
                 .filter(|r| r.impl_name == f && r.metric == NS_PER_HASH.name)
@@ -171,5 +199,23 @@ impl Suite for HashFn {
             p.add(f, pts);
         }
         vec![p]
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_function_has_one_loop_of_a_batch() {
+        let keys = KeySet::kernel(ROTATION, 12);
+        for (i, (name, make)) in FUNCTIONS.iter().enumerate() {
+            assert!(
+                FUNCTIONS[..i].iter().all(|(n, _)| n != name),
+                "{name} twice"
+            );
+            assert_eq!(make(&keys)(), BATCH as u64, "{name}");
+        }
+        assert_eq!(FUNCTIONS[0].0, HashFn.baseline());
     }
 }

@@ -13,8 +13,10 @@
 //! lost is `1 - (1 - e^{-load}) / load` with `load = N / B`; the summary
 //! shows it with its spread (two standard deviations of the occupied count).
 //!
-//! Each map is fresh; timing starts after bpfmaps' reaper thread has freed
-//! the previous one, so it does not share the CPU with those frees.
+//! At each load every hash's map is built fresh and kept; their
+//! `get_stackid` loops are then timed in interleaved turns, after bpfmaps'
+//! reaper thread has freed the previous load's maps, so the timing does not
+//! share the CPU with those frees.
 
 use std::collections::HashSet;
 use std::hint::black_box;
@@ -27,12 +29,13 @@ use rand::rngs::StdRng;
 use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
 
-use crate::measure::{rate, settle_reaper};
+use crate::measure::{rate_samples_interleaved, settle_reaper};
 use crate::plot::LinePlot;
 use crate::record::{
     COLLISION_RATE, MEM_REPORTED, Record, STACK_COLLISIONS, STACKIDS_PER_SEC, case, find, ratio,
 };
-use crate::suite::{Ctx, Suite};
+use crate::stats::Stats;
+use crate::suite::{BATCH, Ctx, Suite};
 use crate::table::{Table, fmt_mops, fmt_ratio};
 
 /// The suite.
@@ -62,8 +65,6 @@ const HASHES: [(StackHash, &str); 3] = [
 const THEORY: &str = "uniform(theory)";
 /// `max_depth` of the maps: the kernel's default `perf_event_max_stack`.
 const MAX_DEPTH: u32 = 127;
-/// `get_stackid` calls per clock check.
-const BATCH: usize = 256;
 
 /// Where the synthetic kernel text starts.
 const TEXT_BASE: u64 = 0xffff_ffff_8100_0000;
@@ -210,17 +211,21 @@ fn load_of(r: &Record) -> Option<f64> {
     r.param("load")?.trim_end_matches('%').parse().ok()
 }
 
-/// Offers the first `n` stacks to a fresh map with `hash`, then times
-/// re-offering the ones it stored.
-fn measure(
-    ctx: &Ctx,
-    stacks: &Stacks,
-    n: usize,
-    buckets: usize,
-    hash: StackHash,
-    name: &str,
-    c: &str,
-) -> Vec<Record> {
+/// One hash's map, filled and kept for the timing.
+struct Kept {
+    name: &'static str,
+    map: StackTraceMap,
+    /// The stacks it stored, shuffled, copied back to back.
+    queries: Stacks,
+    /// The id of each of `queries`.
+    ids: Vec<u32>,
+    /// `get_stackid` calls that answered `EEXIST`.
+    exists: u64,
+}
+
+/// Offers the first `n` stacks to a fresh map with `hash`, once each;
+/// keeps the map with the stacks it stored, to re-offer.
+fn fill(stacks: &Stacks, n: usize, buckets: usize, hash: StackHash, name: &'static str) -> Kept {
     let map = StackTraceMap::with_hash(MAX_DEPTH, buckets as u32, hash).expect("creating the map");
     let mut stored: Vec<(usize, u32)> = Vec::with_capacity(n);
     let mut exists = 0u64;
@@ -233,23 +238,33 @@ fn measure(
     }
     assert_eq!(map.collisions(), exists, "collisions() counts EEXIST");
     assert_eq!(map.stacks(), stored.len(), "one stored stack per Ok");
-    let collision_rate = exists as f64 / n as f64;
+    assert!(!stored.is_empty(), "a fresh map stores the first stack");
 
     // Re-offered in a shuffled order, as samples arrive, but copied back to
     // back so that the loop measures the map, not fetching the query.
     stored.shuffle(&mut StdRng::seed_from_u64(n as u64));
     let order: Vec<usize> = stored.iter().map(|&(i, _)| i).collect();
-    let queries = stacks.pick(&order);
-    settle_reaper();
+    Kept {
+        name,
+        map,
+        queries: stacks.pick(&order),
+        ids: stored.iter().map(|&(_, id)| id).collect(),
+        exists,
+    }
+}
+
+/// The loop re-offering `k`'s stored stacks, boxed: one dynamic call per
+/// batch of [`BATCH`] `get_stackid` calls.
+fn reoffer(k: &Kept) -> Box<dyn FnMut() -> u64 + '_> {
     let mut cursor = 0;
-    let s = rate(ctx.plan(), || {
+    Box::new(move || {
         let mut lost = 0usize;
         for _ in 0..BATCH {
-            let id = stored[cursor].1;
-            if map.get_stackid(black_box(queries.get(cursor)), 0) != Ok(id) {
+            let id = k.ids[cursor];
+            if k.map.get_stackid(black_box(k.queries.get(cursor)), 0) != Ok(id) {
                 lost += 1;
             }
-            cursor = if cursor + 1 == stored.len() {
+            cursor = if cursor + 1 == k.ids.len() {
                 0
             } else {
                 cursor + 1
@@ -257,14 +272,35 @@ fn measure(
         }
         assert_eq!(lost, 0, "a stored stack must keep its id");
         BATCH as u64
-    });
+    })
+}
+
+/// Times every kept map's re-offering loop in turns; each one's records.
+fn measure(ctx: &Ctx, kept: &[Kept], n: usize, c: &str) -> Vec<Record> {
+    // The maps of the previous load may still be being freed.
+    settle_reaper();
+    let rates = {
+        let mut loops: Vec<_> = kept.iter().map(reoffer).collect();
+        rate_samples_interleaved(ctx.plan(), &mut loops)
+    };
     let suite = ctx.suite();
-    vec![
-        Record::stats(suite, c, name, &STACKIDS_PER_SEC, s),
-        Record::single(suite, c, name, &COLLISION_RATE, collision_rate),
-        Record::single(suite, c, name, &STACK_COLLISIONS, exists as f64),
-        Record::single(suite, c, name, &MEM_REPORTED, map.memory_usage() as f64),
-    ]
+    let mut recs = Vec::new();
+    for (k, samples) in kept.iter().zip(rates) {
+        let name = k.name;
+        recs.extend([
+            Record::stats(
+                suite,
+                c,
+                name,
+                &STACKIDS_PER_SEC,
+                Stats::from_samples(&samples),
+            ),
+            Record::single(suite, c, name, &COLLISION_RATE, k.exists as f64 / n as f64),
+            Record::single(suite, c, name, &STACK_COLLISIONS, k.exists as f64),
+            Record::single(suite, c, name, &MEM_REPORTED, k.map.memory_usage() as f64),
+        ]);
+    }
+    recs
 }
 
 impl Suite for StackMap {
@@ -290,7 +326,12 @@ impl Suite for StackMap {
          `siphash` SipHash-1-3 with a random key per map (its rate varies \
          run to run by about the theory's spread). `stackids_per_sec` is \
          `get_stackid` re-offering the stored stacks in a shuffled order: \
-         hash, bucket load and frame compare, the profiler's hot path."
+         hash, bucket load and frame compare, the profiler's hot path. At \
+         each load the three maps are filled first and kept; then their \
+         `get_stackid` loops are timed in turns (interleaved): one \
+         repetition of each hash at a time, the one going first rotating, \
+         each turn after an untimed quarter-length warm-up of its own, so \
+         that load drifting on the machine falls on all of them alike."
     }
 
     fn baseline(&self) -> &'static str {
@@ -303,19 +344,14 @@ impl Suite for StackMap {
 
     fn run(&self, ctx: &Ctx) -> Vec<Record> {
         let opts: Opts = ctx.options();
-        let mut loads = if !opts.loads.is_empty() {
-            opts.loads
-        } else if ctx.quick() {
-            vec![50, 80]
-        } else {
-            vec![10, 25, 50, 80, 100]
-        };
+        let mut loads = ctx.list_or(opts.loads, &[50, 80], &[10, 25, 50, 80, 100]);
         loads.sort_unstable();
         loads.dedup();
         let buckets = 1usize << opts.buckets_log2;
         let offered = |load: u32| buckets * load as usize / 100;
         let most = loads.iter().map(|&l| offered(l)).max().unwrap_or(0);
-        ctx.set_steps((loads.len() * HASHES.len()) as u64);
+        // Per load: each hash's map filled, then the timing.
+        ctx.set_steps((loads.len() * (HASHES.len() + 1)) as u64);
 
         let start = std::time::Instant::now();
         let stacks = Stacks::generate(most, opts.seed);
@@ -333,11 +369,18 @@ impl Suite for StackMap {
                 continue;
             }
             let c = case_of(buckets, load);
-            let mut recs = Vec::new();
-            for (hash, name) in HASHES {
-                recs.extend(measure(ctx, &stacks, n, buckets, hash, name, &c));
-                ctx.step();
-            }
+            // Every hash's map filled and kept, then their get_stackid
+            // loops timed in turns.
+            let kept: Vec<Kept> = HASHES
+                .iter()
+                .map(|&(hash, name)| {
+                    let k = fill(&stacks, n, buckets, hash, name);
+                    ctx.step();
+                    k
+                })
+                .collect();
+            let mut recs = measure(ctx, &kept, n, &c);
+            ctx.step();
             let (expected, _) = uniform_collisions(n, buckets);
             recs.push(Record::single(
                 ctx.suite(),
@@ -473,6 +516,22 @@ mod tests {
             // Outermost frame last: a root's call site.
             let root = (s[s.len() - 1] - TEXT_BASE) / FN_SIZE;
             assert!(root < u64::from(ROOTS));
+        }
+    }
+
+    #[test]
+    fn kept_maps_reoffer_their_stored_stacks() {
+        let stacks = Stacks::generate(300, 3);
+        for (hash, name) in HASHES {
+            // 300 stacks in 256 buckets: some are lost.
+            let k = fill(&stacks, 300, 256, hash, name);
+            assert!(k.exists > 0 && k.ids.len() + k.exists as usize == 300);
+            assert_eq!(k.queries.len(), k.ids.len());
+            let mut lp = reoffer(&k);
+            // More calls than stored stacks: the loop wraps around.
+            for _ in 0..2 {
+                assert_eq!(lp(), BATCH as u64);
+            }
         }
     }
 
