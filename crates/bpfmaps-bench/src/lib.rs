@@ -50,4 +50,4 @@ pub mod suites;
 pub mod table;
 
 pub use record::{Metric, Record};
-pub use suite::{Ctx, RunOptions, Suite};
+pub use suite::{Ctx, DynSuite, RunOptions, Suite};

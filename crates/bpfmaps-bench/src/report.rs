@@ -15,12 +15,12 @@ use std::time::Duration;
 use crate::machine::Machine;
 use crate::plot::render_svg;
 use crate::record::{Record, find, metric};
-use crate::suite::{Suite, SuiteRun, fmt_bytes, speed_vs};
+use crate::suite::{DynSuite, SuiteRun, fmt_bytes, speed_vs};
 
 /// Everything a report is made from.
 pub struct ReportInput<'a> {
     /// Suites in run order with what they produced.
-    pub runs: Vec<(&'a dyn Suite, SuiteRun)>,
+    pub runs: Vec<(&'a dyn DynSuite, SuiteRun)>,
     /// Where and when.
     pub machine: Machine,
     /// Whether suites ran in quick mode.
@@ -102,7 +102,7 @@ pub fn write(dir: &Path, input: &ReportInput<'_>) -> io::Result<()> {
 }
 
 /// One pivot table per metric, inside a collapsible block.
-fn all_results(suite: &dyn Suite, records: &[Record]) -> String {
+fn all_results(suite: &dyn DynSuite, records: &[Record]) -> String {
     let mut out = format!(
         "<details><summary>All {} results of {}</summary>\n\n",
         records.len(),

@@ -14,7 +14,7 @@ use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use clap::{ArgMatches, Command, FromArgMatches};
+use clap::{ArgMatches, Args, Command, FromArgMatches};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 
 use crate::measure::Plan;
@@ -28,23 +28,21 @@ use crate::table::Table;
 pub const BATCH: usize = 256;
 
 /// One benchmark question: a name, options, a run, and how to present it.
+/// Suites are listed in [`crate::suites::ALL`] as [`DynSuite`]s.
 pub trait Suite: Sync {
+    /// The suite's own options: a clap `Args` struct whose options all
+    /// have defaults (`report` runs every suite with them).
+    type Opts: Args + FromArgMatches;
     /// Subcommand name (`hashfn`, `hash-sweep`, ...).
-    fn name(&self) -> &'static str;
+    const NAME: &'static str;
     /// One line for `--help` and the report.
-    fn about(&self) -> &'static str;
+    const ABOUT: &'static str;
     /// What the suite varies and holds fixed, for the report (Markdown).
-    fn describe(&self) -> &'static str {
-        ""
-    }
+    const DESCRIBE: &'static str;
     /// The implementation the others are compared with.
-    fn baseline(&self) -> &'static str;
-    /// Adds the suite's own options (usually `Opts::augment_args(cmd)`).
-    fn args(&self, cmd: Command) -> Command {
-        cmd
-    }
+    const BASELINE: &'static str;
     /// Runs the suite, printing through `ctx` as it goes.
-    fn run(&self, ctx: &Ctx) -> Vec<Record>;
+    fn run(&self, ctx: &Ctx, opts: Self::Opts) -> Vec<Record>;
     /// Derived tables (ratios), built from records alone.
     fn summaries(&self, _records: &[Record]) -> Vec<Table> {
         Vec::new()
@@ -52,6 +50,55 @@ pub trait Suite: Sync {
     /// Charts, built from records alone.
     fn plots(&self, _records: &[Record]) -> Vec<LinePlot> {
         Vec::new()
+    }
+}
+
+/// A [`Suite`] behind one type, for the list of suites, the CLI and the
+/// report.
+pub trait DynSuite: Sync {
+    /// [`Suite::NAME`].
+    fn name(&self) -> &'static str;
+    /// [`Suite::ABOUT`].
+    fn about(&self) -> &'static str;
+    /// [`Suite::DESCRIBE`].
+    fn describe(&self) -> &'static str;
+    /// [`Suite::BASELINE`].
+    fn baseline(&self) -> &'static str;
+    /// Adds the suite's own options to its subcommand.
+    fn args(&self, cmd: Command) -> Command;
+    /// Parses the suite's options from `ctx` and runs it.
+    fn run(&self, ctx: &Ctx) -> Vec<Record>;
+    /// [`Suite::summaries`].
+    fn summaries(&self, records: &[Record]) -> Vec<Table>;
+    /// [`Suite::plots`].
+    fn plots(&self, records: &[Record]) -> Vec<LinePlot>;
+}
+
+impl<S: Suite> DynSuite for S {
+    fn name(&self) -> &'static str {
+        S::NAME
+    }
+    fn about(&self) -> &'static str {
+        S::ABOUT
+    }
+    fn describe(&self) -> &'static str {
+        S::DESCRIBE
+    }
+    fn baseline(&self) -> &'static str {
+        S::BASELINE
+    }
+    fn args(&self, cmd: Command) -> Command {
+        S::Opts::augment_args(cmd)
+    }
+    fn run(&self, ctx: &Ctx) -> Vec<Record> {
+        let opts = S::Opts::from_arg_matches(&ctx.matches).unwrap_or_else(|e| e.exit());
+        Suite::run(self, ctx, opts)
+    }
+    fn summaries(&self, records: &[Record]) -> Vec<Table> {
+        Suite::summaries(self, records)
+    }
+    fn plots(&self, records: &[Record]) -> Vec<LinePlot> {
+        Suite::plots(self, records)
     }
 }
 
@@ -116,7 +163,7 @@ pub struct Ctx {
 
 impl Ctx {
     /// A context for `suite` with parsed suite options `matches`.
-    pub fn new(suite: &dyn Suite, opts: RunOptions, matches: ArgMatches) -> Ctx {
+    pub fn new(suite: &dyn DynSuite, opts: RunOptions, matches: ArgMatches) -> Ctx {
         Ctx {
             suite: suite.name(),
             baseline: suite.baseline(),
@@ -172,12 +219,6 @@ impl Ctx {
     pub fn data_file(&self, rel: &str) -> Option<PathBuf> {
         let p = self.opts.data_dir.join(rel);
         p.exists().then_some(p)
-    }
-
-    /// The suite's own options, parsed from the command line (defaults when
-    /// run from `report`).
-    pub fn options<T: FromArgMatches>(&self) -> T {
-        T::from_arg_matches(&self.matches).unwrap_or_else(|e| e.exit())
     }
 
     /// Sets the number of steps the progress bar counts to.
@@ -311,7 +352,7 @@ pub struct SuiteRun {
 
 /// Parses a suite's options with no arguments (all defaults), as `report`
 /// runs suites.
-pub fn default_matches(suite: &dyn Suite) -> ArgMatches {
+pub fn default_matches(suite: &dyn DynSuite) -> ArgMatches {
     suite
         .args(Command::new(suite.name()).no_binary_name(true))
         .try_get_matches_from(Vec::<String>::new())
@@ -319,7 +360,7 @@ pub fn default_matches(suite: &dyn Suite) -> ArgMatches {
 }
 
 /// Runs `suite`: a header, the records as they come, then the summaries.
-pub fn run_suite(suite: &dyn Suite, opts: RunOptions, matches: ArgMatches) -> SuiteRun {
+pub fn run_suite(suite: &dyn DynSuite, opts: RunOptions, matches: ArgMatches) -> SuiteRun {
     let mode = if opts.quick { "quick" } else { "full" };
     println!(
         "== {}: {} ({mode}; ratio = speed vs {} in the same case, >1 is faster)",

@@ -28,7 +28,7 @@ use std::hint::black_box;
 use bpfmaps::bloom::{BloomFilter, BloomHash};
 use bpfmaps::hashtab::HashMap;
 use bpfmaps::{BPF_NOEXIST, Map};
-use clap::{Args, Command, value_parser};
+use clap::{Args, value_parser};
 use rand::rngs::StdRng;
 use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
@@ -49,7 +49,7 @@ pub struct Bloom;
 
 /// `bloom` options; empty lists mean the defaults for the mode.
 #[derive(Debug, Args)]
-struct Opts {
+pub struct Opts {
     /// Entries in the map and the filter [quick: 10000,1000000; full: 10000,100000,1000000].
     #[arg(long, value_delimiter = ',')]
     entries: Vec<u32>,
@@ -290,16 +290,12 @@ impl Cell<'_> {
 }
 
 impl Suite for Bloom {
-    fn name(&self) -> &'static str {
-        "bloom"
-    }
+    type Opts = Opts;
+    const NAME: &'static str = "bloom";
+    const ABOUT: &'static str =
+        "HashMap lookups/s of mostly absent keys with and without a BloomFilter in front";
 
-    fn about(&self) -> &'static str {
-        "HashMap lookups/s of mostly absent keys with and without a BloomFilter in front"
-    }
-
-    fn describe(&self) -> &'static str {
-        "The kernel's `bench_bloom_filter_map.c` hashmap-with/without-bloom \
+    const DESCRIBE: &'static str = "The kernel's `bench_bloom_filter_map.c` hashmap-with/without-bloom \
          question, on generated data: a full `HashMap` (default options) of N \
          kernel-bench keys and 8-byte values, and a `BloomFilter` of the same \
          keys sized for N with 5 hash functions. As in the kernel bench the \
@@ -316,19 +312,11 @@ impl Suite for Bloom {
          on the machine falls on all of them alike. `fpp` is the \
          measured false-positive rate (map misses after a maybe, per absent \
          key); memory of a bloom row is the filter's alone (counting \
-         allocator; `reported` is `memory_usage()`)."
-    }
+         allocator; `reported` is `memory_usage()`).";
 
-    fn baseline(&self) -> &'static str {
-        HASHMAP
-    }
+    const BASELINE: &'static str = HASHMAP;
 
-    fn args(&self, cmd: Command) -> Command {
-        Opts::augment_args(cmd)
-    }
-
-    fn run(&self, ctx: &Ctx) -> Vec<Record> {
-        let opts: Opts = ctx.options();
+    fn run(&self, ctx: &Ctx, opts: Opts) -> Vec<Record> {
         let entries = ctx.list_or(
             opts.entries,
             &[10_000, 1_000_000],

@@ -18,7 +18,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use bpfmaps::HashPolicy;
-use clap::{Args, Command};
+use clap::Args;
 
 use crate::hash_impls::{HashImpl, Probes, ReadCounts, hash_impl};
 use crate::hasher::PolicyBuildHasher;
@@ -39,7 +39,7 @@ pub struct Concurrency;
 
 /// `concurrency` options.
 #[derive(Debug, Args)]
-struct Opts {
+pub struct Opts {
     /// Entries in the map (all present at the start).
     #[arg(long, default_value_t = 100_000)]
     entries: u32,
@@ -208,16 +208,12 @@ fn measure(
 }
 
 impl Suite for Concurrency {
-    fn name(&self) -> &'static str {
-        "concurrency"
-    }
+    type Opts = Opts;
+    const NAME: &'static str = "concurrency";
+    const ABOUT: &'static str =
+        "lookups/s with 1-2 readers under a busy writer, bpfmaps HashMap vs dashmap";
 
-    fn about(&self) -> &'static str {
-        "lookups/s with 1-2 readers under a busy writer, bpfmaps HashMap vs dashmap"
-    }
-
-    fn describe(&self) -> &'static str {
-        "100K entries, 16-byte kernel-bench keys, 8-byte values, both maps \
+    const DESCRIBE: &'static str = "100K entries, 16-byte kernel-bench keys, 8-byte values, both maps \
          hashing with the same policy and seed. One writer thread loops over \
          the keys: 7 of 8 operations are updates (`BPF_ANY`) to a new value, \
          the 8th a delete and a reinsert. Readers look up every key in a \
@@ -227,19 +223,11 @@ impl Suite for Concurrency {
          `lookups_per_sec` is summed over readers; with 2 readers and the \
          writer there are 3 busy threads, more than a 2-core machine has, so \
          the scheduler decides much of it: `lookups_per_cpu_sec` divides by \
-         the readers' own CPU time instead."
-    }
+         the readers' own CPU time instead.";
 
-    fn baseline(&self) -> &'static str {
-        "dashmap"
-    }
+    const BASELINE: &'static str = "dashmap";
 
-    fn args(&self, cmd: Command) -> Command {
-        Opts::augment_args(cmd)
-    }
-
-    fn run(&self, ctx: &Ctx) -> Vec<Record> {
-        let opts: Opts = ctx.options();
+    fn run(&self, ctx: &Ctx, opts: Opts) -> Vec<Record> {
         let duration =
             Duration::from_millis(
                 opts.duration_ms

@@ -13,7 +13,7 @@
 //! loops that shared the machine's good and bad seconds alike.
 
 use bpfmaps::HashPolicy;
-use clap::{Args, Command};
+use clap::Args;
 
 use crate::alloc::MemProbe;
 use crate::hash_impls::{HashEntry, HashImpl, Probes, hash_impl, hash_impls};
@@ -32,7 +32,7 @@ pub struct HashSweep;
 
 /// `hash-sweep` options; empty lists mean the defaults for the mode.
 #[derive(Debug, Args)]
-struct Opts {
+pub struct Opts {
     /// `max_entries` values [quick: 100000; full: 10000,100000].
     #[arg(long, value_delimiter = ',')]
     entries: Vec<u32>,
@@ -198,16 +198,11 @@ impl Cell<'_> {
 }
 
 impl Suite for HashSweep {
-    fn name(&self) -> &'static str {
-        "hash-sweep"
-    }
+    type Opts = Opts;
+    const NAME: &'static str = "hash-sweep";
+    const ABOUT: &'static str = "HashMap lookups/s per hash policy, key size and fullness, vs std/hashbrown/dashmap at equal hash";
 
-    fn about(&self) -> &'static str {
-        "HashMap lookups/s per hash policy, key size and fullness, vs std/hashbrown/dashmap at equal hash"
-    }
-
-    fn describe(&self) -> &'static str {
-        "Keys are the kernel benches' (word 0 = i+1, other words = \
+    const DESCRIBE: &'static str = "Keys are the kernel benches' (word 0 = i+1, other words = \
          2654435761*i, truncated for sizes not a multiple of 4); value size 8; \
          every lookup hits, in a shuffled order. bpfmaps is timed at each \
          fullness level (k/16 of `max_entries`), its policies in interleaved \
@@ -221,19 +216,11 @@ impl Suite for HashSweep {
          with the same policy and seed through a `BuildHasher`, so the \
          comparison is between table designs at equal hash, and are sized up \
          front. Memory is measured by the counting allocator after building; \
-         `reported` is the map's `memory_usage()`."
-    }
+         `reported` is the map's `memory_usage()`.";
 
-    fn baseline(&self) -> &'static str {
-        "bpfmaps(jhash)"
-    }
+    const BASELINE: &'static str = "bpfmaps(jhash)";
 
-    fn args(&self, cmd: Command) -> Command {
-        Opts::augment_args(cmd)
-    }
-
-    fn run(&self, ctx: &Ctx) -> Vec<Record> {
-        let opts: Opts = ctx.options();
+    fn run(&self, ctx: &Ctx, opts: Opts) -> Vec<Record> {
         let entries = ctx.list_or(opts.entries, &[100_000], &[10_000, 100_000]);
         let key_sizes = ctx.list_or(
             opts.key_sizes,

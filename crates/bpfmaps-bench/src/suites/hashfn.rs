@@ -9,7 +9,7 @@ use std::hint::black_box;
 
 use bpfmaps::HashPolicy;
 use bpfmaps::hash::{jhash, kernel_htab_hash, xxh3};
-use clap::{Args, Command};
+use clap::Args;
 
 use crate::keys::KeySet;
 use crate::measure::rate_samples_interleaved;
@@ -24,7 +24,7 @@ pub struct HashFn;
 
 /// `hashfn` options.
 #[derive(Debug, Args)]
-struct Opts {
+pub struct Opts {
     /// Key sizes to measure (comma-separated); default: 1..=64 then up to 512.
     #[arg(long, value_delimiter = ',')]
     sizes: Vec<usize>,
@@ -82,16 +82,12 @@ fn hash_loop<'a>(keys: &'a KeySet, f: impl Fn(&[u8], u32) -> u32 + 'a) -> HashLo
 }
 
 impl Suite for HashFn {
-    fn name(&self) -> &'static str {
-        "hashfn"
-    }
+    type Opts = Opts;
+    const NAME: &'static str = "hashfn";
+    const ABOUT: &'static str =
+        "ns per hash call vs key size: kernel jhash, plain jhash, xxh3, hybrid";
 
-    fn about(&self) -> &'static str {
-        "ns per hash call vs key size: kernel jhash, plain jhash, xxh3, hybrid"
-    }
-
-    fn describe(&self) -> &'static str {
-        "Each function hashes 64 kernel-bench keys of one size in rotation \
+    const DESCRIBE: &'static str = "Each function hashes 64 kernel-bench keys of one size in rotation \
          (independent calls, so this is throughput). `jhash` is the kernel's \
          `htab_map_hash()`: `jhash2` over words when the size is a multiple of \
          4, else `jhash` over bytes; `jhash-bytes` is plain `jhash`; `hybrid` \
@@ -101,19 +97,11 @@ impl Suite for HashFn {
          (interleaved): one repetition of each function at a time, the one \
          going first rotating, each turn after an untimed quarter-length \
          warm-up of its own, so that load drifting on the machine falls on \
-         all of them alike."
-    }
+         all of them alike.";
 
-    fn baseline(&self) -> &'static str {
-        "jhash"
-    }
+    const BASELINE: &'static str = "jhash";
 
-    fn args(&self, cmd: Command) -> Command {
-        Opts::augment_args(cmd)
-    }
-
-    fn run(&self, ctx: &Ctx) -> Vec<Record> {
-        let opts: Opts = ctx.options();
+    fn run(&self, ctx: &Ctx, opts: Opts) -> Vec<Record> {
         let sizes = ctx.list_or(opts.sizes, &default_sizes(true), &default_sizes(false));
         ctx.set_steps(sizes.len() as u64);
         let plan = ctx.plan().scaled(0.4);
@@ -128,7 +116,7 @@ impl Suite for HashFn {
                 .zip(rates)
                 .map(|((name, _), samples)| {
                     Record::stats(
-                        self.name(),
+                        Self::NAME,
                         &c,
                         name,
                         &NS_PER_HASH,
@@ -216,6 +204,6 @@ mod tests {
             );
             assert_eq!(make(&keys)(), BATCH as u64, "{name}");
         }
-        assert_eq!(FUNCTIONS[0].0, HashFn.baseline());
+        assert_eq!(FUNCTIONS[0].0, HashFn::BASELINE);
     }
 }

@@ -14,7 +14,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use bpfmaps::lpm::LpmTrie;
-use clap::{Args, Command};
+use clap::Args;
 
 use crate::lpm_tables::{BATCH, LpmStep, LpmTable, Role, build, each_lpm, lpm_names, roles};
 use crate::measure::{in_turns, thread_cpu_time};
@@ -32,7 +32,7 @@ pub struct LpmFree;
 
 /// `lpm-free` options.
 #[derive(Debug, Args)]
-struct Opts {
+pub struct Opts {
     /// Prefixes in the map that is freed.
     #[arg(long, default_value_t = 1_000_000)]
     entries: usize,
@@ -282,16 +282,11 @@ impl Free<'_> {
 }
 
 impl Suite for LpmFree {
-    fn name(&self) -> &'static str {
-        "lpm-free"
-    }
+    type Opts = Opts;
+    const NAME: &'static str = "lpm-free";
+    const ABOUT: &'static str = "time to free a map of 1M prefixes (drop, clear) and the longest stall of a concurrent reader";
 
-    fn about(&self) -> &'static str {
-        "time to free a map of 1M prefixes (drop, clear) and the longest stall of a concurrent reader"
-    }
-
-    fn describe(&self) -> &'static str {
-        "A map of 1M IPv4 prefixes (the real table in a fixed shuffled order, \
+    const DESCRIBE: &'static str = "A map of 1M IPv4 prefixes (the real table in a fixed shuffled order, \
          topped up from the RIS AS3333 table; generated /8-/32 prefixes if the \
          data is absent) with u32 values is built (untimed) and freed on the \
          main thread: `drop` (bpfmaps and the kernel port) or `clear()` \
@@ -312,19 +307,11 @@ impl Suite for LpmFree {
          the CPU (its thread CPU time, read once per 256 lookups, against the \
          wall time). The implementations' `drop` repetitions run in turns \
          (one of each at a time, the first rotating). Targets: free under \
-         50 ms, no stall over 1 ms."
-    }
+         50 ms, no stall over 1 ms.";
 
-    fn baseline(&self) -> &'static str {
-        "kernel"
-    }
+    const BASELINE: &'static str = "kernel";
 
-    fn args(&self, cmd: Command) -> Command {
-        Opts::augment_args(cmd)
-    }
-
-    fn run(&self, ctx: &Ctx) -> Vec<Record> {
-        let opts: Opts = ctx.options();
+    fn run(&self, ctx: &Ctx, opts: Opts) -> Vec<Record> {
         let set = ipv4_prefixes(ctx, opts.entries.max(1));
         ctx.note(&format!("lpm-free: prefixes: {}", set.source));
         let n = set.prefixes.len();

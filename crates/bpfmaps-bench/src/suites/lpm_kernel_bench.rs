@@ -16,7 +16,7 @@
 
 use std::time::Duration;
 
-use clap::{Args, Command};
+use clap::Args;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
@@ -38,7 +38,7 @@ pub struct LpmKernelBench;
 
 /// `lpm-kernel-bench` options.
 #[derive(Debug, Args)]
-struct Opts {
+pub struct Opts {
     /// Entries: dense /32 keys 0..N.
     #[arg(long, default_value_t = 10_000)]
     entries: u32,
@@ -284,16 +284,11 @@ impl Bench<'_> {
 }
 
 impl Suite for LpmKernelBench {
-    fn name(&self) -> &'static str {
-        "lpm-kernel-bench"
-    }
+    type Opts = Opts;
+    const NAME: &'static str = "lpm-kernel-bench";
+    const ABOUT: &'static str = "the kernel's LPM bench shape (10K dense /32 keys): lookup, update, delete+insert, free; bpfmaps vs the kernel port";
 
-    fn about(&self) -> &'static str {
-        "the kernel's LPM bench shape (10K dense /32 keys): lookup, update, delete+insert, free; bpfmaps vs the kernel port"
-    }
-
-    fn describe(&self) -> &'static str {
-        "The shape of `tools/testing/selftests/bpf/benchs/bench_lpm_trie_map.c`: \
+    const DESCRIBE: &'static str = "The shape of `tools/testing/selftests/bpf/benchs/bench_lpm_trie_map.c`: \
          N = 10,000 dense /32 keys `0..N` (IPv4 data = the number as 4 bytes \
          big-endian), u32 values, one thread. `lookup`: 65,536 random keys in \
          `0..N`, the same for every implementation, one guard per 256 lookups \
@@ -308,19 +303,11 @@ impl Suite for LpmKernelBench {
          The peers `prefix-trie` and `ip_network_table` run the lookups only. \
          Every implementation is built first; then each operation is timed \
          in turns (one repetition of each implementation at a time, the \
-         first rotating)."
-    }
+         first rotating).";
 
-    fn baseline(&self) -> &'static str {
-        "kernel"
-    }
+    const BASELINE: &'static str = "kernel";
 
-    fn args(&self, cmd: Command) -> Command {
-        Opts::augment_args(cmd)
-    }
-
-    fn run(&self, ctx: &Ctx) -> Vec<Record> {
-        let opts: Opts = ctx.options();
+    fn run(&self, ctx: &Ctx, opts: Opts) -> Vec<Record> {
         let n = opts.entries.max(1);
         let keys: Vec<Prefix<V4>> = (0..n).map(key).collect();
         let mut rng = StdRng::seed_from_u64(SEED);

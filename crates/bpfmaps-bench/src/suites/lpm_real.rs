@@ -12,7 +12,7 @@
 //! (one repetition of each at a time), so that machine load drifting over
 //! the run does not favour whichever ran in the quiet seconds.
 
-use clap::{Args, Command};
+use clap::Args;
 
 use crate::lpm_tables::{
     ALL_ROLES, Answers, AnyLpm, BATCH, LpmStep, LpmTable, Role, build, check_agreement, each_lpm,
@@ -36,7 +36,7 @@ pub struct LpmReal;
 
 /// `lpm-real` options.
 #[derive(Debug, Args)]
-struct Opts {
+pub struct Opts {
     /// Lookup addresses per set (rounded up to whole batches of 256).
     #[arg(long, default_value_t = 1 << 20)]
     addrs: usize,
@@ -217,16 +217,11 @@ fn family<F: Family>(
 }
 
 impl Suite for LpmReal {
-    fn name(&self) -> &'static str {
-        "lpm-real"
-    }
+    type Opts = Opts;
+    const NAME: &'static str = "lpm-real";
+    const ABOUT: &'static str = "the full real IPv4/IPv6 tables: build ms, bytes per prefix, lookups/s (random and inside addresses)";
 
-    fn about(&self) -> &'static str {
-        "the full real IPv4/IPv6 tables: build ms, bytes per prefix, lookups/s (random and inside addresses)"
-    }
-
-    fn describe(&self) -> &'static str {
-        "The whole real table, IPv4 (`lpm/prefixes_ipv4.txt.gz`, 901,899 \
+    const DESCRIBE: &'static str = "The whole real table, IPv4 (`lpm/prefixes_ipv4.txt.gz`, 901,899 \
          prefixes) and IPv6 (`lpm/prefixes_ipv6.txt.gz`, 160,147), each built \
          by inserting every prefix in file order (sorted by address) with u32 \
          values; if a file is absent the run says so and uses generated \
@@ -251,19 +246,11 @@ impl Suite for LpmReal {
          timed in turns (interleaved): one repetition of each implementation \
          at a time, the one going first rotating, each turn after an untimed \
          quarter-length warm-up of its own, so that load drifting on the \
-         machine falls on all of them alike."
-    }
+         machine falls on all of them alike.";
 
-    fn baseline(&self) -> &'static str {
-        "kernel"
-    }
+    const BASELINE: &'static str = "kernel";
 
-    fn args(&self, cmd: Command) -> Command {
-        Opts::augment_args(cmd)
-    }
-
-    fn run(&self, ctx: &Ctx) -> Vec<Record> {
-        let opts: Opts = ctx.options();
+    fn run(&self, ctx: &Ctx, opts: Opts) -> Vec<Record> {
         let impls = lpm_names(if opts.no_peers {
             &ALL_ROLES[..3]
         } else {

@@ -10,7 +10,7 @@
 //! implementation is built first and kept; their lookups are then timed in
 //! turns (one repetition of each at a time).
 
-use clap::{Args, Command};
+use clap::Args;
 
 use crate::lpm_tables::{
     Answers, AnyLpm, BATCH, LpmStep, LpmTable, build, check_agreement, each_lpm, lpm_names, roles,
@@ -32,7 +32,7 @@ pub struct LpmScale;
 
 /// `lpm-scale` options.
 #[derive(Debug, Args)]
-struct Opts {
+pub struct Opts {
     /// Entry counts [quick: 1,10000,1000000; full: 1,100,10000,100000,500000,1000000].
     #[arg(long, value_delimiter = ',')]
     entries: Vec<usize>,
@@ -148,16 +148,12 @@ impl Scale<'_> {
 }
 
 impl Suite for LpmScale {
-    fn name(&self) -> &'static str {
-        "lpm-scale"
-    }
+    type Opts = Opts;
+    const NAME: &'static str = "lpm-scale";
+    const ABOUT: &'static str =
+        "LPM lookup ns and bytes per prefix vs prefixes stored (1 to 1M real IPv4 prefixes)";
 
-    fn about(&self) -> &'static str {
-        "LPM lookup ns and bytes per prefix vs prefixes stored (1 to 1M real IPv4 prefixes)"
-    }
-
-    fn describe(&self) -> &'static str {
-        "The first N prefixes of the real IPv4 table (`lpm/prefixes_ipv4.txt.gz`, \
+    const DESCRIBE: &'static str = "The first N prefixes of the real IPv4 table (`lpm/prefixes_ipv4.txt.gz`, \
          901,899 prefixes) in a fixed shuffled order; past 901,899 the set is \
          topped up with the prefixes of the RIS AS3333 table \
          (`lpm/ris/ris_as3333_initial_ipv4.txt.gz`) not already in it, and with \
@@ -177,19 +173,11 @@ impl Suite for LpmScale {
          afterwards (counting allocator) per prefix; `reported` is \
          `memory_usage()` per prefix. At tiny N memory per prefix is the \
          structure's fixed cost (bpfmaps' first 4 KiB arena chunk and its route table), give or \
-         take a few dozen bytes of the epoch collector's own bookkeeping."
-    }
+         take a few dozen bytes of the epoch collector's own bookkeeping.";
 
-    fn baseline(&self) -> &'static str {
-        "kernel"
-    }
+    const BASELINE: &'static str = "kernel";
 
-    fn args(&self, cmd: Command) -> Command {
-        Opts::augment_args(cmd)
-    }
-
-    fn run(&self, ctx: &Ctx) -> Vec<Record> {
-        let opts: Opts = ctx.options();
+    fn run(&self, ctx: &Ctx, opts: Opts) -> Vec<Record> {
         let mut entries = if !opts.entries.is_empty() {
             opts.entries
         } else if ctx.quick() {

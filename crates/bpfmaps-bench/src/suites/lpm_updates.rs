@@ -13,7 +13,7 @@ use std::sync::Barrier;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
 
-use clap::{Args, Command};
+use clap::Args;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
@@ -38,7 +38,7 @@ pub struct LpmUpdates;
 
 /// `lpm-updates` options.
 #[derive(Debug, Args)]
-struct Opts {
+pub struct Opts {
     /// Mutations to replay from the start of the trace [quick: 300000; full: all].
     #[arg(long)]
     mutations: Option<usize>,
@@ -332,16 +332,12 @@ impl Replay<'_> {
 }
 
 impl Suite for LpmUpdates {
-    fn name(&self) -> &'static str {
-        "lpm-updates"
-    }
+    type Opts = Opts;
+    const NAME: &'static str = "lpm-updates";
+    const ABOUT: &'static str =
+        "replay of a real day of BGP updates: updates/s alone and with one concurrent reader";
 
-    fn about(&self) -> &'static str {
-        "replay of a real day of BGP updates: updates/s alone and with one concurrent reader"
-    }
-
-    fn describe(&self) -> &'static str {
-        "The RIPE RIS trace of peer 193.0.0.56 (AS3333) on 2026-05-11: the \
+    const DESCRIBE: &'static str = "The RIPE RIS trace of peer 193.0.0.56 (AS3333) on 2026-05-11: the \
          initial IPv4 table (`lpm/ris/ris_as3333_initial_ipv4.txt.gz`, 1,042,325 \
          prefixes) is loaded (untimed here; `build_ms` reports it), then the \
          day's mutations (`..._mutations_ipv4.txt.gz`, 1,393,421: 1,355,568 \
@@ -356,19 +352,11 @@ impl Suite for LpmUpdates {
          repetition replays onto a freshly built table, the implementations \
          in turns (one replay of each per repetition, the first rotating). \
          Afterwards every table must answer the same lookups as the kernel \
-         port's and hold as many prefixes."
-    }
+         port's and hold as many prefixes.";
 
-    fn baseline(&self) -> &'static str {
-        "kernel"
-    }
+    const BASELINE: &'static str = "kernel";
 
-    fn args(&self, cmd: Command) -> Command {
-        Opts::augment_args(cmd)
-    }
-
-    fn run(&self, ctx: &Ctx) -> Vec<Record> {
-        let opts: Opts = ctx.options();
+    fn run(&self, ctx: &Ctx, opts: Opts) -> Vec<Record> {
         let limit = opts
             .mutations
             .or(if ctx.quick() { Some(300_000) } else { None });

@@ -8,7 +8,7 @@
 
 use bpfmaps::HashPolicy;
 
-use crate::suite::Suite;
+use crate::suite::DynSuite;
 
 mod bloom;
 mod concurrency;
@@ -23,7 +23,7 @@ mod lpm_updates;
 mod stackmap;
 
 /// Every suite, in the order `report` runs them.
-pub const ALL: &[&dyn Suite] = &[
+pub const ALL: &[&dyn DynSuite] = &[
     &hashfn::HashFn,
     &hash_sweep::HashSweep,
     &concurrency::Concurrency,
@@ -37,7 +37,7 @@ pub const ALL: &[&dyn Suite] = &[
 ];
 
 /// The suite named `name`.
-pub fn by_name(name: &str) -> Option<&'static dyn Suite> {
+pub fn by_name(name: &str) -> Option<&'static dyn DynSuite> {
     ALL.iter().copied().find(|s| s.name() == name)
 }
 

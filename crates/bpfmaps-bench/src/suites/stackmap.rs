@@ -24,7 +24,7 @@ use std::ops::RangeInclusive;
 
 use bpfmaps::stackmap::{StackHash, StackTraceMap};
 use bpfmaps::{Error, Map};
-use clap::{Args, Command, value_parser};
+use clap::{Args, value_parser};
 use rand::rngs::StdRng;
 use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
@@ -43,7 +43,7 @@ pub struct StackMap;
 
 /// `stackmap` options; an empty list means the defaults for the mode.
 #[derive(Debug, Args)]
-struct Opts {
+pub struct Opts {
     /// Buckets as a power of two: `max_entries` is 2^this.
     #[arg(long, default_value_t = 17, value_parser = value_parser!(u32).range(6..=22))]
     buckets_log2: u32,
@@ -304,16 +304,12 @@ fn measure(ctx: &Ctx, kept: &[Kept], n: usize, c: &str) -> Vec<Record> {
 }
 
 impl Suite for StackMap {
-    fn name(&self) -> &'static str {
-        "stackmap"
-    }
+    type Opts = Opts;
+    const NAME: &'static str = "stackmap";
+    const ABOUT: &'static str =
+        "StackTraceMap collision rate per stack hash vs a uniform hash, and get_stackid calls/s";
 
-    fn about(&self) -> &'static str {
-        "StackTraceMap collision rate per stack hash vs a uniform hash, and get_stackid calls/s"
-    }
-
-    fn describe(&self) -> &'static str {
-        "Generated stacks (no real profile needed): a random call graph of \
+    const DESCRIBE: &'static str = "Generated stacks (no real profile needed): a random call graph of \
          16384 functions 64 bytes apart from 0xffffffff81000000, 32 roots, \
          each function calling 4-16 others with hot paths favoured; a stack \
          is a walk of 5-40 frames from a root, return addresses of the call \
@@ -331,19 +327,11 @@ impl Suite for StackMap {
          `get_stackid` loops are timed in turns (interleaved): one \
          repetition of each hash at a time, the one going first rotating, \
          each turn after an untimed quarter-length warm-up of its own, so \
-         that load drifting on the machine falls on all of them alike."
-    }
+         that load drifting on the machine falls on all of them alike.";
 
-    fn baseline(&self) -> &'static str {
-        "jhash2"
-    }
+    const BASELINE: &'static str = "jhash2";
 
-    fn args(&self, cmd: Command) -> Command {
-        Opts::augment_args(cmd)
-    }
-
-    fn run(&self, ctx: &Ctx) -> Vec<Record> {
-        let opts: Opts = ctx.options();
+    fn run(&self, ctx: &Ctx, opts: Opts) -> Vec<Record> {
         let mut loads = ctx.list_or(opts.loads, &[50, 80], &[10, 25, 50, 80, 100]);
         loads.sort_unstable();
         loads.dedup();
