@@ -393,17 +393,13 @@ mod tests {
 
     #[test]
     fn values_format_like_the_kernel_bench() {
+        let samples = [12.2e6, 12.457e6, 12.345e6, 12.012e6, 12.4e6];
         let r = Record::stats(
             "s",
             "c",
             "i",
             &LOOKUPS_PER_SEC,
-            Stats {
-                median: 12.345e6,
-                min: 12.012e6,
-                max: 12.457e6,
-                n: 5,
-            },
+            Stats::from_samples(&samples),
         );
         assert_eq!(fmt_value(&r, true), " 12.345 [12.012..12.457] M ops/s");
         let m = Record::single("s", "c", "i", &MEM_BYTES_HELD, 4.2 * 1024.0 * 1024.0);
