@@ -8,16 +8,19 @@
 //! | `std` / `std[N]` | `std::collections::HashMap<Box<[u8]>, u64>` / `<[u8; N], u64>` | `get` |
 //! | `hashbrown` / `hashbrown[N]` | `hashbrown::HashMap`, likewise | `get` |
 //! | `dashmap` / `dashmap[N]` | `dashmap::DashMap` 6, likewise | `get` (a shard read lock per call) |
+//! | `judy` | JudyHS from libJudy (C), where `libjudy-dev` is installed ([`crate::native`]) | `JudyHSGet` |
 //!
 //! Peers hash with the same policy and seed as bpfmaps (a
 //! [`PolicyBuildHasher`]), so a comparison is between table designs at
-//! equal hash; they are sized for their keys up front, as preallocation
-//! does. The fixed-array variants (`[N]`) are what a user who knows the
+//! equal hash (except for the native `judy`, which hashes its own way);
+//! they are sized for their keys up front, as preallocation does. The
+//! fixed-array variants (`[N]`) are what a user who knows the
 //! key size writes, and the faster of each peer's two variants is the one
 //! the targets are compared with. Values are `id << 32 | generation`, so
 //! a reader can check that what it read was written for its key.
 //!
-//! Adding a peer: an impl of [`HashImpl`] and one line in [`hash_impls`].
+//! Adding a peer: an impl of [`HashImpl`] and one line in [`hash_impls`]
+//! (a native one under its `cfg`, see [`crate::native`]).
 
 use std::hint::black_box;
 
@@ -184,6 +187,12 @@ pub fn hash_impls(key_size: usize) -> Vec<HashEntry> {
             build: |_, n, h| Box::new(DashMap::<Box<[u8]>, u64, _>::with_capacity_and_hasher(n, h)),
         },
     ];
+    #[cfg(native_judy)]
+    v.push(HashEntry {
+        name: "judy",
+        peer: true,
+        build: |_, _, _| Box::new(crate::native::judy::JudyHs::new()),
+    });
     v.extend(fixed_array_impls(key_size));
     v
 }
@@ -345,6 +354,31 @@ impl SharedWrites for DashMap<Box<[u8]>, u64, PolicyBuildHasher> {
     }
 }
 
+/// JudyHS (`judy`), a C peer from `libjudy-dev`: not sized up front (it
+/// grows node by node), not concurrent. It takes no `BuildHasher`: it
+/// hashes keys longer than a word with its own 32-bit function (and
+/// decodes shorter ones directly), so its rows compare a different hash
+/// too, and its rows under each policy name are the same map. Its blocks
+/// come from Rust's global allocator ([`crate::native::judy`]), so its
+/// memory is measured as the other maps' is.
+#[cfg(native_judy)]
+impl HashImpl for crate::native::judy::JudyHs {
+    fn put(&mut self, key: &[u8], value: u64) {
+        self.insert(key, usize::try_from(value).expect("values fit a word"));
+    }
+    #[inline]
+    fn read_batch(&self, probes: Probes<'_>) -> ReadCounts {
+        let mut c = ReadCounts::default();
+        for (key, id) in probes.each() {
+            c.see(id, self.get(black_box(key)).map(|v| v as u64));
+        }
+        c
+    }
+    fn len(&self) -> usize {
+        crate::native::judy::JudyHs::len(self)
+    }
+}
+
 /// A fixed-array key from a slice of its size.
 #[inline(always)]
 fn array<const N: usize>(key: &[u8]) -> [u8; N] {
@@ -419,7 +453,10 @@ mod tests {
             let keys = KeySet::kernel(300, key_size);
             let hasher = PolicyBuildHasher::new(bpfmaps::HashPolicy::Xxh3, 7);
             let impls = hash_impls(key_size);
-            assert_eq!(impls.len(), if key_size == 16 { 8 } else { 5 });
+            // Five (eight with the fixed arrays), and `judy` if built in.
+            let native = usize::from(cfg!(native_judy));
+            assert_eq!(impls.len(), (if key_size == 16 { 8 } else { 5 }) + native);
+            assert_eq!(impls.iter().any(|e| e.name == "judy"), cfg!(native_judy));
             for e in &impls {
                 let map = e.filled(&keys, 200, hasher);
                 let ids: Vec<u32> = (0..300).collect();

@@ -40,6 +40,7 @@ pub mod keys;
 pub mod lpm_tables;
 pub mod machine;
 pub mod measure;
+pub mod native;
 pub mod plot;
 pub mod prefixes;
 pub mod record;

@@ -1,5 +1,6 @@
 //! What the numbers were measured on: CPU, core count, kernel, compiler,
-//! date. Read from `/proc` and the build; nothing is run.
+//! the native peers built in, date. Read from `/proc` and the build;
+//! nothing is run.
 
 use std::time::{SystemTime, UNIX_EPOCH};
 
@@ -16,6 +17,9 @@ pub struct Machine {
     pub rustc: String,
     /// Whether this is an optimised build (debug numbers are meaningless).
     pub optimized: bool,
+    /// The native (C) peers and whether each was built in
+    /// ([`crate::native::summary`]).
+    pub native: String,
     /// UTC date and time, `YYYY-MM-DD HH:MM:SS UTC`.
     pub date: String,
 }
@@ -32,6 +36,7 @@ impl Machine {
                 .unwrap_or_else(|_| "unknown".into()),
             rustc: env!("BENCH_RUSTC_VERSION").to_string(),
             optimized: !cfg!(debug_assertions),
+            native: crate::native::summary(),
             date: utc_now(),
         }
     }
@@ -44,8 +49,8 @@ impl Machine {
             "**debug build: numbers are not meaningful**"
         };
         format!(
-            "| | |\n| --- | --- |\n| CPU | {} |\n| nproc | {} |\n| kernel | {} |\n| rustc | {} |\n| build | {} |\n| allocator | system malloc, wrapped by a counting allocator (one relaxed atomic add per alloc/free) |\n| date | {} |\n",
-            self.cpu_model, self.nproc, self.kernel, self.rustc, build, self.date
+            "| | |\n| --- | --- |\n| CPU | {} |\n| nproc | {} |\n| kernel | {} |\n| rustc | {} |\n| build | {} |\n| native peers | {} |\n| allocator | system malloc, wrapped by a counting allocator (one relaxed atomic add per alloc/free) |\n| date | {} |\n",
+            self.cpu_model, self.nproc, self.kernel, self.rustc, build, self.native, self.date
         )
     }
 }

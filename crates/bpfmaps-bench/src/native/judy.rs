@@ -1,0 +1,319 @@
+//! JudyHS, from libJudy (Debian's `libjudy-dev`): a map from byte strings
+//! of any length to one machine word each.
+//!
+//! JudyHS takes no hasher. It first splits keys by length (a JudyL array
+//! indexed by length); keys of up to one word (8 bytes) are then decoded
+//! directly as a JudyL index, and longer ones are hashed with JudyHS's own
+//! 32-bit `h * 31 + byte` into a JudyL array per length, collisions
+//! resolved by decoding the key a word at a time in further JudyL arrays.
+//!
+//! The declarations below are written by hand from `Judy.h` (JudyHS
+//! section); [`JudyHs`] owns one array and frees it when dropped. It keeps
+//! its own count, as JudyHS has none.
+//!
+//! Memory: libJudy allocates through four functions a program may replace
+//! (`JudyMalloc`, `JudyFree` and their `Virtual` twins, the "memory
+//! interface to malloc()" of `Judy.h`). They are defined here over Rust's
+//! global allocator, so the counting allocator sees a Judy array's memory
+//! as it sees a Rust map's; `build.rs` exports them from the binary, so
+//! that libJudy.so's calls reach them instead of its own.
+
+use std::alloc::Layout;
+use std::ffi::{c_int, c_ulong, c_void};
+use std::ptr;
+
+/// Judy's `Word_t` (`typedef unsigned long Word_t`).
+type Word = c_ulong;
+
+/// Judy's `JError_t`, only ever passed as a null `PJError_t` (`PJE0`):
+/// errors then show as the `PJERR`/`JERR` return values.
+#[repr(C)]
+struct JError {
+    _opaque: [u8; 0],
+}
+
+// From Judy.h:
+//   extern PPvoid_t JudyHSGet(Pcvoid_t, void *, Word_t);
+//   extern PPvoid_t JudyHSIns(PPvoid_t, void *, Word_t, P_JE);
+//   extern int      JudyHSDel(PPvoid_t, void *, Word_t, P_JE);
+//   extern Word_t   JudyHSFreeArray(PPvoid_t, P_JE);
+// The `PPvoid_t` Get and Ins return points at the key's value word, so it
+// is declared as `*mut Word`. The key is `void *` but only read.
+unsafe extern "C" {
+    fn JudyHSGet(array: *const c_void, key: *mut c_void, len: Word) -> *mut Word;
+    fn JudyHSIns(
+        array: *mut *mut c_void,
+        key: *mut c_void,
+        len: Word,
+        err: *mut JError,
+    ) -> *mut Word;
+    fn JudyHSDel(array: *mut *mut c_void, key: *mut c_void, len: Word, err: *mut JError) -> c_int;
+    fn JudyHSFreeArray(array: *mut *mut c_void, err: *mut JError) -> Word;
+}
+
+/// `PJERR`: `(PPvoid_t) ~0UL`, what Ins returns when malloc fails.
+const PJERR: usize = usize::MAX;
+
+/// The layout of a block of `words` words (at least one), word-aligned as
+/// Judy needs (it keeps flags in a pointer's low 3 bits).
+fn block(words: Word) -> Option<Layout> {
+    let bytes = usize::try_from(words.max(1))
+        .ok()?
+        .checked_mul(size_of::<Word>())?;
+    Layout::from_size_align(bytes, align_of::<Word>()).ok()
+}
+
+/// `Word_t JudyMalloc(Word_t Words)`: a block of `words` words, as an
+/// address; 0 when out of memory.
+#[unsafe(no_mangle)]
+extern "C" fn JudyMalloc(words: Word) -> Word {
+    match block(words) {
+        // SAFETY: the layout's size is non-zero (at least one word).
+        Some(layout) => unsafe { std::alloc::alloc(layout) }.expose_provenance() as Word,
+        None => 0,
+    }
+}
+
+/// `void JudyFree(void *PWord, Word_t Words)`.
+///
+/// # Safety
+/// `p` is null or a block from [`JudyMalloc`] of `words` words, not
+/// freed since: libJudy frees every block it allocated with the size it
+/// asked for.
+#[unsafe(no_mangle)]
+unsafe extern "C" fn JudyFree(p: *mut c_void, words: Word) {
+    if let (false, Some(layout)) = (p.is_null(), block(words)) {
+        // SAFETY: `p` came from `JudyMalloc(words)`, which allocated it
+        // with this same layout through the global allocator.
+        unsafe { std::alloc::dealloc(p.cast(), layout) };
+    }
+}
+
+/// `Word_t JudyMallocVirtual(Word_t Words)`: as [`JudyMalloc`].
+#[unsafe(no_mangle)]
+extern "C" fn JudyMallocVirtual(words: Word) -> Word {
+    JudyMalloc(words)
+}
+
+/// `void JudyFreeVirtual(void *PWord, Word_t Words)`: as [`JudyFree`].
+///
+/// # Safety
+/// As for [`JudyFree`].
+#[unsafe(no_mangle)]
+unsafe extern "C" fn JudyFreeVirtual(p: *mut c_void, words: Word) {
+    // SAFETY: the caller's guarantee is JudyFree's.
+    unsafe { JudyFree(p, words) }
+}
+
+/// A JudyHS array: byte-string keys, word values.
+pub struct JudyHs {
+    /// The array's root (`Pvoid_t`, null when empty), owned.
+    array: *mut c_void,
+    len: usize,
+}
+
+// SAFETY: the array is memory from malloc reached only through `array`,
+// which this value owns; libJudy keeps no per-thread state, so the array
+// may be used and freed from any thread.
+unsafe impl Send for JudyHs {}
+
+// SAFETY: `&self` only reaches `JudyHSGet`, which reads the array (walks
+// JudyL arrays and compares keys) and writes nothing, so lookups from
+// several threads at once are reads of unchanging memory. Writes need
+// `&mut self`.
+unsafe impl Sync for JudyHs {}
+
+impl Default for JudyHs {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl JudyHs {
+    /// An empty array (allocates nothing).
+    pub fn new() -> JudyHs {
+        JudyHs {
+            array: ptr::null_mut(),
+            len: 0,
+        }
+    }
+
+    /// Keys held.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether it holds no keys.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// The value of `key`, if present.
+    #[inline]
+    pub fn get(&self, key: &[u8]) -> Option<usize> {
+        let slot = self.slot(key);
+        // SAFETY: a non-null slot from `JudyHSGet` points at the key's
+        // value word inside the array, valid until the next insert or
+        // delete, which needs `&mut self` while this borrows `&self`.
+        (!slot.is_null()).then(|| unsafe { slot.read() } as usize)
+    }
+
+    /// Inserts `key` with `value`, or replaces its value; returns the old
+    /// one.
+    pub fn insert(&mut self, key: &[u8], value: usize) -> Option<usize> {
+        let slot = self.slot(key);
+        if !slot.is_null() {
+            // SAFETY: as in `get`, and `&mut self` makes this the only
+            // access to the array.
+            return Some(unsafe { slot.replace(value as Word) } as usize);
+        }
+        // SAFETY: `self.array` is this array's root (null or from earlier
+        // calls), which Ins may move and updates through the pointer;
+        // the key is `key.len()` readable bytes that JudyHS copies and
+        // does not write; a null `PJError_t` is allowed (PJE0).
+        let slot = unsafe {
+            JudyHSIns(
+                &mut self.array,
+                key.as_ptr().cast_mut().cast(),
+                key.len() as Word,
+                ptr::null_mut(),
+            )
+        };
+        assert!(
+            !slot.is_null() && slot.addr() != PJERR,
+            "JudyHSIns failed (out of memory)"
+        );
+        // SAFETY: Ins returned the new key's value word (initialised to
+        // 0), valid until the next insert or delete; `&mut self` is held.
+        unsafe { slot.write(value as Word) };
+        self.len += 1;
+        None
+    }
+
+    /// Removes `key`; returns its value if it was present.
+    pub fn remove(&mut self, key: &[u8]) -> Option<usize> {
+        let old = self.get(key)?;
+        // SAFETY: as for `JudyHSIns` in `insert`: the array's root, a
+        // readable key, PJE0.
+        let rc = unsafe {
+            JudyHSDel(
+                &mut self.array,
+                key.as_ptr().cast_mut().cast(),
+                key.len() as Word,
+                ptr::null_mut(),
+            )
+        };
+        assert_eq!(rc, 1, "JudyHSDel of a present key");
+        self.len -= 1;
+        Some(old)
+    }
+
+    /// The key's value word, or null.
+    #[inline(always)]
+    fn slot(&self, key: &[u8]) -> *mut Word {
+        // SAFETY: `self.array` is null (an empty array) or a root built by
+        // JudyHSIns/Del; the key is `key.len()` readable bytes, which
+        // JudyHSGet only reads (it is declared `void *` but not written).
+        unsafe {
+            JudyHSGet(
+                self.array,
+                key.as_ptr().cast_mut().cast(),
+                key.len() as Word,
+            )
+        }
+    }
+}
+
+impl Drop for JudyHs {
+    fn drop(&mut self) {
+        // SAFETY: the root is this array's, owned by us, and not used
+        // again: FreeArray frees every node and sets it to null. An empty
+        // (null) array is allowed.
+        unsafe { JudyHSFreeArray(&mut self.array, ptr::null_mut()) };
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn inserts_reads_replaces_and_removes() {
+        let mut m = JudyHs::new();
+        assert!(m.is_empty());
+        assert_eq!(m.get(b"absent"), None);
+        assert_eq!(m.remove(b"absent"), None);
+        // Lengths around one word, an empty key, NUL bytes, and long keys
+        // that share prefixes (the JudyL tree under a hash bucket).
+        let mut keys: Vec<Vec<u8>> = vec![Vec::new(), vec![0], vec![0, 0], b"a\0b".to_vec()];
+        for len in [1, 7, 8, 9, 16, 17, 64, 300] {
+            for i in 0..50u32 {
+                let mut k = vec![0xab; len];
+                let n = len.min(4);
+                k[len - n..].copy_from_slice(&i.to_le_bytes()[..n]);
+                if !keys.contains(&k) {
+                    keys.push(k);
+                }
+            }
+        }
+        for (i, k) in keys.iter().enumerate() {
+            assert_eq!(m.insert(k, i << 8), None, "{k:?}");
+        }
+        assert_eq!(m.len(), keys.len());
+        for (i, k) in keys.iter().enumerate() {
+            assert_eq!(m.get(k), Some(i << 8), "{k:?}");
+            assert_eq!(m.insert(k, i), Some(i << 8));
+        }
+        assert_eq!(m.len(), keys.len());
+        assert_eq!(m.get(&[0xab; 65]), None);
+        for (i, k) in keys.iter().enumerate().step_by(2) {
+            assert_eq!(m.remove(k), Some(i));
+        }
+        for (i, k) in keys.iter().enumerate() {
+            assert_eq!(m.get(k), (i % 2 == 1).then_some(i), "{k:?}");
+        }
+        assert_eq!(m.len(), keys.len() / 2);
+    }
+
+    /// Judy's blocks come from the global allocator, so the counting
+    /// allocator sees them (the exported allocation functions are the
+    /// ones libJudy calls), and all go back when the array is dropped.
+    #[test]
+    fn its_memory_is_counted() {
+        let probe = crate::alloc::MemProbe::start();
+        let mut m = JudyHs::new();
+        for i in 0..10_000u64 {
+            let mut key = [0u8; 64];
+            key[..8].copy_from_slice(&i.to_le_bytes());
+            m.insert(&key, 1);
+        }
+        let held = probe.held();
+        assert!(
+            held >= 10_000 * 64,
+            "JudyHS holds {held} bytes for 640 KB of keys"
+        );
+        drop(m);
+        assert!(
+            probe.held() < 1024,
+            "{} bytes left after the drop",
+            probe.held()
+        );
+    }
+
+    #[test]
+    fn reads_from_several_threads() {
+        let mut m = JudyHs::new();
+        for i in 0..1000usize {
+            m.insert(&i.to_le_bytes(), i);
+        }
+        std::thread::scope(|s| {
+            for _ in 0..2 {
+                s.spawn(|| {
+                    for i in 0..1000usize {
+                        assert_eq!(m.get(&i.to_le_bytes()), Some(i));
+                    }
+                });
+            }
+        });
+    }
+}
