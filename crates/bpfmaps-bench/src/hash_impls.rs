@@ -128,6 +128,9 @@ pub struct HashEntry {
     pub name: &'static str,
     /// A userspace peer (skipped by `--no-peers`), not bpfmaps itself.
     pub peer: bool,
+    /// It hashes with a function of its own, not the policy's (so a suite
+    /// builds it once, named without a policy).
+    pub own_hash: bool,
     /// An empty map for `count` keys of `key_size` bytes, hashing with
     /// `hasher`.
     pub build: fn(key_size: usize, count: usize, hasher: PolicyBuildHasher) -> Box<dyn HashImpl>,
@@ -158,16 +161,19 @@ pub fn hash_impls(key_size: usize) -> Vec<HashEntry> {
         HashEntry {
             name: "bpfmaps",
             peer: false,
+            own_hash: false,
             build: |ks, n, h| Box::new(Bpfmaps::new(ks, n, h)),
         },
         HashEntry {
             name: "bpfmaps-lookup",
             peer: false,
+            own_hash: false,
             build: |ks, n, h| Box::new(ByteContract(Bpfmaps::new(ks, n, h))),
         },
         HashEntry {
             name: "std",
             peer: true,
+            own_hash: false,
             build: |_, n, h| {
                 Box::new(
                     std::collections::HashMap::<Box<[u8]>, u64, _>::with_capacity_and_hasher(n, h),
@@ -177,6 +183,7 @@ pub fn hash_impls(key_size: usize) -> Vec<HashEntry> {
         HashEntry {
             name: "hashbrown",
             peer: true,
+            own_hash: false,
             build: |_, n, h| {
                 Box::new(hashbrown::HashMap::<Box<[u8]>, u64, _>::with_capacity_and_hasher(n, h))
             },
@@ -184,6 +191,7 @@ pub fn hash_impls(key_size: usize) -> Vec<HashEntry> {
         HashEntry {
             name: "dashmap",
             peer: true,
+            own_hash: false,
             build: |_, n, h| Box::new(DashMap::<Box<[u8]>, u64, _>::with_capacity_and_hasher(n, h)),
         },
     ];
@@ -191,6 +199,7 @@ pub fn hash_impls(key_size: usize) -> Vec<HashEntry> {
     v.push(HashEntry {
         name: "judy",
         peer: true,
+        own_hash: true,
         build: |_, _, _| Box::new(crate::native::judy::JudyHs::new()),
     });
     v.extend(fixed_array_impls(key_size));
@@ -404,8 +413,18 @@ macro_rules! fixed_array_peers {
                 DashMap<[u8; $n], u64, PolicyBuildHasher>,
                 |key| array::<$n>(key),
                 |m, key| m.get(&array::<$n>(key)).map(|v| *v),
-                no
+                yes
             );
+
+            impl SharedWrites for DashMap<[u8; $n], u64, PolicyBuildHasher> {
+                fn write(&self, key: &[u8], value: u64) {
+                    self.insert(array::<$n>(key), value);
+                }
+                fn remove(&self, key: &[u8]) {
+                    let removed = DashMap::remove(self, &array::<$n>(key));
+                    assert!(removed.is_some(), "delete of a present key");
+                }
+            }
         )*
 
         /// The fixed-array peers for `key_size`, if it is one of the sizes
@@ -417,16 +436,19 @@ macro_rules! fixed_array_peers {
                         HashEntry {
                             name: concat!("std[", $n, "]"),
                             peer: true,
+                            own_hash: false,
                             build: |_, n, h| Box::new(std::collections::HashMap::<[u8; $n], u64, _>::with_capacity_and_hasher(n, h)),
                         },
                         HashEntry {
                             name: concat!("hashbrown[", $n, "]"),
                             peer: true,
+                            own_hash: false,
                             build: |_, n, h| Box::new(hashbrown::HashMap::<[u8; $n], u64, _>::with_capacity_and_hasher(n, h)),
                         },
                         HashEntry {
                             name: concat!("dashmap[", $n, "]"),
                             peer: true,
+                            own_hash: false,
                             build: |_, n, h| Box::new(DashMap::<[u8; $n], u64, _>::with_capacity_and_hasher(n, h)),
                         },
                     ],
@@ -473,12 +495,16 @@ mod tests {
                     ..probes
                 });
                 assert_eq!(c.bad, 200, "{}", e.name);
-                assert_eq!(
-                    map.shared().is_some(),
-                    ["bpfmaps", "dashmap"].contains(&e.name),
-                    "{}",
-                    e.name
-                );
+                let concurrent = ["bpfmaps", "dashmap", "dashmap[16]"].contains(&e.name);
+                assert_eq!(map.shared().is_some(), concurrent, "{}", e.name);
+                if let Some(w) = map.shared() {
+                    w.write(keys.key(0), 1); // key 0, a new generation
+                    w.remove(keys.key(1));
+                    w.write(keys.key(250), 250 << 32);
+                    let c = map.read_batch(probes);
+                    assert_eq!((c.found, c.missing, c.bad), (200, 100, 0), "{}", e.name);
+                    assert_eq!(map.len(), 200, "{}", e.name);
+                }
             }
         }
     }

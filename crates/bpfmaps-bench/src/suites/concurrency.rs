@@ -1,5 +1,7 @@
 //! `concurrency`: lookups per second with 1 and 2 reader threads while one
-//! writer updates, deletes and reinserts, for bpfmaps `HashMap` vs dashmap.
+//! writer updates, deletes and reinserts, for bpfmaps `HashMap` vs every
+//! implementation of [`crate::hash_impls`] that takes concurrent writes
+//! (dashmap, with boxed and fixed-array keys).
 //!
 //! Varies: the number of readers and the map. Holds fixed: 100K entries,
 //! 16-byte kernel-bench keys, 8-byte values, the same hash (policy and
@@ -20,7 +22,7 @@ use std::time::{Duration, Instant};
 use bpfmaps::HashPolicy;
 use clap::Args;
 
-use crate::hash_impls::{HashImpl, Probes, ReadCounts, hash_impl};
+use crate::hash_impls::{HashImpl, Probes, ReadCounts, hash_impls};
 use crate::hasher::PolicyBuildHasher;
 use crate::keys::{KeySet, shuffled_indices};
 use crate::measure::thread_cpu_time;
@@ -59,10 +61,6 @@ pub struct Opts {
 
 /// Writer operations per stop check.
 const WRITER_BATCH: usize = 64;
-
-/// The implementations compared: those of [`crate::hash_impls`] that take
-/// writes while readers read.
-const IMPLS: [&str; 2] = ["dashmap", "bpfmaps"];
 
 /// One timed repetition.
 struct Once {
@@ -241,17 +239,19 @@ impl Suite for Concurrency {
             ("ks", &opts.key_size),
             ("hash", &opts.policy.name()),
         ]);
-        ctx.set_steps((opts.readers.len() * 2 * ctx.reps()) as u64);
 
         let hasher = PolicyBuildHasher::new(opts.policy, seed);
-        let maps: Vec<(&str, Box<dyn HashImpl>, usize)> = IMPLS
+        // Every implementation that takes writes while readers read.
+        let maps: Vec<(&str, Box<dyn HashImpl>, usize)> = hash_impls(opts.key_size)
             .iter()
-            .map(|&name| {
+            .filter_map(|e| {
                 let probe = crate::alloc::MemProbe::start();
-                let map = hash_impl(opts.key_size, name).filled(&keys, n, hasher);
-                (name, map, probe.held())
+                let map = e.filled(&keys, n, hasher);
+                let held = probe.held();
+                map.shared().is_some().then_some((e.name, map, held))
             })
             .collect();
+        ctx.set_steps((opts.readers.len() * maps.len() * ctx.reps()) as u64);
 
         let mut all = Vec::new();
         for &readers in &opts.readers {
@@ -267,17 +267,18 @@ impl Suite for Concurrency {
             "concurrency: readers under one writer",
             &[
                 "readers",
+                "peer",
                 "bpfmaps lookups M/s",
-                "dashmap lookups M/s",
-                "bpfmaps/dashmap",
+                "peer lookups M/s",
+                "bpfmaps/peer",
                 "per reader CPU-s",
                 "bpfmaps writer M/s",
-                "dashmap writer M/s",
-                "writer bpfmaps/dashmap",
-                "mismatches (bpfmaps, dashmap)",
+                "peer writer M/s",
+                "writer bpfmaps/peer",
+                "mismatches (bpfmaps, peer)",
             ],
         )
-        .with_note("Lookups summed over reader threads (medians); `per reader CPU-s` is bpfmaps/dashmap in lookups per second of the readers' own CPU time, which does not depend on how the scheduler shares 2 cores among 3 threads; mismatches must be 0.");
+        .with_note("Lookups summed over reader threads (medians); `per reader CPU-s` is bpfmaps/peer in lookups per second of the readers' own CPU time, which does not depend on how the scheduler shares 2 cores among 3 threads; mismatches must be 0. `dashmap[N]` is dashmap with fixed-array keys.");
         let mut cases: Vec<&str> = records.iter().map(|r| r.case.as_str()).collect();
         cases.dedup();
         for c in cases {
@@ -285,28 +286,29 @@ impl Suite for Concurrency {
             let count = |imp: &str| {
                 get(imp, MISMATCHES.name).map_or("-".into(), |r| format!("{:.0}", r.value))
             };
-            t.push(vec![
-                crate::record::case_param(c, "readers")
-                    .unwrap_or("?")
-                    .to_string(),
-                fmt_mops(get("bpfmaps", LOOKUPS_PER_SEC.name).map(|r| r.value)),
-                fmt_mops(get("dashmap", LOOKUPS_PER_SEC.name).map(|r| r.value)),
-                fmt_ratio(ratio(
-                    get("bpfmaps", LOOKUPS_PER_SEC.name),
-                    get("dashmap", LOOKUPS_PER_SEC.name),
-                )),
-                fmt_ratio(ratio(
-                    get("bpfmaps", LOOKUPS_PER_CPU_SEC.name),
-                    get("dashmap", LOOKUPS_PER_CPU_SEC.name),
-                )),
-                fmt_mops(get("bpfmaps", WRITER_OPS_PER_SEC.name).map(|r| r.value)),
-                fmt_mops(get("dashmap", WRITER_OPS_PER_SEC.name).map(|r| r.value)),
-                fmt_ratio(ratio(
-                    get("bpfmaps", WRITER_OPS_PER_SEC.name),
-                    get("dashmap", WRITER_OPS_PER_SEC.name),
-                )),
-                format!("{}, {}", count("bpfmaps"), count("dashmap")),
-            ]);
+            let mut peers: Vec<&str> = records
+                .iter()
+                .filter(|r| r.case == c && r.impl_name != "bpfmaps")
+                .map(|r| r.impl_name.as_str())
+                .collect();
+            peers.dedup();
+            for peer in peers {
+                let vs = |m: &str| fmt_ratio(ratio(get("bpfmaps", m), get(peer, m)));
+                t.push(vec![
+                    crate::record::case_param(c, "readers")
+                        .unwrap_or("?")
+                        .to_string(),
+                    peer.to_string(),
+                    fmt_mops(get("bpfmaps", LOOKUPS_PER_SEC.name).map(|r| r.value)),
+                    fmt_mops(get(peer, LOOKUPS_PER_SEC.name).map(|r| r.value)),
+                    vs(LOOKUPS_PER_SEC.name),
+                    vs(LOOKUPS_PER_CPU_SEC.name),
+                    fmt_mops(get("bpfmaps", WRITER_OPS_PER_SEC.name).map(|r| r.value)),
+                    fmt_mops(get(peer, WRITER_OPS_PER_SEC.name).map(|r| r.value)),
+                    vs(WRITER_OPS_PER_SEC.name),
+                    format!("{}, {}", count("bpfmaps"), count(peer)),
+                ]);
+            }
         }
         vec![t]
     }
@@ -318,7 +320,10 @@ impl Suite for Concurrency {
             "reader threads",
             "million operations per second",
         );
-        for imp in ["bpfmaps", "dashmap"] {
+        let mut impls: Vec<&str> = records.iter().map(|r| r.impl_name.as_str()).collect();
+        impls.sort_unstable();
+        impls.dedup();
+        for imp in impls {
             for (m, what) in [(LOOKUPS_PER_SEC, "lookups"), (WRITER_OPS_PER_SEC, "writer")] {
                 let pts = records
                     .iter()

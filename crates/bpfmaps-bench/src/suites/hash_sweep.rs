@@ -1,6 +1,7 @@
 //! `hash-sweep`: map lookups per second for `bpfmaps::hashtab::HashMap`
 //! under each [`HashPolicy`], against std, hashbrown and dashmap (boxed
-//! and fixed-array keys) hashing with the same policy and seed.
+//! and fixed-array keys) hashing with the same policy and seed, and the
+//! native JudyHS where `libjudy-dev` is installed.
 //!
 //! Varies: hash policy, key size, fullness (k/16 of `max_entries`),
 //! `max_entries`. Holds fixed: value size 8, kernel-bench keys, every
@@ -54,6 +55,11 @@ fn case_of(n: u32, ks: usize, fill: u32) -> String {
     case(&[("n", &n), ("ks", &ks), ("fill", &format!("{fill}/16"))])
 }
 
+/// The peers that hash with the policy, each with a fixed-array variant.
+const PEERS: [&str; 3] = ["std", "hashbrown", "dashmap"];
+/// The native peers, which hash their own way (named without a policy).
+const NATIVE: [&str; 1] = ["judy"];
+
 /// An implementation's name in records: `std[16](xxh3)`.
 fn impl_name(name: &str, p: HashPolicy) -> String {
     format!("{name}({})", p.name())
@@ -86,7 +92,11 @@ impl Cell<'_> {
         let probe = MemProbe::start();
         let map = entry.filled(&self.keys, count, self.hasher(p));
         Loop {
-            name: impl_name(entry.name, p),
+            name: if entry.own_hash {
+                entry.name.to_string()
+            } else {
+                impl_name(entry.name, p)
+            },
             map,
             held: probe.held(),
         }
@@ -185,7 +195,11 @@ impl Cell<'_> {
         let loops: Vec<Loop> = hash_impls(ks)
             .iter()
             .filter(|e| peers || !e.peer)
-            .flat_map(|e| policies.iter().map(|&p| self.build(e, p, count(top))))
+            .flat_map(|e| {
+                // A map with its own hash is the same map under any policy.
+                let policies = if e.own_hash { &policies[..1] } else { policies };
+                policies.iter().map(|&p| self.build(e, p, count(top)))
+            })
             .collect();
         let mut recs = self.time(&loops.iter().collect::<Vec<_>>(), count(top), top);
         recs.extend(loops.iter().flat_map(|l| self.memory(l, top)));
@@ -215,7 +229,9 @@ impl Suite for HashSweep {
          the targets compare bpfmaps with the faster of the two. They hash \
          with the same policy and seed through a `BuildHasher`, so the \
          comparison is between table designs at equal hash, and are sized up \
-         front. Memory is measured by the counting allocator after building; \
+         front. `judy` is JudyHS, the C library from Debian's `libjudy-dev` \
+         (when installed at build time): it hashes with its own function, so \
+         it is built once, and grows as it fills. Memory is measured by the counting allocator after building; \
          `reported` is the map's `memory_usage()`.";
 
     const BASELINE: &'static str = "bpfmaps(jhash)";
@@ -290,21 +306,21 @@ impl Suite for HashSweep {
                 if !key_sizes.iter().any(|&ks| best(ks, "std").is_some()) {
                     continue;
                 }
+                // Native peers hash their own way: one row whatever the policy.
+                let native = NATIVE
+                    .iter()
+                    .copied()
+                    .filter(|&peer| key_sizes.iter().any(|&ks| get(ks, peer).is_some()))
+                    .collect::<Vec<_>>();
+                let mut cols = vec!["key bytes".to_string(), "bpfmaps M/s".into()];
+                cols.extend(PEERS.iter().chain(&native).map(|p| format!("{p} M/s")));
+                cols.extend(PEERS.iter().chain(&native).map(|p| format!("bpfmaps/{p}")));
+                cols.push("Map::lookup/get".into());
                 let mut b = Table::new(
                     format!("hash-sweep n={n}, fill {fill}: bpfmaps vs peers, all hashing with {}", p.name()),
-                    &[
-                        "key bytes",
-                        "bpfmaps M/s",
-                        "std M/s",
-                        "hashbrown M/s",
-                        "dashmap M/s",
-                        "bpfmaps/std",
-                        "bpfmaps/hashbrown",
-                        "bpfmaps/dashmap",
-                        "Map::lookup/get",
-                    ],
+                    &cols.iter().map(String::as_str).collect::<Vec<_>>(),
                 )
-                .with_note("Lookups per second (millions, medians) at equal hash; each peer's faster variant, boxed or fixed-array keys (`[N]` when fixed); bpfmaps/X above 1 means bpfmaps is faster.");
+                .with_note("Lookups per second (millions, medians) at equal hash; each peer's faster variant, boxed or fixed-array keys (`[N]` when fixed); native C peers (judy) hash their own way, so their ratios compare the hash too; bpfmaps/X above 1 means bpfmaps is faster.");
                 for &ks in &key_sizes {
                     let ours = get(ks, &impl_name("bpfmaps", p));
                     let cell = |peer: &str| {
@@ -317,24 +333,47 @@ impl Suite for HashSweep {
                             format!("{}{fixed}", fmt_mops(Some(r.value)))
                         })
                     };
-                    b.push(vec![
-                        ks.to_string(),
-                        fmt_mops(ours.map(|r| r.value)),
-                        cell("std"),
-                        cell("hashbrown"),
-                        cell("dashmap"),
-                        fmt_ratio(ratio(ours, best(ks, "std"))),
-                        fmt_ratio(ratio(ours, best(ks, "hashbrown"))),
-                        fmt_ratio(ratio(ours, best(ks, "dashmap"))),
-                        fmt_ratio(ratio(get(ks, &impl_name("bpfmaps-lookup", p)), ours)),
-                    ]);
+                    let mut row = vec![ks.to_string(), fmt_mops(ours.map(|r| r.value))];
+                    row.extend(PEERS.iter().map(|peer| cell(peer)));
+                    row.extend(
+                        native
+                            .iter()
+                            .map(|&peer| fmt_mops(get(ks, peer).map(|r| r.value))),
+                    );
+                    row.extend(
+                        PEERS
+                            .iter()
+                            .map(|peer| fmt_ratio(ratio(ours, best(ks, peer)))),
+                    );
+                    row.extend(
+                        native
+                            .iter()
+                            .map(|&peer| fmt_ratio(ratio(ours, get(ks, peer)))),
+                    );
+                    row.push(fmt_ratio(ratio(
+                        get(ks, &impl_name("bpfmaps-lookup", p)),
+                        ours,
+                    )));
+                    b.push(row);
                 }
                 tables.push(b);
             }
 
+            let mut cols = [
+                "key bytes",
+                "bpfmaps held",
+                "bpfmaps reported",
+                "std held",
+                "std[N] held",
+                "hashbrown held",
+                "dashmap held",
+            ]
+            .map(String::from)
+            .to_vec();
+            cols.extend(NATIVE.map(|p| format!("{p} held")));
             let mut m = Table::new(
                 format!("hash-sweep n={n}, fill {fill}: memory"),
-                &["key bytes", "bpfmaps held", "bpfmaps reported", "std held", "std[N] held", "hashbrown held", "dashmap held"],
+                &cols.iter().map(String::as_str).collect::<Vec<_>>(),
             )
             .with_note("Bytes held after building (counting allocator), hash policy jhash; bpfmaps preallocates max_entries elements.");
             for &ks in &key_sizes {
@@ -342,7 +381,7 @@ impl Suite for HashSweep {
                     find(records, &at(ks), &impl_name(imp, HashPolicy::Jhash), metric)
                         .map_or("-".into(), |r| crate::suite::fmt_bytes(r.value))
                 };
-                m.push(vec![
+                let mut row = vec![
                     ks.to_string(),
                     mem("bpfmaps", MEM_BYTES_HELD.name),
                     mem("bpfmaps", MEM_REPORTED.name),
@@ -350,7 +389,12 @@ impl Suite for HashSweep {
                     mem(&format!("std[{ks}]"), MEM_BYTES_HELD.name),
                     mem("hashbrown", MEM_BYTES_HELD.name),
                     mem("dashmap", MEM_BYTES_HELD.name),
-                ]);
+                ];
+                row.extend(NATIVE.map(|peer| {
+                    find(records, &at(ks), peer, MEM_BYTES_HELD.name)
+                        .map_or("-".into(), |r| crate::suite::fmt_bytes(r.value))
+                }));
+                m.push(row);
             }
             tables.push(m);
         }
@@ -391,7 +435,8 @@ impl Suite for HashSweep {
                 .map(|&p| impl_name("bpfmaps", p))
                 .collect();
             names.push(impl_name("bpfmaps-lookup", peer_policy));
-            names.extend(["std", "hashbrown", "dashmap"].map(|p| impl_name(p, peer_policy)));
+            names.extend(PEERS.map(|p| impl_name(p, peer_policy)));
+            names.extend(NATIVE.map(String::from));
             for name in &names {
                 let pts = lookups(name, n)
                     .into_iter()
@@ -401,7 +446,7 @@ impl Suite for HashSweep {
                 by_ks.add(name.as_str(), pts);
             }
             // The fixed-array variants: one line per peer across sizes.
-            for peer in ["std", "hashbrown", "dashmap"] {
+            for peer in PEERS {
                 let pts = records
                     .iter()
                     .filter(|r| {
