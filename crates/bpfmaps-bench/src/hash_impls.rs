@@ -5,6 +5,7 @@
 //! |---|---|---|
 //! | `bpfmaps` | `bpfmaps::hashtab::HashMap` | `get(key, &guard)`, one guard per batch |
 //! | `bpfmaps-lookup` | the same | `Map::lookup(key, &mut value)`: the byte contract, a pin and a copy per call |
+//! | `bpfmaps-lookup-guarded` | the same | `Map::lookup` with a batch's calls inside one outer guard: the contract without the pin |
 //! | `std` / `std[N]` | `std::collections::HashMap<Box<[u8]>, u64>` / `<[u8; N], u64>` | `get` |
 //! | `hashbrown` / `hashbrown[N]` | `hashbrown::HashMap`, likewise | `get` |
 //! | `dashmap` / `dashmap[N]` | `dashmap::DashMap` 6, likewise | `get` (a shard read lock per call) |
@@ -168,7 +169,13 @@ pub fn hash_impls(key_size: usize) -> Vec<HashEntry> {
             name: "bpfmaps-lookup",
             peer: false,
             own_hash: false,
-            build: |ks, n, h| Box::new(ByteContract(Bpfmaps::new(ks, n, h))),
+            build: |ks, n, h| Box::new(ByteContract::<false>(Bpfmaps::new(ks, n, h))),
+        },
+        HashEntry {
+            name: "bpfmaps-lookup-guarded",
+            peer: false,
+            own_hash: false,
+            build: |ks, n, h| Box::new(ByteContract::<true>(Bpfmaps::new(ks, n, h))),
         },
         HashEntry {
             name: "std",
@@ -266,16 +273,20 @@ impl SharedWrites for Bpfmaps {
     }
 }
 
-/// bpfmaps through the byte contract: `Map::lookup`, which pins per call
-/// and copies the value out (what the C and Python front ends call).
-struct ByteContract(Bpfmaps);
+/// bpfmaps through the byte contract: `Map::lookup`, which copies the
+/// value out and pins per call (what the C and Python front ends call),
+/// or, with `GUARDED`, every call of a batch inside one outer guard (a
+/// nested pin is a counter; the outer one is the only fence), to tell the
+/// contract's own cost from the pin's.
+struct ByteContract<const GUARDED: bool>(Bpfmaps);
 
-impl HashImpl for ByteContract {
+impl<const GUARDED: bool> HashImpl for ByteContract<GUARDED> {
     fn put(&mut self, key: &[u8], value: u64) {
         self.0.put(key, value);
     }
     #[inline]
     fn read_batch(&self, probes: Probes<'_>) -> ReadCounts {
+        let _outer = GUARDED.then(bpfmaps::pin);
         let mut c = ReadCounts::default();
         let mut value = [0u8; 8];
         for (key, id) in probes.each() {
@@ -475,9 +486,9 @@ mod tests {
             let keys = KeySet::kernel(300, key_size);
             let hasher = PolicyBuildHasher::new(bpfmaps::HashPolicy::Xxh3, 7);
             let impls = hash_impls(key_size);
-            // Five (eight with the fixed arrays), and `judy` if built in.
+            // Six (nine with the fixed arrays), and `judy` if built in.
             let native = usize::from(cfg!(native_judy));
-            assert_eq!(impls.len(), (if key_size == 16 { 8 } else { 5 }) + native);
+            assert_eq!(impls.len(), (if key_size == 16 { 9 } else { 6 }) + native);
             assert_eq!(impls.iter().any(|e| e.name == "judy"), cfg!(native_judy));
             for e in &impls {
                 let map = e.filled(&keys, 200, hasher);
