@@ -122,7 +122,7 @@ fn kernel_lpm_basic() {
 #[test]
 fn kernel_lpm_order() {
     let mut rng = StdRng::seed_from_u64(0xf00ba1);
-    let entries: Vec<([u8; 2], u32)> = (0..1 << 12)
+    let entries: Vec<([u8; 2], u32)> = (0..crate::scaled(1 << 12, 1 << 6))
         .map(|_| {
             let mut data = [rng.random::<u8>(), rng.random::<u8>()];
             let plen = rng.random_range(1..=16);
@@ -148,7 +148,7 @@ fn kernel_lpm_order() {
     assert_eq!(t1.len(), t2.len());
 
     let guard = pin();
-    for _ in 0..1 << 8 {
+    for _ in 0..crate::scaled(1 << 8, 1 << 5) {
         let key = [rng.random::<u8>(), rng.random::<u8>()];
         assert_eq!(t1.lookup_data(&key, &guard), t2.lookup_data(&key, &guard));
     }
@@ -164,7 +164,8 @@ fn kernel_lpm_order() {
 #[test]
 fn kernel_lpm_map() {
     let mut rng = StdRng::seed_from_u64(0xf00ba1);
-    for keysize in 1..=16usize {
+    // Under Miri, key sizes 1, 6, 11 and 16.
+    for keysize in (1..=16usize).step_by(crate::scaled(1, 5)) {
         let (n_nodes, n_lookups) = (crate::scaled(1 << 8, 16), crate::scaled(1 << 9, 32));
         let map = KernelLpmTrie::new(keysize, keysize + 1, 4096).unwrap();
         let mut model = BruteForce::default();
@@ -1173,7 +1174,7 @@ proptest! {
     fn matches_brute_force_oracle(
         ds in prop::sample::select(vec![1usize, 3, 4, 6, 16]),
         tiny in any::<bool>(),
-        ops in prop::collection::vec(op(), 1..120),
+        ops in prop::collection::vec(op(), 1..crate::scaled(120, 40)),
     ) {
         run_against_oracle(ds, if tiny { 5 } else { 1024 }, &ops)?;
     }
@@ -1311,7 +1312,7 @@ fn readers_see_only_stored_values_while_a_writer_churns() {
         }
         let mut rng = StdRng::seed_from_u64(99);
         let mut present = vec![false; churn.len()];
-        for _ in 0..crate::scaled(20_000, 300) {
+        for _ in 0..crate::scaled(20_000, 120) {
             let i = rng.random_range(0..churn.len());
             let (plen, data) = churn[i];
             if rng.random_bool(0.5) {
@@ -1344,7 +1345,7 @@ fn readers_see_only_stored_values_while_a_writer_churns() {
 fn dropping_a_large_trie() {
     let mut rng = StdRng::seed_from_u64(7);
     let trie = KernelLpmTrie::new(16, 8, 20_000).unwrap();
-    for _ in 0..crate::scaled(20_000, 200) {
+    for _ in 0..crate::scaled(20_000, 100) {
         let data: [u8; 16] = rng.random();
         let plen = rng.random_range(0..=128);
         trie.insert_data(&data, plen, &[0; 8], BPF_ANY).unwrap();

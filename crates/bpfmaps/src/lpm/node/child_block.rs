@@ -1,6 +1,8 @@
 //! Nodes and the child blocks that hold them inline.
 
 use std::alloc::Layout;
+use std::marker::PhantomData;
+use std::ops::Deref;
 use std::ptr::{self, NonNull};
 use std::sync::atomic::{AtomicPtr, Ordering};
 
@@ -48,9 +50,13 @@ impl Node {
     /// The current child block, if any, readable while `guard` is pinned
     /// (as for [`data`](Self::data)).
     #[inline(always)]
-    pub fn children<'g>(&'g self, _guard: &'g Guard) -> Option<&'g ChildBlock> {
-        // SAFETY: as for `data`.
-        unsafe { self.children.load(Ordering::Acquire).as_ref() }
+    pub fn children<'g>(&'g self, _guard: &'g Guard) -> Option<Children<'g>> {
+        // Acquire: as for `data`. The block outlives the guard (as for
+        // `data`), which the handle's lifetime stands for.
+        NonNull::new(self.children.load(Ordering::Acquire)).map(|block| Children {
+            block,
+            _guard: PhantomData,
+        })
     }
 
     /// The child for key byte `b`, if any.
@@ -108,29 +114,31 @@ impl ChildBlock {
         block
     }
 
-    /// Node `i` (in byte order).
+    /// Where node `i` (in byte order) of the block at `block` is, derived
+    /// from the pointer to the whole block (see [`Children`]).
     ///
     /// # Safety
-    /// `i < len`.
+    /// `block` points to a live block and `i < len`.
     #[inline(always)]
-    pub unsafe fn node(&self, i: usize) -> &Node {
+    unsafe fn node_ptr(block: NonNull<ChildBlock>, i: usize) -> NonNull<Node> {
         const OFFSET: usize = size_of::<ChildBlock>().next_multiple_of(align_of::<Node>());
-        // SAFETY: the nodes follow the header at `offset`; i < len.
-        unsafe {
-            &*ptr::from_ref(self)
-                .cast::<u8>()
-                .add(OFFSET)
-                .cast::<Node>()
-                .add(i)
-        }
+        // SAFETY: the nodes follow the header at `OFFSET` inside the block
+        // (`alloc` lays them out so); i < len.
+        unsafe { block.byte_add(OFFSET).cast::<Node>().add(i) }
     }
 
-    /// The entries of every node, in byte order.
-    pub fn entries(&self) -> Vec<Entry> {
-        (0..self.len as usize)
+    /// The entries of every node of the block at `block`, in byte order.
+    ///
+    /// # Safety
+    /// `block` points to a live block.
+    unsafe fn entries_of(block: NonNull<ChildBlock>) -> Vec<Entry> {
+        // SAFETY: the caller's block is live; its header is never written
+        // after `alloc`.
+        let len = unsafe { block.as_ref() }.len as usize;
+        (0..len)
             .map(|i| {
-                // SAFETY: i < len.
-                let n = unsafe { self.node(i) };
+                // SAFETY: i < len, in a live block.
+                let n = unsafe { Self::node_ptr(block, i).as_ref() };
                 (
                     n.children.load(Ordering::Relaxed),
                     n.data.load(Ordering::Relaxed),
@@ -138,11 +146,6 @@ impl ChildBlock {
                 )
             })
             .collect()
-    }
-
-    /// Number of children.
-    pub fn len(&self) -> usize {
-        self.len as usize
     }
 
     /// Gives the block itself (not the blocks its nodes point to) back to
@@ -156,6 +159,58 @@ impl ChildBlock {
     }
 }
 
+/// A node's child block, readable for `'g` (while the guard it was loaded
+/// under is pinned; see [`Node::data`]).
+///
+/// A handle on the pointer to the whole block rather than a
+/// `&'g ChildBlock`: the nodes lie past the header, and the writer stores
+/// into them (a node's `children` and `data` pointers are replaced in
+/// place), so pointers to them must come from the block's own pointer. A
+/// pointer derived from a `&ChildBlock` only carries a shared reference's
+/// permission for the header (`Bits` and a length, no interior
+/// mutability): a write through it, even an atomic one, is undefined
+/// behaviour (Miri's Tree Borrows reported the writer's
+/// `node.children.swap` through such a pointer). It derefs to the header.
+#[derive(Clone, Copy)]
+pub(crate) struct Children<'g> {
+    block: NonNull<ChildBlock>,
+    _guard: PhantomData<&'g ChildBlock>,
+}
+
+impl<'g> Children<'g> {
+    /// Node `i` (in byte order).
+    ///
+    /// # Safety
+    /// `i < len`.
+    #[inline(always)]
+    pub unsafe fn node(self, i: usize) -> &'g Node {
+        // SAFETY: the block is live for 'g (the guard); i < len.
+        unsafe { ChildBlock::node_ptr(self.block, i).as_ref() }
+    }
+
+    /// The entries of every node, in byte order.
+    pub fn entries(self) -> Vec<Entry> {
+        // SAFETY: the block is live for 'g.
+        unsafe { ChildBlock::entries_of(self.block) }
+    }
+
+    /// Number of children.
+    pub fn len(self) -> usize {
+        self.len as usize
+    }
+}
+
+impl Deref for Children<'_> {
+    type Target = ChildBlock;
+
+    /// The header (`bits`, the length), never written after `alloc`.
+    #[inline(always)]
+    fn deref(&self) -> &ChildBlock {
+        // SAFETY: the block is live for 'g, which outlives the handle.
+        unsafe { self.block.as_ref() }
+    }
+}
+
 /// Gives a whole subtree back to the arena: every block reachable from
 /// `children`/`data`.
 ///
@@ -164,8 +219,8 @@ impl ChildBlock {
 pub(crate) unsafe fn free_subtree(arena: &Arena, children: *mut ChildBlock, data: *mut DataBlock) {
     // SAFETY: the caller owns the subtree.
     unsafe {
-        if !children.is_null() {
-            for (c, d, _) in (*children).entries() {
+        if let Some(block) = NonNull::new(children) {
+            for (c, d, _) in ChildBlock::entries_of(block) {
                 free_subtree(arena, c, d);
             }
             ChildBlock::free(arena, children);

@@ -603,7 +603,7 @@ mod tests {
         #[test]
         fn incremental_builds_match_full(
             idxs in node_contents(),
-            changes in prop::collection::vec((1usize..512, prop::option::of(0u8..3)), 1..12),
+            changes in prop::collection::vec((1usize..512, prop::option::of(0u8..3)), 1..crate::scaled(12, 4)),
             no_default in any::<bool>(),
         ) {
             let arena = Arena::new();

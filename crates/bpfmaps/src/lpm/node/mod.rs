@@ -59,7 +59,7 @@ mod prefixes;
 mod runs;
 mod skip;
 
-pub(super) use child_block::{ChildBlock, Entry, Node, free_subtree};
+pub(super) use child_block::{ChildBlock, Children, Entry, Node, free_subtree};
 pub(super) use data_block::{DataBlock, NONE_BLOCK};
 pub(super) use leaf::{Answer, Hit, Leaf, LeafCell};
 pub(super) use prefixes::{Prefixes, index_range, prefix_index};

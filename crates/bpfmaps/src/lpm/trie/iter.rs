@@ -7,7 +7,7 @@ use super::{Found, LpmTrie, position};
 use crate::core::error::Result;
 use crate::core::reclaim::Guard;
 use crate::lpm::key::{self, mask_host_bits, prefix_contains};
-use crate::lpm::node::{ChildBlock, Node, Prefixes, index_range, prefix_index};
+use crate::lpm::node::{Children, Node, Prefixes, index_range, prefix_index};
 
 impl LpmTrie {
     /// Every stored prefix containing `data/prefixlen` (itself included),
@@ -164,7 +164,7 @@ impl PreOrder<'_> {
 
     /// The same, inside one node whose prefixes and child block were read
     /// once, on entry.
-    fn inside(&mut self, prefixes: &Prefixes, children: Option<&ChildBlock>, idx: usize) {
+    fn inside(&mut self, prefixes: &Prefixes, children: Option<Children<'_>>, idx: usize) {
         if subtree_empty(prefixes, children, idx) {
             return;
         }
@@ -212,7 +212,7 @@ impl PostOrder<'_> {
     fn inside(
         &mut self,
         prefixes: &Prefixes,
-        children: Option<&ChildBlock>,
+        children: Option<Children<'_>>,
         idx: usize,
     ) -> Option<Found> {
         if subtree_empty(prefixes, children, idx) {
@@ -292,7 +292,7 @@ fn cmp_last(path: &[u8], last_byte: u8, last: &[u8]) -> Cmp {
 }
 
 /// Whether no prefix and no child lies under index `idx` of a node.
-fn subtree_empty(prefixes: &Prefixes, children: Option<&ChildBlock>, idx: usize) -> bool {
+fn subtree_empty(prefixes: &Prefixes, children: Option<Children<'_>>, idx: usize) -> bool {
     let (l, lo, hi) = index_range(idx);
     if children.is_some_and(|c| c.bits.any_in(lo, hi)) {
         return false;

@@ -13,7 +13,9 @@ use crate::core::error::{Error, Result, check_len};
 use crate::core::flags::UpdateFlag;
 use crate::core::reclaim::{Guard, drop_in_background, pin};
 use crate::lpm::bits::Bits;
-use crate::lpm::node::{ChildBlock, DataBlock, Entry, Leaf, Node, Skip, free_subtree, index_range};
+use crate::lpm::node::{
+    ChildBlock, Children, DataBlock, Entry, Leaf, Node, Skip, free_subtree, index_range,
+};
 use crate::lpm::routes::{RouteAlloc, RouteStore};
 
 /// A raw pointer moved into a deferred free.
@@ -203,7 +205,7 @@ impl LpmTrie {
         bits: Bits<4>,
         entries: &[Entry],
         guard: &'g Guard,
-    ) -> Option<&'g ChildBlock> {
+    ) -> Option<Children<'g>> {
         let new = if entries.is_empty() {
             ptr::null_mut()
         } else {
