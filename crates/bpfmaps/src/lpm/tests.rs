@@ -321,8 +321,8 @@ proptest! {
     /// exactly the nodes a fresh build of the first set has.
     #[test]
     fn removals_restore_the_shape_of_a_fresh_build(
-        keep in prop::collection::vec(arb_prefix(16), 0..crate::scaled(40, 12)),
-        extra in prop::collection::vec(arb_prefix(16), 0..crate::scaled(40, 12)),
+        keep in prop::collection::vec(arb_prefix(16), 0..crate::scaled(40, 8)),
+        extra in prop::collection::vec(arb_prefix(16), 0..crate::scaled(40, 8)),
     ) {
         let fresh = LpmTrie::new(16, 4, 100).unwrap();
         let t = LpmTrie::new(16, 4, 100).unwrap();
@@ -1058,7 +1058,7 @@ fn concurrent_readers_during_a_real_bgp_trace() {
 /// an 8-byte value must have equal halves (never torn). The prefixes nest
 /// from /0 to /32, so new values are also inherited down the tree, and
 /// number over 4,096, so the direct index is in use (not under Miri:
-/// 60 prefixes there).
+/// 24 prefixes there).
 #[test]
 fn value_updates_are_never_stale_or_torn() {
     for value_size in [4, 8] {
@@ -1077,7 +1077,7 @@ fn value_updates_round_by_round(value_size: usize) {
         ([10, 1, 2, 200], 32),
     ];
     let mut x = 0x2545_f491u32;
-    while prefixes.len() < crate::scaled(6000, 60) {
+    while prefixes.len() < crate::scaled(6000, 24) {
         x ^= x << 13;
         x ^= x >> 17;
         x ^= x << 5;
@@ -1096,7 +1096,7 @@ fn value_updates_round_by_round(value_size: usize) {
     for (id, (d, l)) in prefixes.iter().enumerate() {
         t.insert(d, *l, &value(0, id), BPF_ANY).unwrap();
     }
-    // Under Miri, 60 prefixes: too few for the index (and one would take
+    // Under Miri, 24 prefixes: too few for the index (and one would take
     // minutes to build, see `DIRECT_AT_ONCE`).
     assert_eq!(t.has_direct_index(), !cfg!(miri));
     let (begun, done) = (Arc::new(AtomicU32::new(0)), Arc::new(AtomicU32::new(0)));
@@ -1147,7 +1147,7 @@ fn value_updates_round_by_round(value_size: usize) {
         })
         .collect();
     wait_for_readers(&looking, 2);
-    for round in 1..=crate::scaled(40, 3) as u32 {
+    for round in 1..=crate::scaled(40, 2) as u32 {
         begun.store(round, Ordering::Release);
         for (id, (d, l)) in prefixes.iter().enumerate() {
             // EBUSY (8-byte values: no route slot back from its grace
