@@ -245,19 +245,28 @@ impl Node {
         self.head.prefixlen
     }
 
+    /// Acquire, pairing with `set_im`: a reader that sees the flag sees
+    /// the two children the node had when it was set, so it never finds an
+    /// intermediate node without children (invariant 2; an intermediate
+    /// node's child slots never go back to null).
     #[inline]
     fn is_im(&self) -> bool {
-        self.head.flags.load(Ordering::Relaxed) & LPM_TREE_NODE_FLAG_IM != 0
+        self.head.flags.load(Ordering::Acquire) & LPM_TREE_NODE_FLAG_IM != 0
     }
 
     /// Sets the IM flag in place (a delete that finds two children). Only
     /// writers call this, holding the lock, so a load and a store suffice,
-    /// as the kernel's plain `flags |= IM`.
+    /// as the kernel's plain `flags |= IM`. Release, not the kernel's plain
+    /// store: with a relaxed flag a reader could see the flag but a child
+    /// slot from before that child was linked (null), and `find_leftmost`
+    /// would then end without a node (the kernel dereferences NULL there;
+    /// strong ordering on x86 hides it). Miri found it in
+    /// `kernel_lpm_multi_thread`.
     fn set_im(&self) {
         let flags = self.head.flags.load(Ordering::Relaxed);
         self.head
             .flags
-            .store(flags | LPM_TREE_NODE_FLAG_IM, Ordering::Relaxed);
+            .store(flags | LPM_TREE_NODE_FLAG_IM, Ordering::Release);
     }
 
     #[inline]
