@@ -224,6 +224,11 @@ impl DirectIndex {
                     }
                 }
             }
+            // Today's write paths never need this one: a new depth-1
+            // node starts empty and one is removed only once empty, so
+            // its leaves are the root's leaf for `b0`, which the slots
+            // already hold (the tests pass without it). A subtree built
+            // apart and linked whole would need it.
             (0, Some(b0)) => self.refresh_b0(root, b0, guard),
             (1, _) => self.refresh_b0(root, top[0], guard),
             (2, _) => self.copy_node(self.slot(top[0], top[1]), node),

@@ -257,11 +257,12 @@ impl Node {
     /// Sets the IM flag in place (a delete that finds two children). Only
     /// writers call this, holding the lock, so a load and a store suffice,
     /// as the kernel's plain `flags |= IM`. Release, not the kernel's plain
-    /// store: with a relaxed flag a reader could see the flag but a child
-    /// slot from before that child was linked (null), and `find_leftmost`
-    /// would then end without a node (the kernel dereferences NULL there;
-    /// strong ordering on x86 hides it). Miri found it in
-    /// `kernel_lpm_multi_thread`.
+    /// store: with a relaxed flag a reader could see the flag yet read a
+    /// child slot as it was before that child was linked (null), and
+    /// `find_leftmost` would end without a node. Miri failed
+    /// `kernel_lpm_multi_thread` once with that symptom (not reproduced
+    /// since, docs/testing.md). Whether the kernel's own barriers rule it
+    /// out there was not examined.
     fn set_im(&self) {
         let flags = self.head.flags.load(Ordering::Relaxed);
         self.head
