@@ -24,13 +24,16 @@
 //!   `retire_data`) and payloads written in place (`replace_payload`,
 //!   `node::leaf::store_payload`/`load_payload`) naming route slots filled
 //!   just before (`RouteStore::alloc`), recycled after a grace period;
+//! - the hash map's readers without a pin (`RawTable::read_unpinned`,
+//!   behind `Map::lookup`): the stripe's unlink count checked after a
+//!   read of an element that the writer recycles at once;
 //! - not modelled: the chain walk over several elements, the LRU clock,
 //!   the direct index (it mirrors the tree with the same release stores).
 
 use crossbeam_epoch::{Collector, LocalHandle};
 use loom::cell::UnsafeCell;
 use loom::sync::Arc;
-use loom::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
+use loom::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering, fence};
 
 use crate::core::free_list::{Chain, FreeList, Links, NIL};
 
@@ -155,6 +158,85 @@ fn hash_element_replacement() {
             drop(guard);
             settle(&handle);
         }
+        reader.join().unwrap();
+    });
+}
+
+/// A hash element as readers without a pin see it: words stored and
+/// loaded atomically (`ElemPtr::word`).
+struct Words {
+    key: AtomicU64,
+    value: AtomicU64,
+}
+
+/// The hash map's readers without a pin: a writer updates key 7 (a new
+/// element swapped in, the old one unlinked and counted), then, having no
+/// pinned reader to wait for, refills the old element at once for key 9
+/// in another bucket (the worst case of recycling). The reader copies key
+/// 7's element and keeps the copy only if the stripe's unlink count did
+/// not change meanwhile: a kept copy must be whole and key 7's, and not
+/// older than an update that completed before the read began.
+#[test]
+fn hash_unpinned_reads() {
+    loom::model(|| {
+        let elems: Arc<Vec<Words>> = Arc::new(
+            [(7, 700), (0, 0)]
+                .into_iter()
+                .map(|(key, value)| Words {
+                    key: AtomicU64::new(key),
+                    value: AtomicU64::new(value),
+                })
+                .collect(),
+        );
+        // Key 7's bucket head, and its stripe's `Stripe::unlinks`.
+        let head = Arc::new(AtomicUsize::new(0));
+        let unlinks = Arc::new(AtomicU64::new(0));
+        let updated = Arc::new(AtomicU64::new(0));
+
+        let reader = {
+            let (elems, head, unlinks, updated) = (
+                elems.clone(),
+                head.clone(),
+                unlinks.clone(),
+                updated.clone(),
+            );
+            loom::thread::spawn(move || {
+                let floor = 700 + updated.load(Ordering::Acquire);
+                loop {
+                    // `read_unpinned`: Acquire, so a walk that starts after
+                    // an unlink sees the chain without the element.
+                    let seen = unlinks.load(Ordering::Acquire);
+                    let e = &elems[head.load(Ordering::Acquire)];
+                    let key = e.key.load(Ordering::Relaxed);
+                    let value = e.value.load(Ordering::Relaxed);
+                    fence(Ordering::Acquire);
+                    if unlinks.load(Ordering::Relaxed) != seen {
+                        continue;
+                    }
+                    assert_eq!((key, value / 100), (7, 7), "a torn or foreign element");
+                    assert!(value >= floor, "stale: {value} after {floor}");
+                    break;
+                }
+            })
+        };
+
+        // `ElemPtr::init`: a release fence, then atomic stores (a reader
+        // may still be reading the element).
+        let init = |e: &Words, key: u64, value: u64| {
+            fence(Ordering::Release);
+            e.key.store(key, Ordering::Relaxed);
+            e.value.store(value, Ordering::Relaxed);
+        };
+        // `RawTable::update` of key 7: publish the new element, then count
+        // the old one's unlink (`Stripe::count_unlink`).
+        init(&elems[1], 7, 701);
+        head.store(1, Ordering::Release);
+        let n = unlinks.load(Ordering::Relaxed);
+        unlinks.store(n + 1, Ordering::Release);
+        updated.store(1, Ordering::Release);
+        // Element 0 reused at once for key 9 (another bucket: no count
+        // here, the unlink above is what readers of key 7 check).
+        init(&elems[0], 9, 900);
         reader.join().unwrap();
     });
 }

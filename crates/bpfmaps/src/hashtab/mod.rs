@@ -57,6 +57,7 @@ use crate::core::family::{Family, KeyKind, SizeRule};
 use crate::core::flags::{BPF_F_NO_PREALLOC, BPF_F_ZERO_SEED, UpdateFlag};
 use crate::core::reclaim::{Guard, pin};
 use crate::hash::{HashPolicy, seed_for};
+use slab::ElemPtr;
 use table::{RawTable, TableOptions};
 
 pub use typed::{TypedHashMap, TypedLruHashMap};
@@ -271,6 +272,17 @@ macro_rules! impl_hash_ops {
                     None => Err(Error::NotFound),
                 }
             }
+            /// Without a pin (`RawTable::read_unpinned`).
+            #[inline]
+            fn map_lookup_elem_unguarded(&self, key: &[u8], value: &mut [u8]) -> Result<()> {
+                match self.base().table.read_unpinned(key, value) {
+                    Some(found) => {
+                        self.mark_used(found);
+                        Ok(())
+                    }
+                    None => Err(Error::NotFound),
+                }
+            }
             fn map_update_elem(
                 &self,
                 key: &[u8],
@@ -315,17 +327,33 @@ impl_hash_ops!(
 /// The table under both hash maps.
 trait HashBase {
     fn base(&self) -> &HashMap;
+    /// What a lookup that found `e` records (the LRU map: recency).
+    fn mark_used(&self, e: ElemPtr);
 }
 
 impl HashBase for HashMap {
     fn base(&self) -> &HashMap {
         self
     }
+    #[inline]
+    fn mark_used(&self, _: ElemPtr) {}
 }
 
 impl HashBase for LruHashMap {
     fn base(&self) -> &HashMap {
         &self.base
+    }
+    /// Sets the referenced bit. After a lookup without a pin the element
+    /// may have been recycled since: the bit then lands on another entry
+    /// (or a free one), which costs that entry one sweep of the clock, no
+    /// more.
+    #[inline]
+    fn mark_used(&self, e: ElemPtr) {
+        // SAFETY: slab memory outlives the table; the bit is an atomic.
+        let header = unsafe { e.header() };
+        if !header.referenced.load(Ordering::Relaxed) {
+            header.referenced.store(true, Ordering::Relaxed);
+        }
     }
 }
 
@@ -406,12 +434,9 @@ impl LruHashMap {
             .base
             .table
             .find(key, self.base.table.hash(key), guard)?;
-        // SAFETY: reachable under the pinned guard.
-        let header = unsafe { e.header() };
-        if !header.referenced.load(Ordering::Relaxed) {
-            header.referenced.store(true, Ordering::Relaxed);
-        }
-        // SAFETY: as above; values of reachable elements are immutable.
+        self.mark_used(e);
+        // SAFETY: reachable under the pinned guard; values of reachable
+        // elements are immutable.
         Some(unsafe { e.value(self.base.table.layout()) })
     }
 

@@ -15,17 +15,26 @@
 //! from a chain under a mutex. An element unlinked from its bucket is not
 //! reusable until every reader pinned at unlink time has unpinned; the
 //! epoch collector then releases it, lock-free (a reader thread running
-//! the collector never takes a lock), linked through its first word (the
-//! dead element's `next`).
+//! the collector never takes a lock), linked through its `next` word.
+//!
+//! Readers that hold no pin (`RawTable::read_unpinned`) may still be
+//! reading an element while it is recycled, and detect it afterwards. So
+//! every word of an element that such a reader loads (header, key, value,
+//! free-list link) is written with atomic stores, and a recycled element
+//! is refilled only after a release fence (`ElemPtr::init`): a reader that
+//! loads any word of the new contents then sees, after its acquire fence,
+//! the unlink count its bucket's writer bumped before retiring it.
 
 use std::alloc::{Layout, alloc_zeroed, dealloc};
 use std::ptr::{self, NonNull};
-use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU32, AtomicUsize, Ordering};
+use std::sync::atomic::{
+    AtomicBool, AtomicPtr, AtomicU32, AtomicU64, AtomicUsize, Ordering, fence,
+};
 
 use parking_lot::Mutex;
 
 use crate::core::error::{Error, Result};
-use crate::core::free_list::{Chain, FirstWord, FreeList};
+use crate::core::free_list::{Chain, FreeList, Links};
 use crate::core::reclaim::drop_in_background;
 
 /// Header at the start of every element; key and value bytes follow.
@@ -108,23 +117,189 @@ impl ElemPtr {
         unsafe { std::slice::from_raw_parts(self.bytes(layout.value_offset), layout.value_size) }
     }
 
-    /// Fills a private element (just taken from the free list, unreachable
-    /// by readers) before it is published.
+    /// The 8-byte word at `offset` (a multiple of 8 inside the element).
     ///
     /// # Safety
-    /// The caller owns the element exclusively.
+    /// The element lies in slab memory that outlives `'a`.
+    #[inline(always)]
+    unsafe fn word<'a>(self, offset: usize) -> &'a AtomicU64 {
+        debug_assert_eq!(offset % 8, 0);
+        // SAFETY: elements are 8-aligned and `offset` is a multiple of 8
+        // inside one; where readers without a pin may race, slab words are
+        // only accessed atomically (see the module doc).
+        unsafe { AtomicU64::from_ptr(self.bytes(offset).cast()) }
+    }
+
+    /// Whether the key equals `key`, read word by word with atomic loads,
+    /// so that it may be called on an element being recycled meanwhile
+    /// (the answer is then meaningless, and the caller discards it).
+    ///
+    /// # Safety
+    /// The element lies in slab memory that outlives the call.
+    #[inline(always)]
+    pub unsafe fn key_matches_racy(self, key: &WordKey) -> bool {
+        let stored = |i: usize| {
+            // SAFETY: the caller's; the key's words lie inside the element.
+            unsafe { self.word(HEADER + 8 * i) }.load(Ordering::Relaxed)
+        };
+        debug_assert!(key.bytes.len() <= 16, "longer keys take the pinned walk");
+        stored(0) == key.first[0] && (key.bytes.len() <= 8 || stored(1) == key.first[1])
+    }
+
+    /// Copies the value into `out` with atomic loads (see `key_matches_racy`).
+    ///
+    /// # Safety
+    /// As for `key_matches_racy`.
+    #[inline(always)]
+    pub unsafe fn copy_value_racy(self, layout: &ElemLayout, out: &mut [u8]) {
+        let stored = |i: usize| {
+            // SAFETY: the caller's; the value's words lie inside the element.
+            unsafe { self.word(layout.value_offset + 8 * i) }.load(Ordering::Relaxed)
+        };
+        let n = out.len();
+        // The common sizes as `bytes::copy` does them: whole words, then
+        // one overlapping store for the tail.
+        match n {
+            8..=16 => {
+                let first = stored(0);
+                out[..8].copy_from_slice(&first.to_le_bytes());
+                if n > 8 {
+                    let both = u128::from(stored(1)) << 64 | u128::from(first);
+                    let tail = (both >> (8 * (n - 8))) as u64;
+                    out[n - 8..].copy_from_slice(&tail.to_le_bytes());
+                }
+            }
+            4..=7 => {
+                let first = stored(0);
+                out[..4].copy_from_slice(&(first as u32).to_le_bytes());
+                out[n - 4..].copy_from_slice(&((first >> (8 * (n - 4))) as u32).to_le_bytes());
+            }
+            _ => {
+                let (words, tail) = out.as_chunks_mut::<8>();
+                for (i, word) in words.iter_mut().enumerate() {
+                    *word = stored(i).to_le_bytes();
+                }
+                if !tail.is_empty() {
+                    let last = stored(n / 8).to_le_bytes();
+                    for (byte, value) in tail.iter_mut().zip(last) {
+                        *byte = value;
+                    }
+                }
+            }
+        }
+    }
+
+    /// Stores `bytes` from `offset` in whole words, the last one padded
+    /// with zeros.
+    ///
+    /// # Safety
+    /// The words lie inside the element, which the caller owns.
+    unsafe fn store_words(self, offset: usize, bytes: &[u8]) {
+        for (i, chunk) in bytes.chunks(8).enumerate() {
+            // SAFETY: the caller's.
+            unsafe { self.word(offset + 8 * i) }.store(padded(chunk), Ordering::Relaxed);
+        }
+    }
+
+    /// Fills a private element (just taken from the free list, unreachable
+    /// through any bucket) before it is published.
+    ///
+    /// # Safety
+    /// The caller owns the element exclusively (readers without a pin may
+    /// still load its words; they detect the refill, see the module doc).
     pub unsafe fn init(self, layout: &ElemLayout, hash: u32, key: &[u8], value: &[u8]) {
         debug_assert_eq!(key.len(), layout.key_size);
         debug_assert_eq!(value.len(), layout.value_size);
-        // SAFETY: exclusive ownership; the ranges lie inside the element.
+        // Orders the unlink that retired this element's previous contents
+        // before every store below (pairs with `read_unpinned`'s acquire
+        // fence).
+        fence(Ordering::Release);
+        // SAFETY: exclusive ownership.
+        let h = unsafe { self.header() };
+        h.hash.store(hash, Ordering::Relaxed);
+        h.referenced.store(false, Ordering::Relaxed);
+        h.next.store(ptr::null_mut(), Ordering::Relaxed);
+        // SAFETY: exclusive ownership; the areas lie inside the element.
         unsafe {
-            let h = self.header();
-            h.hash.store(hash, Ordering::Relaxed);
-            h.referenced.store(false, Ordering::Relaxed);
-            h.next.store(ptr::null_mut(), Ordering::Relaxed);
-            ptr::copy_nonoverlapping(key.as_ptr(), self.bytes(HEADER), key.len());
-            ptr::copy_nonoverlapping(value.as_ptr(), self.bytes(layout.value_offset), value.len());
+            self.store_words(HEADER, key);
+            self.store_words(layout.value_offset, value);
         }
+    }
+}
+
+/// A key of up to 16 bytes as elements store it (`padded` words),
+/// prepared once per lookup.
+pub(super) struct WordKey<'k> {
+    bytes: &'k [u8],
+    first: [u64; 2],
+}
+
+impl<'k> WordKey<'k> {
+    #[inline(always)]
+    pub fn new(bytes: &'k [u8]) -> Self {
+        let n = bytes.len();
+        let le_at = |at: usize| u64::from_le_bytes(bytes[at..at + 8].try_into().expect("8 bytes"));
+        let first = if n >= 8 { le_at(0) } else { padded(bytes) };
+        let second = match n {
+            16.. => le_at(8),
+            // The word that ends the key holds bytes 8.. in its top bytes.
+            9..=15 => le_at(n - 8) >> (8 * (16 - n)),
+            _ => 0,
+        };
+        WordKey {
+            bytes,
+            first: [first, second],
+        }
+    }
+}
+
+/// `chunk` (0 to 8 bytes) as a little-endian word, zero-padded: how keys
+/// and values are stored. Two overlapping loads instead of a `memcpy`
+/// call; the bytes they share are equal, so OR joins them.
+#[inline(always)]
+fn padded(chunk: &[u8]) -> u64 {
+    let n = chunk.len();
+    let u32_at = |at: usize| {
+        u64::from(u32::from_le_bytes(
+            chunk[at..at + 4].try_into().expect("4 bytes"),
+        ))
+    };
+    let u16_at = |at: usize| {
+        u64::from(u16::from_le_bytes(
+            chunk[at..at + 2].try_into().expect("2 bytes"),
+        ))
+    };
+    match n {
+        8 => u64::from_le_bytes(chunk.try_into().expect("8 bytes")),
+        4..=7 => u32_at(0) | u32_at(n - 4) << (8 * (n - 4)),
+        2..=3 => u16_at(0) | u16_at(n - 2) << (8 * (n - 2)),
+        1 => u64::from(chunk[0]),
+        0 => 0,
+        _ => unreachable!("a chunk holds at most 8 bytes"),
+    }
+}
+
+/// Free-list links in the element's `next` word, stored atomically and
+/// with release ordering: a reader without a pin may still load `next`
+/// of a free element (see the module doc).
+struct NextLink;
+
+// SAFETY: the link is the element's `next`, read back as stored.
+unsafe impl Links for NextLink {
+    #[inline]
+    unsafe fn next(&self, entry: usize) -> usize {
+        // SAFETY: free list entries are slab elements.
+        unsafe { &*(entry as *const ElemHeader) }
+            .next
+            .load(Ordering::Relaxed) as usize
+    }
+
+    #[inline]
+    unsafe fn set_next(&self, entry: usize, next: usize) {
+        // SAFETY: as above.
+        unsafe { &*(entry as *const ElemHeader) }
+            .next
+            .store(next as *mut ElemHeader, Ordering::Release)
     }
 }
 
@@ -191,8 +366,8 @@ impl Slab {
         let base = NonNull::new(unsafe { alloc_zeroed(layout) }).ok_or(Error::NoMemory)?;
         for i in (0..n).rev() {
             // SAFETY: i < n, inside the chunk; the element is fresh and
-            // private, its first word free for the link.
-            unsafe { free.push(&FirstWord, base.as_ptr().add(i * self.layout.size) as usize) };
+            // private, its `next` free for the link.
+            unsafe { free.push(&NextLink, base.as_ptr().add(i * self.layout.size) as usize) };
         }
         self.chunks.lock().push(Chunk {
             base,
@@ -206,11 +381,11 @@ impl Slab {
     /// Takes a free element for a writer.
     pub fn alloc(&self) -> Result<ElemPtr> {
         let mut free = self.free.lock();
-        let elem = match self.returned.take(&FirstWord, &mut free) {
+        let elem = match self.returned.take(&NextLink, &mut free) {
             Some(elem) => elem,
             None => {
                 self.grow(&mut free, self.grow_by)?;
-                free.pop(&FirstWord).expect("a new chunk's elements")
+                free.pop(&NextLink).expect("a new chunk's elements")
             }
         };
         Ok(ElemPtr(
@@ -222,8 +397,8 @@ impl Slab {
     /// grace period, possibly on a reader's thread: lock-free).
     pub fn release(&self, elem: ElemPtr) {
         // SAFETY: the element is unreachable by readers and writers; its
-        // first word (`next`) becomes the link.
-        unsafe { self.returned.release(&FirstWord, elem.0.as_ptr() as usize) };
+        // `next` becomes the link.
+        unsafe { self.returned.release(&NextLink, elem.0.as_ptr() as usize) };
     }
 
     /// Bytes held by element chunks.

@@ -11,28 +11,67 @@
 //!    time remains (epoch grace period); only then is it reused.
 //! 4. `len` counts linked elements and never exceeds `max_entries`: a new
 //!    key reserves its slot before it is linked.
+//! 5. Every unlink (delete, replacement, eviction) bumps its lock stripe's
+//!    `unlinks` count with a release store before the element is retired.
+//!
+//! Readers come in two kinds. Pinned ones (`find`, `get`) borrow elements
+//! for their guard's lifetime (invariants 2 and 3). Unpinned ones
+//! (`read_unpinned`, the byte contract's `Map::lookup`) skip the pin's
+//! fence and copy the value out instead: slab memory is never freed while
+//! the table lives, so following a stale pointer is harmless, and a walk
+//! during which the stripe's `unlinks` did not change saw no element of
+//! its bucket unlinked, so none recycled (invariants 3 and 5). They check
+//! after every element and start again if it changed; after a few walks
+//! cut short that way, they pin and walk once more as pinned readers do.
 
 use std::ptr;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicPtr, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicPtr, AtomicU64, AtomicUsize, Ordering, fence};
 
 use parking_lot::{Mutex, MutexGuard};
 
-use super::slab::{ElemHeader, ElemLayout, ElemPtr, Slab};
+use super::slab::{ElemHeader, ElemLayout, ElemPtr, Slab, WordKey};
 use crate::core::bytes;
 use crate::core::error::{Error, Result};
 use crate::core::flags::UpdateFlag;
-use crate::core::reclaim::Guard;
+use crate::core::reclaim::{Guard, pin};
 use crate::hash::HashPolicy;
 
-/// One hash bucket: its chain head and the lock its writers take. Heads
-/// are a dense array of pointers (8 bytes a bucket, all a reader touches);
-/// locks are striped over at most `MAX_LOCKS`.
+/// One hash bucket: its chain head and the stripe its writers lock. Heads
+/// are a dense array of pointers (8 bytes a bucket, all a pinned reader
+/// touches); stripes are at most `MAX_LOCKS`.
 #[derive(Clone, Copy)]
 struct Bucket<'a> {
     head: &'a AtomicPtr<ElemHeader>,
-    lock: &'a Mutex<()>,
+    stripe: &'a Stripe,
 }
+
+/// The writers' lock for a set of buckets, and how many elements were
+/// unlinked from them so far (invariant 5; written under the lock).
+#[derive(Default)]
+struct Stripe {
+    lock: Mutex<()>,
+    unlinks: AtomicU64,
+}
+
+impl Stripe {
+    /// Counts an unlink done under `_lock` (invariant 5).
+    fn count_unlink(&self, _lock: &MutexGuard<'_, ()>) {
+        let n = self.unlinks.load(Ordering::Relaxed);
+        self.unlinks.store(n + 1, Ordering::Release);
+    }
+}
+
+/// Walks without a pin a lookup tries before it pins one: a stripe whose
+/// writers unlink during every walk would otherwise starve it.
+const UNPINNED_WALKS: usize = 4;
+
+/// The longest key and value read without a pin. Reading longer ones word
+/// by word with atomic loads cost more than the pin saves, where
+/// `memcmp`/`memcpy` under a pin read them whole (docs/benchmarks.md:
+/// 64-byte keys and 256-byte values lost, 64-byte values won).
+const UNPINNED_MAX_KEY: usize = 16;
+const UNPINNED_MAX_VALUE: usize = 64;
 
 /// Lock stripes: enough that writers on two cores rarely meet.
 const MAX_LOCKS: usize = 4096;
@@ -58,7 +97,7 @@ pub(super) enum Replaced {
 
 pub(super) struct RawTable {
     heads: Box<[AtomicPtr<ElemHeader>]>,
-    locks: Box<[Mutex<()>]>,
+    stripes: Box<[Stripe]>,
     mask: usize,
     slab: Arc<Slab>,
     len: AtomicUsize,
@@ -88,8 +127,8 @@ impl RawTable {
         let heads = (0..n_buckets)
             .map(|_| AtomicPtr::new(ptr::null_mut()))
             .collect();
-        let locks = (0..n_buckets.min(MAX_LOCKS))
-            .map(|_| Mutex::new(()))
+        let stripes = (0..n_buckets.min(MAX_LOCKS))
+            .map(|_| Stripe::default())
             .collect();
         let layout = ElemLayout::new(opts.key_size, opts.value_size);
         let (prealloc, grow_by) = if opts.prealloc {
@@ -100,7 +139,7 @@ impl RawTable {
         };
         Ok(RawTable {
             heads,
-            locks,
+            stripes,
             mask: n_buckets - 1,
             slab: Arc::new(Slab::new(layout, prealloc, grow_by)?),
             len: AtomicUsize::new(0),
@@ -123,10 +162,10 @@ impl RawTable {
     #[inline]
     fn bucket(&self, hash: u32) -> Bucket<'_> {
         let i = hash as usize & self.mask;
-        // The lock count is a power of two no larger than the bucket count.
+        // The stripe count is a power of two no larger than the bucket count.
         Bucket {
             head: &self.heads[i],
-            lock: &self.locks[i & (self.locks.len() - 1)],
+            stripe: &self.stripes[i & (self.stripes.len() - 1)],
         }
     }
 
@@ -163,6 +202,70 @@ impl RawTable {
         let e = self.find(key, self.hash(key), guard)?;
         // SAFETY: the element stays allocated and unwritten while `guard` is pinned.
         Some(unsafe { e.value(self.layout()) })
+    }
+
+    /// Copies the value of `key` into `out` without a pin; whether found.
+    /// Lock-free, as `find`, and never returns a value the key did not
+    /// hold during the call (see the module doc for why).
+    #[inline]
+    pub fn read_unpinned(&self, key: &[u8], out: &mut [u8]) -> Option<ElemPtr> {
+        let walks = if key.len() <= UNPINNED_MAX_KEY && out.len() <= UNPINNED_MAX_VALUE {
+            UNPINNED_WALKS
+        } else {
+            0
+        };
+        self.read_unpinned_or_pin(key, out, walks)
+    }
+
+    /// `read_unpinned`, pinning for a last walk after `walks` that writers
+    /// of the stripe interrupted.
+    #[inline]
+    pub(super) fn read_unpinned_or_pin(
+        &self,
+        key: &[u8],
+        out: &mut [u8],
+        walks: usize,
+    ) -> Option<ElemPtr> {
+        let layout = self.layout();
+        let hash = self.hash(key);
+        let bucket = self.bucket(hash);
+        let words = WordKey::new(key);
+        'walk: for _ in 0..walks {
+            // Acquire: a walk that starts after an unlink sees it done.
+            let unlinks = bucket.stripe.unlinks.load(Ordering::Acquire);
+            // Whatever is loaded below from a recycled element was stored
+            // after its unlink was counted (`ElemPtr::init`, the free
+            // list's release store): the fence makes that count visible.
+            let unchanged = || {
+                fence(Ordering::Acquire);
+                bucket.stripe.unlinks.load(Ordering::Relaxed) == unlinks
+            };
+            let mut p = bucket.head.load(Ordering::Acquire);
+            let found = loop {
+                let e = ptr::NonNull::new(p).map(ElemPtr)?;
+                // SAFETY: slab memory outlives the table; every word read
+                // here is read atomically (`slab` module doc).
+                let h = unsafe { e.header() };
+                // SAFETY: as above.
+                if h.hash.load(Ordering::Relaxed) == hash && unsafe { e.key_matches_racy(&words) } {
+                    break e;
+                }
+                p = h.next.load(Ordering::Acquire);
+                if !unchanged() {
+                    continue 'walk;
+                }
+            };
+            // SAFETY: as above.
+            unsafe { found.copy_value_racy(layout, out) };
+            if unchanged() {
+                return Some(found);
+            }
+        }
+        let guard = pin();
+        let found = self.find(key, hash, &guard)?;
+        // SAFETY: reachable under the pinned guard.
+        bytes::copy(out, unsafe { found.value(layout) });
+        Some(found)
     }
 
     /// Walks a locked bucket for `key`; returns the link that points at it.
@@ -219,7 +322,7 @@ impl RawTable {
         let hash = self.hash(key);
         let bucket = self.bucket(hash);
         loop {
-            let lock = bucket.lock.lock();
+            let lock = bucket.stripe.lock.lock();
             let old = self.find_locked(bucket, &lock, key, hash);
             flag.check(old.is_some())?;
             if old.is_none() && !self.reserve() {
@@ -251,6 +354,7 @@ impl RawTable {
                     // Publishes the new element's bytes (pairs with the
                     // Acquire loads in `find`).
                     link.store(new.0.as_ptr(), Ordering::Release);
+                    bucket.stripe.count_unlink(&lock);
                     self.retire(old, guard);
                     Replaced::Updated
                 }
@@ -269,7 +373,7 @@ impl RawTable {
     pub fn delete(&self, key: &[u8], out: Option<&mut [u8]>, guard: &Guard) -> Result<()> {
         let hash = self.hash(key);
         let bucket = self.bucket(hash);
-        let lock = bucket.lock.lock();
+        let lock = bucket.stripe.lock.lock();
         let (link, e) = self
             .find_locked(bucket, &lock, key, hash)
             .ok_or(Error::NotFound)?;
@@ -277,14 +381,22 @@ impl RawTable {
             // SAFETY: linked element under its bucket lock.
             out.copy_from_slice(unsafe { e.value(self.layout()) });
         }
-        self.unlink(link, e, guard);
+        self.unlink(bucket, &lock, link, e, guard);
         Ok(())
     }
 
-    fn unlink(&self, link: &AtomicPtr<ElemHeader>, e: ElemPtr, guard: &Guard) {
+    fn unlink(
+        &self,
+        bucket: Bucket<'_>,
+        lock: &MutexGuard<'_, ()>,
+        link: &AtomicPtr<ElemHeader>,
+        e: ElemPtr,
+        guard: &Guard,
+    ) {
         // SAFETY: linked element; caller holds its bucket lock.
         let next = unsafe { e.header() }.next.load(Ordering::Relaxed);
         link.store(next, Ordering::Release);
+        bucket.stripe.count_unlink(lock);
         self.len.fetch_sub(1, Ordering::Relaxed);
         self.retire(e, guard);
     }
@@ -296,14 +408,14 @@ impl RawTable {
         // element was recycled, which the chain walk below detects.
         let hash = unsafe { victim.header() }.hash.load(Ordering::Relaxed);
         let bucket = self.bucket(hash);
-        let _lock = bucket.lock.lock();
+        let lock = bucket.stripe.lock.lock();
         let mut link = bucket.head;
         loop {
             let Some(e) = ptr::NonNull::new(link.load(Ordering::Relaxed)) else {
                 return false;
             };
             if e == victim.0 {
-                self.unlink(link, victim, guard);
+                self.unlink(bucket, &lock, link, victim, guard);
                 return true;
             }
             // SAFETY: linked element under the bucket lock.
@@ -363,7 +475,7 @@ impl RawTable {
     pub fn memory_usage(&self) -> usize {
         size_of::<Self>()
             + self.heads.len() * size_of::<AtomicPtr<ElemHeader>>()
-            + self.locks.len() * size_of::<Mutex<()>>()
+            + self.stripes.len() * size_of::<Stripe>()
             + self.slab.bytes()
     }
 }
