@@ -48,7 +48,7 @@ impl HashPolicy {
     }
 
     /// Hashes `key` with `seed` under this policy.
-    #[inline(always)]
+    #[inline]
     pub fn hash(self, key: &[u8], seed: u32) -> u32 {
         match self {
             HashPolicy::Jhash => kernel_htab_hash(key, seed),

@@ -272,10 +272,14 @@ macro_rules! impl_hash_ops {
                     None => Err(Error::NotFound),
                 }
             }
-            /// Without a pin (`RawTable::read_unpinned`).
+            /// Without a pin (`RawTable::read_unpinned`) where sizes allow.
             #[inline]
             fn map_lookup_elem_unguarded(&self, key: &[u8], value: &mut [u8]) -> Result<()> {
-                match self.base().table.read_unpinned(key, value) {
+                let table = &self.base().table;
+                if !table.reads_unpinned() {
+                    return self.map_lookup_elem(key, value, &pin());
+                }
+                match table.read_unpinned(key, value) {
                     Some(found) => {
                         self.mark_used(found);
                         Ok(())

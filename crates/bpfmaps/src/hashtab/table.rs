@@ -66,13 +66,6 @@ impl Stripe {
 /// writers unlink during every walk would otherwise starve it.
 const UNPINNED_WALKS: usize = 4;
 
-/// The longest key and value read without a pin. Reading longer ones word
-/// by word with atomic loads cost more than the pin saves, where
-/// `memcmp`/`memcpy` under a pin read them whole (docs/benchmarks.md:
-/// 64-byte keys and 256-byte values lost, 64-byte values won).
-const UNPINNED_MAX_KEY: usize = 16;
-const UNPINNED_MAX_VALUE: usize = 64;
-
 /// Lock stripes: enough that writers on two cores rarely meet.
 const MAX_LOCKS: usize = 4096;
 
@@ -181,7 +174,7 @@ impl RawTable {
     #[inline]
     pub fn find(&self, key: &[u8], hash: u32, _guard: &Guard) -> Option<ElemPtr> {
         let layout = self.layout();
-        let mut p = self.bucket(hash).head.load(Ordering::Acquire);
+        let mut p = self.heads[hash as usize & self.mask].load(Ordering::Acquire);
         while let Some(e) = ptr::NonNull::new(p) {
             let e = ElemPtr(e);
             // SAFETY: reachable under the pinned guard (invariant 3).
@@ -207,14 +200,21 @@ impl RawTable {
     /// Copies the value of `key` into `out` without a pin; whether found.
     /// Lock-free, as `find`, and never returns a value the key did not
     /// hold during the call (see the module doc for why).
+    /// Only for tables whose `reads_unpinned()`.
     #[inline]
     pub fn read_unpinned(&self, key: &[u8], out: &mut [u8]) -> Option<ElemPtr> {
-        let walks = if key.len() <= UNPINNED_MAX_KEY && out.len() <= UNPINNED_MAX_VALUE {
-            UNPINNED_WALKS
-        } else {
-            0
-        };
-        self.read_unpinned_or_pin(key, out, walks)
+        debug_assert!(self.reads_unpinned());
+        self.read_unpinned_or_pin(key, out, UNPINNED_WALKS)
+    }
+
+    /// Whether keys and values are short enough for `read_unpinned`.
+    /// Longer ones are compared and copied faster by `memcmp`/`memcpy`
+    /// under a pin than word by word with atomic loads (docs/benchmarks.md:
+    /// 64-byte keys and 256-byte values lost, 64-byte values won).
+    #[inline]
+    pub fn reads_unpinned(&self) -> bool {
+        let layout = self.layout();
+        layout.key_size <= 16 && layout.value_size <= 64
     }
 
     /// `read_unpinned`, pinning for a last walk after `walks` that writers
@@ -261,10 +261,17 @@ impl RawTable {
                 return Some(found);
             }
         }
+        self.read_pinned(key, hash, out)
+    }
+
+    /// `read_unpinned`'s last resort: a walk under a pin.
+    #[cold]
+    #[inline(never)]
+    fn read_pinned(&self, key: &[u8], hash: u32, out: &mut [u8]) -> Option<ElemPtr> {
         let guard = pin();
         let found = self.find(key, hash, &guard)?;
         // SAFETY: reachable under the pinned guard.
-        bytes::copy(out, unsafe { found.value(layout) });
+        bytes::copy(out, unsafe { found.value(self.layout()) });
         Some(found)
     }
 

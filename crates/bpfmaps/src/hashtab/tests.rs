@@ -418,23 +418,26 @@ proptest! {
     }
 }
 
-/// The byte contract's lookup reads short keys without a pin, and falls
-/// back to a pinned walk when writers keep interrupting it (and for longer
-/// keys): both give what `get` gives, for every size class the word-wise
-/// compare and copy treat apart.
+/// The byte contract's lookup reads short keys and values without a pin,
+/// falling back to a pinned walk when writers keep interrupting it, and
+/// pins for longer ones: all give what `get` gives, for every size class
+/// the word-wise compare and copy treat apart.
 #[test]
 fn unpinned_and_pinned_lookups_agree() {
-    for (ks, vs) in [
+    let sizes = [
         (1, 1),
         (4, 8),
         (7, 5),
         (8, 16),
-        (12, 12),
+        (12, 20),
         (16, 3),
-        (20, 24),
-        (33, 9),
-    ] {
+        (4, 64),
+        (9, 61),
+    ];
+    let pinned_only = [(17, 8), (33, 9), (8, 65)];
+    for (ks, vs) in sizes.into_iter().chain(pinned_only) {
         let map = HashMap::new(ks, vs, 64).unwrap();
+        assert_eq!(map.table.reads_unpinned(), ks <= 16 && vs <= 64);
         let key = |i: u8| -> Vec<u8> {
             (0..ks)
                 .map(|j| i.wrapping_mul(37) ^ (j as u8).wrapping_mul(11))
@@ -447,15 +450,16 @@ fn unpinned_and_pinned_lookups_agree() {
         let guard = crate::pin();
         for i in 0..48u8 {
             let want = map.get(&key(i), &guard).map(<[u8]>::to_vec);
-            for pinned in [false, true] {
-                let mut out = vec![0xaa; vs];
-                let found = if pinned {
-                    map.table.read_unpinned_or_pin(&key(i), &mut out, 0)
-                } else {
-                    map.table.read_unpinned(&key(i), &mut out)
-                };
-                let found = found.map(|_| out);
-                assert_eq!(found, want, "ks={ks} vs={vs} key {i} pinned={pinned}");
+            let mut out = vec![0xaa; vs];
+            let looked = map.lookup(&key(i), &mut out).ok().map(|()| out);
+            assert_eq!(looked, want, "Map::lookup, ks={ks} vs={vs} key {i}");
+            if map.table.reads_unpinned() {
+                for walks in [0, 4] {
+                    let mut out = vec![0xaa; vs];
+                    let found = map.table.read_unpinned_or_pin(&key(i), &mut out, walks);
+                    let found = found.map(|_| out);
+                    assert_eq!(found, want, "ks={ks} vs={vs} key {i} walks={walks}");
+                }
             }
         }
     }
