@@ -222,10 +222,11 @@ impl Suite for HashSweep {
          fullness level (k/16 of `max_entries`), its policies in interleaved \
          turns; at the top level every implementation is, in turns. bpfmaps \
          pins one guard per 256 lookups (`get(key, &guard)`); \
-         `bpfmaps-lookup(...)` is the byte contract `Map::lookup` (a pin and a \
-         copy per call); `bpfmaps-lookup-guarded(...)` the same calls with \
-         each batch of 256 inside one outer guard, so that a call's pin is \
-         a nested one (a counter, no fence). Peers (`std`, `hashbrown`, `dashmap` 6) come with \
+         `bpfmaps-lookup(...)` is the byte contract `Map::lookup` (a copy \
+         per call; no pin for keys up to 16 bytes and values up to 64, a pin \
+         per call beyond); `bpfmaps-lookup-guarded(...)` the same calls with \
+         each batch of 256 inside one outer guard, so that a call's pin, \
+         where it takes one, is a nested one (a counter, no fence). Peers (`std`, `hashbrown`, `dashmap` 6) come with \
          boxed keys and with fixed-array keys (`std[N]`: \
          `HashMap<[u8; N], u64>`, what a user who knows the key size writes); \
          the targets compare bpfmaps with the faster of the two. They hash \
@@ -322,7 +323,7 @@ impl Suite for HashSweep {
                     format!("hash-sweep n={n}, fill {fill}: bpfmaps vs peers, all hashing with {}", p.name()),
                     &cols.iter().map(String::as_str).collect::<Vec<_>>(),
                 )
-                .with_note("Lookups per second (millions, medians) at equal hash; each peer's faster variant, boxed or fixed-array keys (`[N]` when fixed); native C peers (judy) hash their own way, so their ratios compare the hash too; bpfmaps/X above 1 means bpfmaps is faster; `Map::lookup/get` is the byte contract (a pin per call) over `get` under one guard per 256 lookups, `in one guard/get` the byte contract with its calls inside such a guard.");
+                .with_note("Lookups per second (millions, medians) at equal hash; each peer's faster variant, boxed or fixed-array keys (`[N]` when fixed); native C peers (judy) hash their own way, so their ratios compare the hash too; bpfmaps/X above 1 means bpfmaps is faster; `Map::lookup/get` is the byte contract (a copy per call; no pin up to 16-byte keys and 64-byte values, a pin per call beyond) over `get` under one guard per 256 lookups, `in one guard/get` the byte contract with its calls inside such a guard.");
                 for &ks in &key_sizes {
                     let ours = get(ks, &impl_name("bpfmaps", p));
                     let cell = |peer: &str| {
