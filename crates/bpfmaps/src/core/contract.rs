@@ -308,8 +308,8 @@ pub trait MapOps: Send + Sync {
         Err(Error::Unsupported)
     }
     /// `map_lookup_elem` for a caller that holds no guard (`Map::lookup`).
-    /// A family whose readers can do without a pin overrides it: a pin's
-    /// fence is most of a short lookup's cost.
+    /// A family whose readers can do without a pin overrides it: pinning
+    /// is a large share of a short lookup's cost (docs/benchmarks.md).
     #[inline]
     fn map_lookup_elem_unguarded(&self, key: &[u8], value: &mut [u8]) -> Result<()> {
         self.map_lookup_elem(key, value, &pin())

@@ -97,6 +97,10 @@ pub(super) struct RawTable {
     pub max_entries: usize,
     pub policy: HashPolicy,
     seed: u32,
+    /// Keys of at most 16 bytes and values of at most 64: longer ones are
+    /// compared and copied faster by `memcmp`/`memcpy` under a pin than
+    /// word by word with atomic loads (docs/benchmarks.md).
+    reads_unpinned: bool,
 }
 
 impl RawTable {
@@ -139,6 +143,7 @@ impl RawTable {
             max_entries: opts.max_entries,
             policy: opts.policy,
             seed: opts.seed,
+            reads_unpinned: opts.key_size <= 16 && opts.value_size <= 64,
         })
     }
 
@@ -208,13 +213,9 @@ impl RawTable {
     }
 
     /// Whether keys and values are short enough for `read_unpinned`.
-    /// Longer ones are compared and copied faster by `memcmp`/`memcpy`
-    /// under a pin than word by word with atomic loads (docs/benchmarks.md:
-    /// 64-byte keys and 256-byte values lost, 64-byte values won).
     #[inline]
     pub fn reads_unpinned(&self) -> bool {
-        let layout = self.layout();
-        layout.key_size <= 16 && layout.value_size <= 64
+        self.reads_unpinned
     }
 
     /// `read_unpinned`, pinning for a last walk after `walks` that writers

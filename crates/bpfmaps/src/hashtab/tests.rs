@@ -421,7 +421,8 @@ proptest! {
 /// The byte contract's lookup reads short keys and values without a pin,
 /// falling back to a pinned walk when writers keep interrupting it, and
 /// pins for longer ones: all give what `get` gives, for every size class
-/// the word-wise compare and copy treat apart.
+/// the word-wise compare and copy treat apart (which bytes they compare
+/// and copy: `slab::tests`).
 #[test]
 fn unpinned_and_pinned_lookups_agree() {
     let sizes = [
