@@ -21,6 +21,7 @@ use crate::lpm_tables::{
     Answers, BATCH, LpmStep, LpmTable, Role, build, check_agreement, each_lpm, lpm_names, roles,
 };
 use crate::measure::in_turns;
+use crate::plot::LinePlot;
 use crate::prefixes::{
     Mutation, Prefix, RIS_INITIAL_IPV4, RIS_MUTATIONS_IPV4, V4, addrs_inside, load_mutations,
     top_up,
@@ -30,6 +31,7 @@ use crate::record::{
 };
 use crate::stats::Stats;
 use crate::suite::{Ctx, Suite};
+use crate::suites::lpm_churn;
 use crate::suites::lpm_data::{SEED, generated_ipv4, load};
 use crate::table::{Table, fmt_mops, fmt_ratio};
 
@@ -48,6 +50,10 @@ pub struct Opts {
     /// Skip the replays with a concurrent reader.
     #[arg(long)]
     no_reader: bool,
+    /// Rounds of removing and re-inserting a random fifth, for memory after
+    /// churn [quick: 2; full: 5; 0: no memory measurements].
+    #[arg(long)]
+    churn_rounds: Option<usize>,
 }
 
 /// The implementations that take writes beside a reader.
@@ -374,11 +380,30 @@ impl Suite for LpmUpdates {
         if !opts.no_reader {
             all.extend(replay.replays(SHARED, 1, Some(&reference)).0);
         }
+        let rounds = opts
+            .churn_rounds
+            .unwrap_or(if ctx.quick() { 2 } else { lpm_churn::ROUNDS });
+        if rounds > 0 {
+            let churn = lpm_churn::Churn {
+                suite: ctx.suite(),
+                trace: replay.trace.name,
+                initial: &replay.trace.initial,
+                mutations: &replay.trace.mutations,
+                rounds,
+            };
+            let recs: Vec<Record> = each_lpm(&churn, alone, Some(())).concat();
+            ctx.print(&recs);
+            all.extend(recs);
+        }
         all
     }
 
     fn summaries(&self, records: &[Record]) -> Vec<Table> {
-        let mut cases: Vec<&str> = records.iter().map(|r| r.case.as_str()).collect();
+        let mut cases: Vec<&str> = records
+            .iter()
+            .filter(|r| r.param("readers").is_some())
+            .map(|r| r.case.as_str())
+            .collect();
         cases.dedup();
         let impls = lpm_names(roles(true));
         let others: Vec<&str> = impls.iter().copied().filter(|&i| i != "kernel").collect();
@@ -420,6 +445,14 @@ impl Suite for LpmUpdates {
             row.push(fmt_ratio(ratio(l("bpfmaps"), l("kernel"))));
             t.push(row);
         }
-        vec![t]
+        let mut tables = vec![t];
+        tables.extend(lpm_churn::summary(records, &impls));
+        tables
+    }
+
+    fn plots(&self, records: &[Record]) -> Vec<LinePlot> {
+        lpm_churn::plot(records, &lpm_names(roles(true)))
+            .into_iter()
+            .collect()
     }
 }

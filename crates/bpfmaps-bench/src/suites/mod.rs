@@ -14,6 +14,7 @@ mod bloom;
 mod concurrency;
 mod hash_sweep;
 mod hashfn;
+mod lpm_churn;
 mod lpm_data;
 mod lpm_free;
 mod lpm_kernel_bench;

@@ -13,12 +13,22 @@
 //! only then from a new chunk. Releases arrive from epoch-deferred
 //! closures on any thread, so they go onto the per-class lock-free free
 //! lists (`core::free_list`), linked through the dead block's first word.
+//!
+//! Freed blocks of one class do not make a block of another, so churn
+//! that moves blocks between classes leaves the chunks holding more than
+//! the map uses. A map then compacts: [`Arena::start_generation`] sets
+//! every chunk aside as the old generation and carves from fresh chunks,
+//! sized to what is live; the map copies its live blocks over and, after
+//! a grace period, releases the copied originals in one count
+//! ([`Arena::release_relocated`]). Blocks of the old generation never go
+//! back on a free list; once the last of them is released, its chunks go
+//! back to the system.
 
 use std::alloc::{Layout, alloc, dealloc};
 use std::ptr::NonNull;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use parking_lot::Mutex;
+use parking_lot::{Mutex, RwLock, RwLockReadGuard};
 
 use super::free_list::{Chain, FirstWord, FreeList};
 
@@ -37,10 +47,72 @@ pub(crate) struct Arena {
     writer: Mutex<ArenaWriter>,
     /// Per size class, blocks back from their grace period.
     returned: [FreeList; CLASSES],
-    chunks: Mutex<Vec<(NonNull<u8>, Layout)>>,
+    /// A release reads this to tell an old generation's block from a
+    /// current one; starting or ending a generation writes it, so then no
+    /// release is halfway through pushing a block onto a free list.
+    chunks: RwLock<Chunks>,
     chunk_bytes: AtomicUsize,
-    /// Bytes in blocks handed out and not yet released.
+    /// Bytes in blocks handed out and not yet released (all generations).
     live_bytes: AtomicUsize,
+    /// Of those, bytes in the current generation's blocks ...
+    current_live: AtomicUsize,
+    /// ... and of these, bytes in retired blocks (unreachable, waiting for
+    /// their grace period).
+    current_retired: AtomicUsize,
+}
+
+/// One chunk of blocks.
+struct Chunk {
+    start: NonNull<u8>,
+    layout: Layout,
+}
+
+impl Chunk {
+    fn holds(&self, block: usize) -> bool {
+        (self.start.as_ptr() as usize..self.start.as_ptr() as usize + self.layout.size())
+            .contains(&block)
+    }
+}
+
+#[derive(Default)]
+struct Chunks {
+    /// The chunks blocks are carved from.
+    current: Vec<Chunk>,
+    /// Their bytes.
+    current_bytes: usize,
+    /// The chunks set aside by each `start_generation`, until every block
+    /// in them is released.
+    old: Vec<OldGeneration>,
+    /// The id the next generation set aside gets.
+    next_id: u64,
+}
+
+impl Chunks {
+    fn old_holding(&self, block: usize) -> Option<&OldGeneration> {
+        self.old.iter().find(|o| o.holds(block))
+    }
+}
+
+/// A generation set aside by a compaction: its chunks, until every block
+/// in them is released.
+pub(crate) struct OldGeneration {
+    id: u64,
+    /// Sorted by address.
+    chunks: Vec<Chunk>,
+    /// Bytes in its blocks not yet released.
+    live: AtomicUsize,
+}
+
+/// Old generations draining at once, at most: more compactions wait.
+const MAX_OLD_GENERATIONS: usize = 4;
+
+impl OldGeneration {
+    fn holds(&self, block: usize) -> bool {
+        let after = self
+            .chunks
+            .partition_point(|c| c.start.as_ptr() as usize <= block);
+        after > 0 && self.chunks[after - 1].holds(block)
+    }
 }
 
 // SAFETY: chunks are plain memory owned by the arena; the block protocol
@@ -55,6 +127,8 @@ struct ArenaWriter {
     free: [Chain; CLASSES],
     cursor: usize,
     end: usize,
+    /// Size of the chunk being carved.
+    chunk: usize,
     next_chunk: usize,
 }
 
@@ -64,6 +138,7 @@ impl Default for ArenaWriter {
             free: std::array::from_fn(|_| Chain::default()),
             cursor: 0,
             end: 0,
+            chunk: 0,
             next_chunk: FIRST_CHUNK,
         }
     }
@@ -82,9 +157,11 @@ impl Arena {
         Arena {
             writer: Mutex::new(ArenaWriter::default()),
             returned: std::array::from_fn(|_| FreeList::default()),
-            chunks: Mutex::new(Vec::new()),
+            chunks: RwLock::new(Chunks::default()),
             chunk_bytes: AtomicUsize::new(0),
             live_bytes: AtomicUsize::new(0),
+            current_live: AtomicUsize::new(0),
+            current_retired: AtomicUsize::new(0),
         }
     }
 
@@ -96,6 +173,8 @@ impl Arena {
         let w = &mut *w;
         let class = class_of(layout.size());
         self.live_bytes
+            .fetch_add(class * GRANULE, Ordering::Relaxed);
+        self.current_live
             .fetch_add(class * GRANULE, Ordering::Relaxed);
         let block = self.returned[class]
             .take(&FirstWord, &mut w.free[class])
@@ -166,10 +245,16 @@ impl Arena {
             // SAFETY: advice on memory we own; failure only loses the hint.
             unsafe { libc::madvise(p.cast(), size, libc::MADV_HUGEPAGE) };
         }
-        self.chunks.lock().push((chunk, layout));
+        let mut chunks = self.chunks.write();
+        chunks.current.push(Chunk {
+            start: chunk,
+            layout,
+        });
+        chunks.current_bytes += size;
         self.chunk_bytes.fetch_add(size, Ordering::Relaxed);
         w.cursor = p as usize;
         w.end = w.cursor + size;
+        w.chunk = size;
     }
 
     /// Returns a block nobody can reach any more (lock-free; any thread).
@@ -178,11 +263,167 @@ impl Arena {
     /// `block` came from `alloc` with a layout of `size` bytes and is
     /// unreachable.
     pub unsafe fn release(&self, block: *mut u8, size: usize) {
+        // SAFETY: the caller's.
+        unsafe { self.release_counted(block, size, false) }
+    }
+
+    /// `release`, and for a current block, whether it was counted by
+    /// `retire`. (A retired block of an old generation was counted there
+    /// as live.)
+    unsafe fn release_counted(&self, block: *mut u8, size: usize, retired: bool) {
         let class = class_of(size);
-        self.live_bytes
-            .fetch_sub(class * GRANULE, Ordering::Relaxed);
+        let bytes = class * GRANULE;
+        let chunks = self.chunks.read();
+        if let Some(id) = chunks.old_holding(block as usize).map(|o| o.id) {
+            self.release_old(chunks, id, bytes);
+            return;
+        }
+        self.live_bytes.fetch_sub(bytes, Ordering::Relaxed);
+        self.current_live.fetch_sub(bytes, Ordering::Relaxed);
+        if retired {
+            self.current_retired.fetch_sub(bytes, Ordering::Relaxed);
+        }
         // SAFETY: the block is dead, and at least a granule of ours.
         unsafe { self.returned[class].release(&FirstWord, block as usize) };
+    }
+
+    /// Counts a block of `size` bytes as retired: unreachable, to be
+    /// passed to [`release_retired`](Self::release_retired) after its
+    /// grace period.
+    /// (Writer only: every block the writer can retire is current.)
+    pub fn retire(&self, size: usize) {
+        self.current_retired
+            .fetch_add(Self::block_bytes(size), Ordering::Relaxed);
+    }
+
+    /// `release` for a block counted by [`retire`](Self::retire).
+    ///
+    /// # Safety
+    /// As for `release`.
+    pub unsafe fn release_retired(&self, block: *mut u8, size: usize) {
+        // SAFETY: the caller's.
+        unsafe { self.release_counted(block, size, true) }
+    }
+
+    /// The bytes a block of `size` bytes takes (its size class).
+    pub fn block_bytes(size: usize) -> usize {
+        class_of(size) * GRANULE
+    }
+
+    /// Whether compacting would pay: free blocks (released, not yet
+    /// reused) in the current chunks add up to at least 1/32 of the bytes
+    /// in reachable blocks (live, not retired) and 64 KiB, and either to
+    /// over an eighth of them, or, with the part of the chunk not carved
+    /// yet, to a whole chunk (which a compaction would give back). Writer
+    /// only.
+    ///
+    /// So a growing map, whose freed blocks are soon reused, does not
+    /// compact; each compaction leaves no free block, and the next needs
+    /// new ones, so its cost is spread over many writes.
+    pub fn fragmented(&self) -> bool {
+        let w = self.writer.lock();
+        let chunks = self.chunks.read();
+        let live = self.current_live.load(Ordering::Relaxed);
+        let tail = w.end - w.cursor;
+        let free = chunks.current_bytes.saturating_sub(tail + live);
+        // (A release may fall between the two loads: saturating.)
+        let reachable = live.saturating_sub(self.current_retired.load(Ordering::Relaxed));
+        free >= (64 << 10).max(reachable / 32) && (8 * free > reachable || free + tail >= w.chunk)
+    }
+
+    /// Sets every current chunk aside as an old generation: from now on
+    /// blocks are carved from new chunks (the first sized to hold what is
+    /// live), and the old generation's blocks, once released, are not
+    /// reused. Returns its id, for `release_relocated`; `None` (nothing
+    /// done) while `MAX_OLD_GENERATIONS` still drain. Writer only.
+    pub fn start_generation(&self) -> Option<u64> {
+        let mut w = self.writer.lock();
+        // Taken after the writer's lock, as `new_chunk` does.
+        let mut chunks = self.chunks.write();
+        if chunks.old.len() >= MAX_OLD_GENERATIONS {
+            return None;
+        }
+        // Every free block lies in a chunk set aside now.
+        for returned in &self.returned {
+            let _ = returned.take_all();
+        }
+        // No release runs now (the write lock): the counts are exact.
+        let live = self.current_live.swap(0, Ordering::Relaxed);
+        self.current_retired.store(0, Ordering::Relaxed);
+        *w = ArenaWriter {
+            next_chunk: live.next_multiple_of(4096).clamp(FIRST_CHUNK, HUGE_PAGE),
+            ..ArenaWriter::default()
+        };
+        let id = chunks.next_id;
+        chunks.next_id += 1;
+        let mut old = std::mem::take(&mut chunks.current);
+        chunks.current_bytes = 0;
+        old.sort_by_key(|c| c.start);
+        if live == 0 {
+            self.free_chunks(old);
+        } else {
+            chunks.old.push(OldGeneration {
+                id,
+                chunks: old,
+                live: AtomicUsize::new(live),
+            });
+        }
+        Some(id)
+    }
+
+    /// Releases, as one count, blocks of old generation `id` that were
+    /// copied to the current one (so none of them is released alone).
+    ///
+    /// # Safety
+    /// Blocks of that generation totalling `bytes` (by
+    /// [`block_bytes`](Self::block_bytes)) are unreachable and are never
+    /// passed to `release`.
+    pub unsafe fn release_relocated(&self, id: u64, bytes: usize) {
+        self.release_old(self.chunks.read(), id, bytes);
+    }
+
+    /// Counts `bytes` of old generation `id` released; the last of them
+    /// gives its chunks back to the system.
+    fn release_old(&self, chunks: RwLockReadGuard<'_, Chunks>, id: u64, bytes: usize) {
+        self.live_bytes.fetch_sub(bytes, Ordering::Relaxed);
+        let old = chunks
+            .old
+            .iter()
+            .find(|o| o.id == id)
+            .expect("a draining generation");
+        let before = old.live.fetch_sub(bytes, Ordering::AcqRel);
+        debug_assert!(before >= bytes, "more released than the generation held");
+        drop(chunks);
+        if before == bytes {
+            let mut chunks = self.chunks.write();
+            let at = chunks.old.iter().position(|o| o.id == id).expect("drained");
+            let old = chunks.old.swap_remove(at);
+            drop(chunks);
+            self.free_chunks(old.chunks);
+        }
+    }
+
+    /// Gives a set-aside generation's chunks back to the system.
+    fn free_chunks(&self, chunks: Vec<Chunk>) {
+        for chunk in chunks {
+            self.chunk_bytes
+                .fetch_sub(chunk.layout.size(), Ordering::Relaxed);
+            // SAFETY: allocated in new_chunk with this layout; every
+            // block in it is released, and no free list holds one.
+            unsafe { dealloc(chunk.start.as_ptr(), chunk.layout) };
+        }
+    }
+
+    /// Whether `start_generation` would refuse: `MAX_OLD_GENERATIONS`
+    /// still drain.
+    pub fn at_generation_limit(&self) -> bool {
+        self.chunks.read().old.len() >= MAX_OLD_GENERATIONS
+    }
+
+    /// Whether an old generation is still draining (for tests).
+    #[cfg(test)]
+    pub fn draining(&self) -> bool {
+        !self.chunks.read().old.is_empty()
     }
 
     /// Whether some released block is waiting to be reused (for tests).
@@ -205,10 +446,15 @@ impl Arena {
 
 impl Drop for Arena {
     fn drop(&mut self) {
-        for (chunk, layout) in self.chunks.get_mut().drain(..) {
+        let chunks = std::mem::take(self.chunks.get_mut());
+        for chunk in chunks
+            .current
+            .into_iter()
+            .chain(chunks.old.into_iter().flat_map(|o| o.chunks))
+        {
             // SAFETY: allocated in new_chunk with this layout; the arena is
             // the last owner.
-            unsafe { dealloc(chunk.as_ptr(), layout) };
+            unsafe { dealloc(chunk.start.as_ptr(), chunk.layout) };
         }
     }
 }
@@ -249,11 +495,33 @@ mod tests {
         /// live blocks never overlap, and each keeps what was written into
         /// it, through block reuse, splitting and chunk tails.
         #[test]
-        fn live_blocks_never_overlap(ops in prop::collection::vec((any::<bool>(), 1usize..TEST_MAX_BLOCK, any::<u8>()), 1..TEST_OPS)) {
+        fn live_blocks_never_overlap(ops in prop::collection::vec((0u8..10, 1usize..TEST_MAX_BLOCK, any::<u8>()), 1..TEST_OPS)) {
             let arena = Arena::new();
             let mut live: Vec<(*mut u8, usize, u8)> = Vec::new();
-            for (release, size, fill) in ops {
-                if release && !live.is_empty() {
+            // Per old generation, bytes of relocated blocks not yet
+            // released.
+            let mut relocated: Vec<(u64, usize)> = Vec::new();
+            for (op, size, fill) in ops {
+                if op == 0 && let Some(id) = arena.start_generation() {
+                    // Compaction: every live block copied to the new
+                    // generation, the originals released later in one
+                    // count.
+                    let mut bytes = 0;
+                    for (p, n, _) in &mut live {
+                        let copy = arena.alloc(Layout::from_size_align(*n, 16).unwrap()).as_ptr();
+                        // SAFETY: both blocks are ours, n bytes each.
+                        unsafe { std::ptr::copy_nonoverlapping(*p, copy, *n) };
+                        bytes += Arena::block_bytes(*n);
+                        *p = copy;
+                    }
+                    if bytes > 0 {
+                        relocated.push((id, bytes));
+                    }
+                } else if op == 1 && !relocated.is_empty() {
+                    let (id, bytes) = relocated.remove(fill as usize % relocated.len());
+                    // SAFETY: the originals are unreachable.
+                    unsafe { arena.release_relocated(id, bytes) };
+                } else if op < 6 && !live.is_empty() {
                     let (p, n, f) = live.swap_remove(fill as usize % live.len());
                     // SAFETY: allocated with n bytes, still ours.
                     let bytes = unsafe { std::slice::from_raw_parts(p, n) };
@@ -272,12 +540,55 @@ mod tests {
                     live.push((p, size, fill));
                 }
             }
+            let in_use: usize = live.iter().map(|&(_, n, _)| Arena::block_bytes(n)).sum();
+            let pending: usize = relocated.iter().map(|r| r.1).sum();
+            prop_assert_eq!(arena.live_bytes(), in_use + pending);
             for (p, n, f) in live {
                 // SAFETY: as above.
                 let bytes = unsafe { std::slice::from_raw_parts(p, n) };
                 prop_assert!(bytes.iter().all(|&b| b == f));
+                // SAFETY: unreachable from here on.
+                unsafe { arena.release(p, n) };
             }
+            for (id, bytes) in relocated {
+                // SAFETY: as above.
+                unsafe { arena.release_relocated(id, bytes) };
+            }
+            prop_assert!(!arena.draining(), "an old generation never drained");
+            prop_assert_eq!(arena.live_bytes(), 0);
         }
+    }
+
+    /// Blocks from before a generation are never handed out again; its
+    /// chunks go back once all of them are released, relocated ones in
+    /// one count.
+    #[test]
+    fn an_old_generation_is_never_reused_and_goes_back_when_drained() {
+        let arena = Arena::new();
+        let l = Layout::from_size_align(100, 8).unwrap();
+        let blocks: Vec<_> = (0..8).map(|_| arena.alloc(l).as_ptr()).collect();
+        // SAFETY: unused.
+        unsafe { arena.release(blocks[0], 100) };
+        let held = arena.bytes();
+        let id = arena.start_generation().unwrap();
+        let new = arena.alloc(l).as_ptr();
+        let in_old = |p: *mut u8| arena.chunks.read().old_holding(p as usize).is_some();
+        assert!(blocks.iter().all(|&b| in_old(b)) && !in_old(new));
+        assert_eq!(arena.bytes(), held + FIRST_CHUNK);
+        // Two released one by one, five as relocated.
+        // SAFETY: unused, each released once.
+        unsafe {
+            arena.release(blocks[1], 100);
+            arena.release(blocks[2], 100);
+            assert!(arena.draining());
+            arena.release_relocated(id, 5 * Arena::block_bytes(100));
+        }
+        assert!(!arena.draining(), "the last release drains it");
+        assert_eq!(arena.bytes(), FIRST_CHUNK);
+        assert_eq!(arena.live_bytes(), Arena::block_bytes(100));
+        // SAFETY: unused.
+        unsafe { arena.release(new, 100) };
+        assert_eq!(arena.alloc(l).as_ptr(), new, "current blocks are reused");
     }
 
     #[test]

@@ -744,7 +744,7 @@ fn readers_never_miss_a_stable_route(direct: bool) {
 /// Looks `addr` up in `t`, whose values are their own prefixes (data,
 /// then length): the answer must contain the address and be no shorter
 /// than the longest of the `stable` prefixes (present throughout) that do.
-fn check_answer<D: AsRef<[u8]>>(t: &LpmTrie, stable: &[(D, u32)], addr: &[u8]) {
+pub(super) fn check_answer<D: AsRef<[u8]>>(t: &LpmTrie, stable: &[(D, u32)], addr: &[u8]) {
     let n = addr.len();
     let floor = stable
         .iter()
@@ -866,7 +866,7 @@ fn concurrent_readers_across_edge_splits_and_merges() {
 
 /// Reads a shared prefix table (`../shared/data/lpm/...`) if this checkout
 /// has it next door; the tests below skip (saying so) when it is absent.
-fn shared_prefixes(file: &str) -> Option<Vec<(Vec<u8>, u32)>> {
+pub(super) fn shared_prefixes(file: &str) -> Option<Vec<(Vec<u8>, u32)>> {
     use std::io::BufRead;
     let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("../../../shared/data/lpm")

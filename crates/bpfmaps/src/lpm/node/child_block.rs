@@ -148,6 +148,15 @@ impl ChildBlock {
             .collect()
     }
 
+    /// Bytes of the block at `block`.
+    ///
+    /// # Safety
+    /// `block` points to a live block.
+    pub unsafe fn size_at(block: *mut ChildBlock) -> usize {
+        // SAFETY: the caller's; the header is never written after `alloc`.
+        Self::layout(unsafe { (*block).len } as usize).0.size()
+    }
+
     /// Gives the block itself (not the blocks its nodes point to) back to
     /// the arena.
     ///
@@ -197,6 +206,11 @@ impl<'g> Children<'g> {
     /// Number of children.
     pub fn len(self) -> usize {
         self.len as usize
+    }
+
+    /// Bytes of the block.
+    pub fn size(self) -> usize {
+        ChildBlock::layout(self.len()).0.size()
     }
 }
 

@@ -460,6 +460,25 @@ impl DataBlock {
         self.n_prefixes == 0
     }
 
+    /// Bytes of the block.
+    pub fn size(&self) -> usize {
+        Self::layout(self.n_runs as usize, self.n_hidden as usize)
+            .0
+            .size()
+    }
+
+    /// A copy of the block from `arena` (to compact it). Writer only: no
+    /// payload may change while it is copied.
+    pub fn copy_to(&self, arena: &Arena) -> NonNull<DataBlock> {
+        let layout = Self::layout(self.n_runs as usize, self.n_hidden as usize).0;
+        let p = arena.alloc(layout);
+        let from = ptr::from_ref(self).cast::<u8>();
+        // SAFETY: the block's bytes are ours to read (as `at` reads them),
+        // the new block is fresh and as long.
+        unsafe { ptr::copy_nonoverlapping(from, p.as_ptr(), layout.size()) };
+        p.cast()
+    }
+
     /// Gives the block back to the arena.
     ///
     /// # Safety

@@ -33,15 +33,18 @@
 //!
 //! The code: `lookup.rs` (the reader's walk and the get family),
 //! `write.rs` (the one writer: inserts, removals, copy-on-write
-//! publication and retirement), `iter.rs` (queries and ordered
-//! iteration), `contract.rs` (the family's byte contract).
+//! publication and retirement), `compact.rs` (copying every block into
+//! fresh chunks once churn has left the arena fragmented), `iter.rs`
+//! (queries and ordered iteration), `contract.rs` (the family's byte
+//! contract).
 
+mod compact;
 mod contract;
 mod iter;
 mod lookup;
 mod write;
 
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
 
 use parking_lot::Mutex;
@@ -144,6 +147,8 @@ pub struct LpmTrie {
     /// `direct_from` prefixes (keys of 3 bytes or more).
     direct: OnceLock<DirectIndex>,
     direct_from: usize,
+    /// Writes before the writer tries to compact again (`compact.rs`).
+    compact_backoff: AtomicU32,
 }
 
 /// Prefixes a trie holds before it builds its direct index. The index
@@ -225,6 +230,7 @@ impl LpmTrie {
             len: AtomicUsize::new(0),
             direct: OnceLock::new(),
             direct_from: DIRECT_INDEX_FROM,
+            compact_backoff: AtomicU32::new(0),
         })
     }
 

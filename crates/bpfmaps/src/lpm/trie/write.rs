@@ -104,6 +104,7 @@ impl LpmTrie {
                 self.set_prefix(node, Pos::of(path), idx, Some(payload), guard);
                 self.len.fetch_add(1, Ordering::Relaxed);
                 self.maybe_build_direct(guard);
+                self.maybe_compact(guard);
             }
         }
         Ok(())
@@ -129,6 +130,7 @@ impl LpmTrie {
         self.prune(&data[..depth], guard);
         self.retire_payload(payload, guard);
         self.len.fetch_sub(1, Ordering::Relaxed);
+        self.maybe_compact(guard);
         Ok(())
     }
 
@@ -428,19 +430,26 @@ impl LpmTrie {
     }
 
     fn retire_data(&self, old: *mut DataBlock, guard: &Guard) {
-        let (arena, old) = (Arc::clone(&self.arena), Owned(old));
-        // SAFETY: unreachable for new readers; freed after the grace period.
-        guard.defer(move || unsafe { DataBlock::free(&arena, { old }.0) });
+        // SAFETY: the block was in the tree until now.
+        self.retire_block(old.cast(), unsafe { &*old }.size(), guard);
     }
 
+    /// Retires a child block, not the blocks its nodes point to: those
+    /// live on in the replacement.
     fn retire_child_block(&self, old: *mut ChildBlock, guard: &Guard) {
-        if old.is_null() {
-            return;
+        if !old.is_null() {
+            // SAFETY: the block was in the tree until now.
+            self.retire_block(old.cast(), unsafe { ChildBlock::size_at(old) }, guard);
         }
-        // Frees the block only: its nodes' blocks live on in the replacement.
-        let (arena, old) = (Arc::clone(&self.arena), Owned(old));
-        // SAFETY: as in retire_data.
-        guard.defer(move || unsafe { ChildBlock::free(&arena, { old }.0) });
+    }
+
+    /// Gives an unreachable block of `size` bytes back to the arena after
+    /// the grace period.
+    fn retire_block(&self, block: *mut u8, size: usize, guard: &Guard) {
+        self.arena.retire(size);
+        let (arena, block) = (Arc::clone(&self.arena), Owned(block));
+        // SAFETY: unreachable for new readers; freed after the grace period.
+        guard.defer(move || unsafe { arena.release_retired({ block }.0, size) });
     }
 
     /// A replaced payload: its route slot (if any) is reused after the

@@ -1,0 +1,189 @@
+//! Compaction: once churn leaves the arena holding much more than the
+//! trie uses (`Arena::fragmented`), the writer copies every block into a
+//! new generation of chunks, publishing each copy as it would a rebuilt
+//! block, and the old chunks go back to the system a grace period later
+//! (`core::arena`). Readers never wait: one in an old block reads it
+//! whole, as after any copy-on-write update.
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use super::{LpmTrie, Pos};
+use crate::core::arena::Arena;
+use crate::core::reclaim::Guard;
+use crate::lpm::node::{ChildBlock, Node};
+
+impl LpmTrie {
+    /// Compacts if the arena is fragmented. Writer only.
+    ///
+    /// Each compaction's old chunks wait for a grace period, and only a
+    /// few may wait at once. At that limit the writer helps the grace
+    /// periods along for a moment (`COMPACT_WAIT`); if a reader pinned
+    /// throughout holds them back, it gives up and tries again only after
+    /// `COMPACT_BACKOFF` more writes, so a stalled reader costs memory
+    /// (as it would anyway), not every write a wait.
+    pub(super) fn maybe_compact(&self, guard: &Guard) {
+        let backoff = self.compact_backoff.load(Ordering::Relaxed);
+        if backoff > 0 {
+            self.compact_backoff.store(backoff - 1, Ordering::Relaxed);
+        } else if self.arena.fragmented() && !self.compact(guard, Self::COMPACT_WAIT) {
+            self.compact_backoff
+                .store(Self::COMPACT_BACKOFF, Ordering::Relaxed);
+        }
+    }
+
+    /// How long a write may help grace periods along before compacting.
+    const COMPACT_WAIT: Duration = Duration::from_millis(2);
+    /// Writes before trying again after a compaction had to give up.
+    const COMPACT_BACKOFF: u32 = 1024;
+
+    /// Copies every block into a new generation of the arena; the old one
+    /// is freed once the readers that may be in it have moved on. Writer
+    /// only. While earlier compactions' old chunks still wait for their
+    /// grace periods, waits up to `wait` for them (`false`: gave up).
+    fn compact(&self, guard: &Guard, wait: Duration) -> bool {
+        let deadline = Instant::now() + wait;
+        while self.arena.at_generation_limit() {
+            if Instant::now() >= deadline {
+                return false;
+            }
+            guard.flush();
+            std::thread::yield_now();
+        }
+        let Some(generation) = self.arena.start_generation() else {
+            return false;
+        };
+        let moved = self.relocate(&self.root, Pos::ROOT, guard);
+        let arena = Arc::clone(&self.arena);
+        // SAFETY: the copies replaced every block of the old generation
+        // the tree held (`moved` bytes); after the grace period no reader
+        // is in one, and none is retired on its own.
+        guard.defer(move || unsafe { arena.release_relocated(generation, moved) });
+        // Hand this thread's retired blocks to the collector now, so the
+        // old generation drains without waiting for the bag to fill.
+        guard.flush();
+        true
+    }
+
+    /// Publishes copies of `node`'s blocks (at `pos`), then of its
+    /// children's, in the arena's current generation; returns the bytes of
+    /// the blocks replaced.
+    fn relocate(&self, node: &Node, pos: Pos, guard: &Guard) -> usize {
+        let data = node.data(guard);
+        let mut moved = Arena::block_bytes(data.size());
+        let copy = data.copy_to(&self.arena);
+        node.data.store(copy.as_ptr(), Ordering::Release);
+        self.mirror(node, pos, None, guard);
+        let Some(children) = node.children(guard) else {
+            return moved;
+        };
+        moved += Arena::block_bytes(children.size());
+        let copy = ChildBlock::alloc(&self.arena, children.bits, &children.entries());
+        node.children.store(copy.as_ptr(), Ordering::Release);
+        let children = node.children(guard).expect("just stored");
+        let first = children.bits.ones().next().expect("a child") as u8;
+        self.mirror(node, pos, Some(first), guard);
+        for (i, b) in children.bits.ones().enumerate() {
+            // SAFETY: i < len.
+            let child = unsafe { children.node(i) };
+            moved += self.relocate(child, pos.child(b as u8, child.skip), guard);
+        }
+        moved
+    }
+
+    /// Compacts the trie's memory now: every block is copied into fresh
+    /// chunks sized to what is live, and the old chunks go back to the
+    /// system once readers have moved on. Writes compact by themselves
+    /// when the arena holds over 5/4 of the bytes in use; this is for a
+    /// table that shrank and then stopped changing. May wait (up to a
+    /// second, then gives up) for earlier compactions' grace periods.
+    pub fn shrink_to_fit(&self) {
+        let guard = &crate::core::reclaim::pin();
+        let _writer = self.writer.lock();
+        self.compact(guard, Duration::from_secs(1));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::core::flags::BPF_ANY;
+
+    // Memory after churn: tests/lpm_churn.rs, in a process of its own
+    // (other tests' pinned readers would hold its grace periods back).
+
+    /// Readers look up addresses while the writer churns prefixes and
+    /// compacts every few writes, with and without the direct index:
+    /// every answer contains the address and is no shorter than the
+    /// longest stable prefix (present throughout) that does; afterwards
+    /// the index mirrors the tree.
+    #[test]
+    fn readers_never_miss_a_stable_route_during_compactions() {
+        use std::sync::atomic::{AtomicBool, Ordering};
+
+        use crate::Map;
+        use crate::lpm::tests::check_answer;
+
+        let encode = |d: &[u8], l: u32| -> [u8; 8] {
+            let mut out = [0u8; 8];
+            out[..4].copy_from_slice(d);
+            out[4..].copy_from_slice(&l.to_ne_bytes());
+            out
+        };
+        let stable: Vec<([u8; 4], u32)> = (0..64u8)
+            .map(|i| ([i * 4, 0, 0, 0], 6))
+            .chain((0..64u8).map(|i| ([i * 4, i, 0, 0], 16)))
+            .collect();
+        // Prefixes of several lengths spread over the stable ones' /6s.
+        let mut churn: Vec<([u8; 4], u32)> = (0..crate::scaled(3000, 12) as u32)
+            .map(|i| {
+                let l = [8, 12, 20, 24, 28, 32][i as usize % 6];
+                let mut d = i.wrapping_mul(2654435761).to_be_bytes();
+                crate::lpm::key::mask_host_bits(&mut d, l);
+                (d, l)
+            })
+            .collect();
+        churn.sort();
+        churn.dedup();
+        let directs: &[bool] = if cfg!(miri) { &[false] } else { &[false, true] };
+        for &direct in directs {
+            let t = LpmTrie::new(4, 8, 10_000)
+                .unwrap()
+                .with_direct_index_from(if direct { 0 } else { usize::MAX });
+            for (d, l) in &stable {
+                t.insert(d, *l, &encode(d, *l), BPF_ANY).unwrap();
+            }
+            let stop = AtomicBool::new(false);
+            std::thread::scope(|s| {
+                for r in 0..2u32 {
+                    let (t, stable, stop) = (&t, &stable, &stop);
+                    s.spawn(move || {
+                        let mut x = 12345u32 + r;
+                        while !stop.load(Ordering::Relaxed) {
+                            x ^= x << 13;
+                            x ^= x >> 17;
+                            x ^= x << 5;
+                            check_answer(t, stable, &x.to_be_bytes());
+                        }
+                    });
+                }
+                for round in 0..crate::scaled(4, 2) {
+                    for (i, (d, l)) in churn.iter().enumerate() {
+                        if round % 2 == 0 {
+                            t.insert(d, *l, &encode(d, *l), BPF_ANY).unwrap();
+                        } else {
+                            t.remove(d, *l, None).unwrap();
+                        }
+                        if i % crate::scaled(64, 4) == 0 {
+                            t.shrink_to_fit();
+                        }
+                    }
+                }
+                stop.store(true, Ordering::Relaxed);
+            });
+            assert_eq!(t.len(), stable.len());
+            assert!(t.direct_index_matches_tree());
+        }
+    }
+}
