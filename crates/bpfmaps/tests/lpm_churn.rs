@@ -94,9 +94,11 @@ fn churn_rounds(prefixes: &[(Vec<u8>, u32)], rounds: u32, random_lookups: usize)
         let fresh = build(prefixes, |_| 0);
         let (held, want) = (trie.memory_usage(), fresh.memory_usage());
         eprintln!(
-            "round {round}: held {held} (live {}), a fresh build {want} (live {})",
+            "round {round}: held {held} (live {}, {} compactions so far), a fresh build {want} (live {}, {} compactions)",
             trie.memory_live(),
-            fresh.memory_live()
+            trie.compactions(),
+            fresh.memory_live(),
+            fresh.compactions()
         );
         assert!(
             held as f64 <= 1.15 * want as f64,

@@ -26,7 +26,7 @@
 
 use std::alloc::{Layout, alloc, dealloc};
 use std::ptr::NonNull;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
 use parking_lot::{Mutex, RwLock, RwLockReadGuard};
 
@@ -59,6 +59,9 @@ pub(crate) struct Arena {
     /// ... and of these, bytes in retired blocks (unreachable, waiting for
     /// their grace period).
     current_retired: AtomicUsize,
+    /// Set when the arena grew with many free blocks: `fragmented` says
+    /// so once.
+    compact_wanted: AtomicBool,
 }
 
 /// One chunk of blocks.
@@ -130,6 +133,8 @@ struct ArenaWriter {
     /// Size of the chunk being carved.
     chunk: usize,
     next_chunk: usize,
+    /// Bytes allocated in this generation (the copies included).
+    allocated: usize,
 }
 
 impl Default for ArenaWriter {
@@ -140,6 +145,7 @@ impl Default for ArenaWriter {
             end: 0,
             chunk: 0,
             next_chunk: FIRST_CHUNK,
+            allocated: 0,
         }
     }
 }
@@ -162,6 +168,7 @@ impl Arena {
             live_bytes: AtomicUsize::new(0),
             current_live: AtomicUsize::new(0),
             current_retired: AtomicUsize::new(0),
+            compact_wanted: AtomicBool::new(false),
         }
     }
 
@@ -172,6 +179,7 @@ impl Arena {
         let mut w = self.writer.lock();
         let w = &mut *w;
         let class = class_of(layout.size());
+        w.allocated += class * GRANULE;
         self.live_bytes
             .fetch_add(class * GRANULE, Ordering::Relaxed);
         self.current_live
@@ -186,6 +194,10 @@ impl Arena {
                 if tail >= GRANULE {
                     // SAFETY: the tail is unused memory of our chunk.
                     unsafe { w.free[tail / GRANULE].push(&FirstWord, w.cursor) };
+                }
+                // Growing with this much free: compact instead, soon.
+                if self.free_bytes(0) >= (64 << 10).max(self.reachable() / 16) && self.paid_for(w) {
+                    self.compact_wanted.store(true, Ordering::Relaxed);
                 }
                 self.new_chunk(w, size);
                 self.carve(w, class).expect("a new chunk fits the block")
@@ -311,24 +323,43 @@ impl Arena {
     }
 
     /// Whether compacting would pay: free blocks (released, not yet
-    /// reused) in the current chunks add up to at least 1/32 of the bytes
-    /// in reachable blocks (live, not retired) and 64 KiB, and either to
-    /// over an eighth of them, or, with the part of the chunk not carved
-    /// yet, to a whole chunk (which a compaction would give back). Writer
-    /// only.
+    /// reused) add up to at least 64 KiB and to a sixteenth of the
+    /// reachable bytes (live, not retired) when the arena had to grow, or
+    /// to an eighth at any time, and the generation has paid for a
+    /// compaction (`paid_for`). Writer only.
     ///
-    /// So a growing map, whose freed blocks are soon reused, does not
+    /// A growing table's freed blocks are soon reused, so it does not
     /// compact; each compaction leaves no free block, and the next needs
     /// new ones, so its cost is spread over many writes.
     pub fn fragmented(&self) -> bool {
+        if self.compact_wanted.swap(false, Ordering::Relaxed) {
+            return true;
+        }
         let w = self.writer.lock();
-        let chunks = self.chunks.read();
-        let live = self.current_live.load(Ordering::Relaxed);
-        let tail = w.end - w.cursor;
-        let free = chunks.current_bytes.saturating_sub(tail + live);
+        let free = self.free_bytes(w.end - w.cursor);
+        free >= (64 << 10).max(self.reachable() / 8) && self.paid_for(&w)
+    }
+
+    /// Whether this generation has allocated three times what a
+    /// compaction would copy: compactions then cost at most a third of
+    /// the allocating, however often fragmentation recurs (a table being
+    /// built fragments too, for a while).
+    fn paid_for(&self, w: &ArenaWriter) -> bool {
+        w.allocated >= 3 * self.reachable()
+    }
+
+    /// Bytes in free blocks of the current chunks, `tail` bytes of the
+    /// last one not carved yet.
+    fn free_bytes(&self, tail: usize) -> usize {
+        let held = self.chunks.read().current_bytes;
+        held.saturating_sub(tail + self.current_live.load(Ordering::Relaxed))
+    }
+
+    /// Bytes in current blocks that are live and not retired.
+    fn reachable(&self) -> usize {
         // (A release may fall between the two loads: saturating.)
-        let reachable = live.saturating_sub(self.current_retired.load(Ordering::Relaxed));
-        free >= (64 << 10).max(reachable / 32) && (8 * free > reachable || free + tail >= w.chunk)
+        (self.current_live.load(Ordering::Relaxed))
+            .saturating_sub(self.current_retired.load(Ordering::Relaxed))
     }
 
     /// Sets every current chunk aside as an old generation: from now on

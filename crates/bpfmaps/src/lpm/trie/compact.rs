@@ -15,27 +15,36 @@ use crate::core::reclaim::Guard;
 use crate::lpm::node::{ChildBlock, Node};
 
 impl LpmTrie {
-    /// Compacts if the arena is fragmented. Writer only.
+    /// Compacts if the arena is fragmented, looking every
+    /// `COMPACT_CHECK` writes. Writer only.
     ///
     /// Each compaction's old chunks wait for a grace period, and only a
     /// few may wait at once. At that limit the writer helps the grace
     /// periods along for a moment (`COMPACT_WAIT`); if a reader pinned
-    /// throughout holds them back, it gives up and tries again only after
+    /// throughout holds them back, it gives up and looks again only after
     /// `COMPACT_BACKOFF` more writes, so a stalled reader costs memory
     /// (as it would anyway), not every write a wait.
     pub(super) fn maybe_compact(&self, guard: &Guard) {
-        let backoff = self.compact_backoff.load(Ordering::Relaxed);
-        if backoff > 0 {
-            self.compact_backoff.store(backoff - 1, Ordering::Relaxed);
-        } else if self.arena.fragmented() && !self.compact(guard, Self::COMPACT_WAIT) {
-            self.compact_backoff
-                .store(Self::COMPACT_BACKOFF, Ordering::Relaxed);
+        let countdown = self.compact_countdown.load(Ordering::Relaxed);
+        if countdown > 0 {
+            self.compact_countdown
+                .store(countdown - 1, Ordering::Relaxed);
+            return;
         }
+        let gave_up = self.arena.fragmented() && !self.compact(guard, Self::COMPACT_WAIT);
+        let next = if gave_up {
+            Self::COMPACT_BACKOFF
+        } else {
+            Self::COMPACT_CHECK
+        };
+        self.compact_countdown.store(next, Ordering::Relaxed);
     }
 
+    /// Writes between looks at the arena.
+    const COMPACT_CHECK: u32 = 64;
     /// How long a write may help grace periods along before compacting.
     const COMPACT_WAIT: Duration = Duration::from_millis(2);
-    /// Writes before trying again after a compaction had to give up.
+    /// Writes before looking again after a compaction had to give up.
     const COMPACT_BACKOFF: u32 = 1024;
 
     /// Copies every block into a new generation of the arena; the old one
@@ -55,6 +64,7 @@ impl LpmTrie {
             return false;
         };
         let moved = self.relocate(&self.root, Pos::ROOT, guard);
+        self.compactions.fetch_add(1, Ordering::Relaxed);
         let arena = Arc::clone(&self.arena);
         // SAFETY: the copies replaced every block of the old generation
         // the tree held (`moved` bytes); after the grace period no reader
@@ -90,6 +100,12 @@ impl LpmTrie {
             moved += self.relocate(child, pos.child(b as u8, child.skip), guard);
         }
         moved
+    }
+
+    /// How many times the trie has compacted its memory (by itself or on
+    /// `shrink_to_fit`).
+    pub fn compactions(&self) -> u64 {
+        self.compactions.load(Ordering::Relaxed)
     }
 
     /// Compacts the trie's memory now: every block is copied into fresh

@@ -44,7 +44,7 @@ mod iter;
 mod lookup;
 mod write;
 
-use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
 
 use parking_lot::Mutex;
@@ -147,8 +147,10 @@ pub struct LpmTrie {
     /// `direct_from` prefixes (keys of 3 bytes or more).
     direct: OnceLock<DirectIndex>,
     direct_from: usize,
-    /// Writes before the writer tries to compact again (`compact.rs`).
-    compact_backoff: AtomicU32,
+    /// Writes before the writer looks at the arena again (`compact.rs`).
+    compact_countdown: AtomicU32,
+    /// Compactions so far.
+    compactions: AtomicU64,
 }
 
 /// Prefixes a trie holds before it builds its direct index. The index
@@ -230,7 +232,8 @@ impl LpmTrie {
             len: AtomicUsize::new(0),
             direct: OnceLock::new(),
             direct_from: DIRECT_INDEX_FROM,
-            compact_backoff: AtomicU32::new(0),
+            compact_countdown: AtomicU32::new(0),
+            compactions: AtomicU64::new(0),
         })
     }
 
