@@ -686,22 +686,32 @@ fn direct_index_follows_stores_at_every_depth() {
     assert!(t.direct_index_matches_tree());
 }
 
+/// An IPv4 route's value in the reader tests: its own prefix (data, then
+/// length), which `check_answer` checks against the address.
+pub(super) fn self_value(d: &[u8], l: u32) -> [u8; 8] {
+    let mut out = [0u8; 8];
+    out[..4].copy_from_slice(d);
+    out[4..].copy_from_slice(&l.to_ne_bytes());
+    out
+}
+
+/// The IPv4 routes the reader tests keep throughout: 64 /6s and a /16
+/// inside each.
+pub(super) fn stable_ipv4_routes() -> Vec<([u8; 4], u32)> {
+    (0..64u8)
+        .map(|i| ([i * 4, 0, 0, 0], 6))
+        .chain((0..64u8).map(|i| ([i * 4, i, 0, 0], 16)))
+        .collect()
+}
+
 fn readers_never_miss_a_stable_route(direct: bool) {
     let t = LpmTrie::new(4, 8, 10_000)
         .unwrap()
         .with_direct_index_from(if direct { 0 } else { usize::MAX });
     assert_eq!(t.has_direct_index(), direct);
     let t = Arc::new(t);
-    let encode = |d: &[u8], l: u32| -> [u8; 8] {
-        let mut out = [0u8; 8];
-        out[..4].copy_from_slice(d);
-        out[4..].copy_from_slice(&l.to_ne_bytes());
-        out
-    };
-    let stable: Vec<([u8; 4], u32)> = (0..64u8)
-        .map(|i| ([i * 4, 0, 0, 0], 6))
-        .chain((0..64u8).map(|i| ([i * 4, i, 0, 0], 16)))
-        .collect();
+    let encode = self_value;
+    let stable = stable_ipv4_routes();
     for (d, l) in &stable {
         t.insert(d, *l, &encode(d, *l), BPF_ANY).unwrap();
     }

@@ -139,18 +139,10 @@ mod tests {
         use std::sync::atomic::{AtomicBool, Ordering};
 
         use crate::Map;
-        use crate::lpm::tests::check_answer;
+        use crate::lpm::tests::{check_answer, self_value, stable_ipv4_routes};
 
-        let encode = |d: &[u8], l: u32| -> [u8; 8] {
-            let mut out = [0u8; 8];
-            out[..4].copy_from_slice(d);
-            out[4..].copy_from_slice(&l.to_ne_bytes());
-            out
-        };
-        let stable: Vec<([u8; 4], u32)> = (0..64u8)
-            .map(|i| ([i * 4, 0, 0, 0], 6))
-            .chain((0..64u8).map(|i| ([i * 4, i, 0, 0], 16)))
-            .collect();
+        let encode = self_value;
+        let stable = stable_ipv4_routes();
         // Prefixes of several lengths spread over the stable ones' /6s.
         let mut churn: Vec<([u8; 4], u32)> = (0..crate::scaled(3000, 12) as u32)
             .map(|i| {
