@@ -866,7 +866,7 @@ fn concurrent_readers_across_edge_splits_and_merges() {
 
 /// Reads a shared prefix table (`../shared/data/lpm/...`) if this checkout
 /// has it next door; the tests below skip (saying so) when it is absent.
-fn shared_prefixes(file: &str) -> Option<Vec<(Vec<u8>, u32)>> {
+pub(super) fn shared_prefixes(file: &str) -> Option<Vec<(Vec<u8>, u32)>> {
     use std::io::BufRead;
     let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("../../../shared/data/lpm")
