@@ -221,6 +221,49 @@ proptest! {
     }
 }
 
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(crate::scaled(96, 3) as u32))]
+
+    /// `for_each` gives every prefix with its value in prefix order
+    /// (address, then length), and `covered` the part inside a prefix;
+    /// values over 4 bytes (route slots) too.
+    #[test]
+    fn pre_order_gives_every_prefix_with_its_value(
+        (n, prefixes, probes) in sets(crate::scaled(80, 24)),
+        wide in any::<bool>(),
+    ) {
+        let value_size = if wide { 8 } else { 4 };
+        let t = LpmTrie::new(n, value_size, 1 << 16).unwrap();
+        let value = |i: usize| (i as u64 * 0x0101_0101_0101 + 1).to_ne_bytes()[..value_size].to_vec();
+        let mut want = BTreeMap::new();
+        for (i, p) in prefixes.iter().enumerate() {
+            t.insert(&p.0, p.1, &value(i), BPF_ANY).unwrap();
+            want.insert(p.clone(), value(i));
+        }
+        let guard = crate::pin();
+        let mut got = vec![];
+        t.for_each(&guard, |d, l, v| got.push(((d.to_vec(), l), v.to_vec())));
+        prop_assert_eq!(&got, &want.clone().into_iter().collect::<Vec<_>>());
+        for (d, l) in &probes {
+            let inside: Vec<_> = want
+                .iter()
+                .filter(|(p, _)| p.1 >= *l && super::key::prefix_contains(d, *l, &p.0))
+                .map(|(p, v)| (p.clone(), v.clone()))
+                .collect();
+            let got: Vec<_> = t
+                .covered(d, *l, &guard)
+                .unwrap()
+                .into_iter()
+                .map(|f| {
+                    let v = t.value_of(&f, &guard).to_vec();
+                    ((f.data, f.prefixlen), v)
+                })
+                .collect();
+            prop_assert_eq!(got, inside, "inside {:?}/{}", d, l);
+        }
+    }
+}
+
 /// Deleting each key as the walk returns it, the kernel's documented way
 /// to empty a map, empties it, in post-order.
 #[test]

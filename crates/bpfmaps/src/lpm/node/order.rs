@@ -6,7 +6,7 @@
 //! (`DataBlock::prefixes`), which would cost a pass and 2 KiB per visit
 //! however little of the node a call needs.
 
-use super::leaf::{code_of, load_payload, winner_of};
+use super::leaf::{code_of, winner_of};
 use super::runs::runs_overlapping;
 use super::{Children, DataBlock, Node, index_range, prefix_index};
 use crate::lpm::bits::{Bits, Ones};
@@ -95,7 +95,9 @@ pub(crate) fn next_post<'g>(
 impl DataBlock {
     /// Of the stored prefixes that start at byte `a` or later, the one
     /// first in post-order (the first to end; the longest on a tie), if
-    /// its key is below `limit`: its key, index and payload.
+    /// its key is below `limit`: its key, index and payload. A hidden
+    /// prefix is never that one: the byte it ends with is won by a longer
+    /// prefix inside it, which ends no later; so only the runs are read.
     fn first_prefix_from(&self, a: usize, mut limit: u16) -> Option<(u16, usize, [u8; 4])> {
         if a >= 256 {
             return None;
@@ -113,14 +115,6 @@ impl DataBlock {
                     limit = key;
                     best = Some((key, idx, self.payload(run)));
                 }
-            }
-        }
-        let (hidden, slots) = self.hidden();
-        for (&i, slot) in hidden.iter().zip(slots) {
-            let (i, key) = (usize::from(i), post_key(usize::from(i)));
-            if index_range(i).1 >= a && key < limit {
-                limit = key;
-                best = Some((key, i, load_payload(slot)));
             }
         }
         best
