@@ -83,6 +83,60 @@ pub trait LpmTable<F: Family>: Sized {
     fn shared(&self) -> Option<&dyn SharedLpm<F>> {
         None
     }
+    /// The table's own walks over every prefix (`lpm-real`).
+    fn walks(&self) -> Vec<Walk<'_>> {
+        Vec::new()
+    }
+}
+
+/// One way to walk every prefix of a table: `run` walks the whole table
+/// once and returns how many prefixes it saw and a digest of them (of
+/// their order too for `get_next_key`, so walks can be compared).
+pub struct Walk<'a> {
+    /// The API walked: `get_next_key` (the byte contract, from no key to
+    /// `ENOENT`, as `bpftool map dump` does), `for_each` or `iter`.
+    pub api: &'static str,
+    /// One whole walk: (prefixes seen, digest).
+    pub run: Box<dyn FnMut() -> (u64, u64) + 'a>,
+}
+
+impl<'a> Walk<'a> {
+    /// A walk through `api`.
+    pub fn new(api: &'static str, run: impl FnMut() -> (u64, u64) + 'a) -> Self {
+        Walk {
+            api,
+            run: Box::new(run),
+        }
+    }
+}
+
+/// Walks every key of `map` through the byte contract: `get_next_key`
+/// from no key, then from each key it returned, until `ENOENT`. Returns
+/// the keys seen and a digest of them in order.
+pub fn contract_walk(map: &impl Map) -> (u64, u64) {
+    let key_size = map.info().key_size as usize;
+    let mut keys = [vec![0u8; key_size], vec![0u8; key_size]];
+    let (mut count, mut digest) = (0u64, 0u64);
+    loop {
+        let [prev, next] = &mut keys;
+        let key = (count > 0).then_some(&prev[..]);
+        match map.get_next_key(key, next) {
+            Ok(_) => {}
+            Err(Error::NotFound) => return (count, digest),
+            Err(e) => panic!("get_next_key: {e}"),
+        }
+        digest = fold_digest(digest, next);
+        count += 1;
+        keys.swap(0, 1);
+    }
+}
+
+/// Adds `bytes` to an order-sensitive digest.
+#[inline]
+pub fn fold_digest(digest: u64, bytes: &[u8]) -> u64 {
+    bytes.iter().fold(digest, |d, &b| {
+        (d ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+    })
 }
 
 /// What an implementation is to the suites, which take some of them.
@@ -253,7 +307,7 @@ fn removed(r: bpfmaps::Result<()>) -> bool {
 /// max_entries)` (bpfmaps and the kernel port): changes go through `&self`,
 /// and a batch's lookups run under one guard.
 macro_rules! shared_lpm_table {
-    ($t:ty, $name:literal, $live:expr) => {
+    ($t:ty, $name:literal, $live:expr, $walks:expr) => {
         impl<F: Family> LpmTable<F> for $t {
             const NAME: &'static str = $name;
             fn empty() -> Self {
@@ -287,12 +341,41 @@ macro_rules! shared_lpm_table {
             fn shared(&self) -> Option<&dyn SharedLpm<F>> {
                 Some(self)
             }
+            fn walks(&self) -> Vec<Walk<'_>> {
+                $walks(self)
+            }
         }
     };
 }
 
-shared_lpm_table!(LpmTrie, "bpfmaps", |t: &LpmTrie| Some(t.memory_live()));
-shared_lpm_table!(KernelLpmTrie, "kernel", |_| None);
+shared_lpm_table!(
+    LpmTrie,
+    "bpfmaps",
+    |t: &LpmTrie| Some(t.memory_live()),
+    bpfmaps_walks
+);
+shared_lpm_table!(KernelLpmTrie, "kernel", |_| None, kernel_walks);
+
+/// bpfmaps' walks: the byte contract's, and `for_each` under one guard.
+fn bpfmaps_walks(t: &LpmTrie) -> Vec<Walk<'_>> {
+    vec![
+        Walk::new("get_next_key", move || contract_walk(t)),
+        Walk::new("for_each", move || {
+            let guard = bpfmaps::pin();
+            let (mut count, mut sum) = (0u64, 0u64);
+            t.for_each(&guard, |_, len, v| {
+                count += 1;
+                sum += u64::from(value_u32(v)) + u64::from(len);
+            });
+            (count, sum)
+        }),
+    ]
+}
+
+/// The kernel port's walk: the byte contract's.
+fn kernel_walks(t: &KernelLpmTrie) -> Vec<Walk<'_>> {
+    vec![Walk::new("get_next_key", move || contract_walk(t))]
+}
 
 /// bpfmaps' `LpmTrie` looked up through another of its APIs than the
 /// `bpfmaps` row's `get_as`, to show what each costs in the same run.
@@ -437,6 +520,16 @@ impl<F: Family> LpmTable<F> for PrefixMap<F::Net, u32> {
     fn count(&self) -> usize {
         self.len()
     }
+    fn walks(&self) -> Vec<Walk<'_>> {
+        vec![Walk::new("iter", move || {
+            let (mut count, mut sum) = (0u64, 0u64);
+            for (p, v) in self.iter() {
+                count += 1;
+                sum += u64::from(*v) + u64::from(prefix_trie::Prefix::prefix_len(&p) as u32);
+            }
+            (count, sum)
+        })]
+    }
 }
 
 impl<F: Family> LpmTable<F> for IpNetworkTable<u32> {
@@ -457,6 +550,16 @@ impl<F: Family> LpmTable<F> for IpNetworkTable<u32> {
     fn count(&self) -> usize {
         let (v4, v6) = self.len();
         v4 + v6
+    }
+    fn walks(&self) -> Vec<Walk<'_>> {
+        vec![Walk::new("iter", move || {
+            let (mut count, mut sum) = (0u64, 0u64);
+            for (net, v) in self.iter() {
+                count += 1;
+                sum += u64::from(*v) + u64::from(net.netmask());
+            }
+            (count, sum)
+        })]
     }
 }
 
@@ -641,6 +744,8 @@ pub trait AnyLpm<F: Family>: Sync {
     fn live(&self) -> Option<usize>;
     /// [`LpmTable::shared`].
     fn shared(&self) -> Option<&dyn SharedLpm<F>>;
+    /// [`LpmTable::walks`].
+    fn walks(&self) -> Vec<Walk<'_>>;
 }
 
 impl<F: Family, T: LpmTable<F> + Sync> AnyLpm<F> for T {
@@ -673,6 +778,9 @@ impl<F: Family, T: LpmTable<F> + Sync> AnyLpm<F> for T {
     }
     fn shared(&self) -> Option<&dyn SharedLpm<F>> {
         LpmTable::shared(self)
+    }
+    fn walks(&self) -> Vec<Walk<'_>> {
+        LpmTable::walks(self)
     }
 }
 

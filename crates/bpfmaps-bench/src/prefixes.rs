@@ -55,7 +55,7 @@ pub trait Family: Copy + Debug + Eq + Ord + Hash + Send + Sync + Default + 'stat
         + AsMut<[u8]>
         + 'static;
     /// The `ipnet` prefix type (what `prefix-trie` stores).
-    type Net: prefix_trie::Prefix + Copy + Debug + Send + Sync;
+    type Net: prefix_trie::Prefix + bpfmaps::lpm::IpPrefix + Copy + Debug + Send + Sync;
 
     /// Parses a CIDR of this family (host bits cleared); `None` otherwise.
     fn parse(s: &str) -> Option<Prefix<Self>>;

@@ -255,13 +255,22 @@ pub const MAX_READER_STALL_ON_CPU_MS: Metric = Metric {
     doc: "the longest reader gap less the time the reader thread was off the CPU (preempted) in the same batch of lookups, in milliseconds",
 };
 
+/// Prefixes a walk over a whole table returns per second.
+pub const KEYS_PER_SEC: Metric = Metric {
+    name: "keys_per_sec",
+    unit: "ops/s",
+    label: "keys",
+    higher_is_better: true,
+    doc: "prefixes returned per second by whole walks over a table, one thread, through the API the case's `walk` names",
+};
+
 /// Lookups answered differently from the baseline on the same address.
 pub const LPM_DISAGREEMENTS: Metric = Metric {
     name: "lpm_disagreements",
     unit: "count",
     label: "disagree",
     higher_is_better: false,
-    doc: "lookups whose value differs from the baseline's (`kernel`) on the same address, or 1 if only the checksums differ; must be 0",
+    doc: "lookups whose value differs from the baseline's (`kernel`) on the same address, or 1 if only the checksums differ (for a `get_next_key` walk: 1 if its keys or their order differ from the baseline's); must be 0",
 };
 
 /// Every metric a suite may emit.
@@ -290,6 +299,7 @@ pub const METRICS: &[Metric] = &[
     MAX_READER_STALL_MS,
     MAX_READER_STALL_ON_CPU_MS,
     LPM_DISAGREEMENTS,
+    KEYS_PER_SEC,
 ];
 
 /// Looks a metric up by name.

@@ -1,6 +1,7 @@
 //! `lpm-real`: the full real IPv4 and IPv6 tables: build time, memory per
-//! prefix and lookups per second, for bpfmaps, the kernel port and the
-//! peers `prefix-trie` and `ip_network_table`.
+//! prefix, lookups per second and walks over the whole table (keys per
+//! second), for bpfmaps, the kernel port and the peers `prefix-trie` and
+//! `ip_network_table`.
 //!
 //! Varies: the family and the lookup addresses. Holds fixed: the table
 //! (all of `lpm/prefixes_ipv4.txt.gz` or `lpm/prefixes_ipv6.txt.gz`,
@@ -10,21 +11,23 @@
 //! (inside a stored prefix picked uniformly). All implementations of a
 //! family are built first and kept; their lookups are then timed in turns
 //! (one repetition of each at a time), so that machine load drifting over
-//! the run does not favour whichever ran in the quiet seconds.
+//! the run does not favour whichever ran in the quiet seconds. The walks
+//! are timed the same way, one whole walk per batch.
 
+use bpfmaps::lpm::{IpLpm, LpmTrie};
 use clap::Args;
 
 use crate::lpm_tables::{
-    ALL_ROLES, Answers, AnyLpm, BATCH, LpmStep, LpmTable, Role, build, check_agreement, each_lpm,
-    lpm_names,
+    ALL_ROLES, Answers, AnyLpm, BATCH, LpmStep, LpmTable, MAX_ENTRIES, Role, Walk, build,
+    check_agreement, each_lpm, lpm_names, value_of,
 };
 use crate::measure::{rate_samples_interleaved, settle_reaper};
 use crate::prefixes::{
     Family, IPV4_TABLE, IPV6_TABLE, Prefix, V4, V6, addrs_inside, addrs_random, generate,
 };
 use crate::record::{
-    BUILD_MS, LOOKUPS_PER_SEC, LPM_DISAGREEMENTS, MEM_BYTES_PER_PREFIX, MEM_LIVE_PER_PREFIX,
-    MEM_REPORTED_PER_PREFIX, Record, case, find, ratio,
+    BUILD_MS, KEYS_PER_SEC, LOOKUPS_PER_SEC, LPM_DISAGREEMENTS, MEM_BYTES_PER_PREFIX,
+    MEM_LIVE_PER_PREFIX, MEM_REPORTED_PER_PREFIX, Record, case, case_param, find, ratio,
 };
 use crate::stats::Stats;
 use crate::suite::{Ctx, Suite};
@@ -174,9 +177,97 @@ impl<F: Family> Real<'_, F> {
             self.ctx.step();
             self.ctx.print(&printed);
         }
-        // Per implementation, as the report lists them.
-        kept.into_iter().flat_map(|k| k.recs).collect()
+        let walks = self.walks(&kept);
+        // Per implementation, as the report lists them; then the walks.
+        kept.into_iter().flat_map(|k| k.recs).chain(walks).collect()
     }
+
+    /// Times every implementation's walks over the whole table (and the
+    /// typed table's `iter`, built here) in turns, one whole walk per
+    /// batch, after checking that each sees every prefix and that the
+    /// `get_next_key` walks give the kernel port's keys in its order.
+    fn walks(&self, kept: &[Kept<F>]) -> Vec<Record> {
+        let s = self.ctx.suite();
+        let n = self.prefixes.len() as u64;
+        let typed = typed_table(&self.prefixes);
+        let mut walks: Vec<(&str, Walk<'_>)> = kept
+            .iter()
+            .flat_map(|k| k.table.walks().into_iter().map(|w| (k.table.name(), w)))
+            .collect();
+        walks.push((
+            <LpmTrie as LpmTable<F>>::NAME,
+            Walk::new("iter", || {
+                let (mut count, mut sum) = (0u64, 0u64);
+                for (p, v) in typed.iter() {
+                    count += 1;
+                    sum += u64::from(v) + u64::from(prefix_trie::Prefix::prefix_len(&p) as u32);
+                }
+                (count, sum)
+            }),
+        ));
+        let seen: Vec<_> = walks.iter_mut().map(|(_, w)| (w.run)()).collect();
+        let kernel_keys = walks
+            .iter()
+            .zip(&seen)
+            .find(|((name, w), _)| *name == "kernel" && w.api == CONTRACT)
+            .map(|(_, &seen)| seen);
+        let mut bad = vec![0; walks.len()];
+        for (i, ((name, w), &(count, digest))) in walks.iter().zip(&seen).enumerate() {
+            if count != n {
+                self.ctx.note(&format!(
+                    "WARNING: {name}'s {} walk saw {count} of {n} prefixes ({})",
+                    w.api, self.base
+                ));
+                bad[i] = 1;
+            }
+            if w.api == CONTRACT && kernel_keys.is_some_and(|k| k != (count, digest)) {
+                self.ctx.note(&format!(
+                    "WARNING: {name}'s get_next_key walk differs from kernel's ({})",
+                    self.base
+                ));
+                bad[i] = 1;
+            }
+        }
+        let rates = {
+            let mut loops: Vec<_> = walks
+                .iter_mut()
+                .map(|(_, w)| {
+                    let run = &mut w.run;
+                    move || run().0
+                })
+                .collect();
+            rate_samples_interleaved(self.ctx.plan(), &mut loops)
+        };
+        let mut recs = Vec::new();
+        for (((name, w), samples), bad) in walks.iter().zip(rates).zip(bad) {
+            let c = format!("{},walk={}", self.base, w.api);
+            recs.push(Record::stats(
+                s,
+                &c,
+                name,
+                &KEYS_PER_SEC,
+                Stats::from_samples(&samples),
+            ));
+            if w.api == CONTRACT {
+                recs.push(Record::single(s, &c, name, &LPM_DISAGREEMENTS, bad as f64));
+            }
+        }
+        self.ctx.step();
+        self.ctx.print(&recs);
+        recs
+    }
+}
+
+/// The walk through the byte contract, the one the kernel port has.
+const CONTRACT: &str = "get_next_key";
+
+/// The typed table (`IpLpm`) of the prefixes, for its `iter`.
+fn typed_table<F: Family>(prefixes: &[Prefix<F>]) -> IpLpm<F::Net, u32> {
+    let t = IpLpm::new(MAX_ENTRIES).expect("creating the typed table");
+    for (i, p) in prefixes.iter().enumerate() {
+        t.insert(F::net(p), value_of(i)).expect("insert");
+    }
+    t
 }
 
 /// Runs one family on its real table, or on `fallback()` with a note.
@@ -219,7 +310,7 @@ fn family<F: Family>(
 impl Suite for LpmReal {
     type Opts = Opts;
     const NAME: &'static str = "lpm-real";
-    const ABOUT: &'static str = "the full real IPv4/IPv6 tables: build ms, bytes per prefix, lookups/s (random and inside addresses)";
+    const ABOUT: &'static str = "the full real IPv4/IPv6 tables: build ms, bytes per prefix, lookups/s (random and inside addresses), whole walks keys/s";
 
     const DESCRIBE: &'static str = "The whole real table, IPv4 (`lpm/prefixes_ipv4.txt.gz`, 901,899 \
          prefixes) and IPv6 (`lpm/prefixes_ipv6.txt.gz`, 160,147), each built \
@@ -246,7 +337,15 @@ impl Suite for LpmReal {
          timed in turns (interleaved): one repetition of each implementation \
          at a time, the one going first rotating, each turn after an untimed \
          quarter-length warm-up of its own, so that load drifting on the \
-         machine falls on all of them alike.";
+         machine falls on all of them alike. \
+         Walks (`walk=` cases, `keys_per_sec`): whole walks over the table, \
+         one per batch, timed in turns in the same way: `get_next_key` walks \
+         the byte contract from no key until `ENOENT` (`Map::get_next_key`, \
+         as `bpftool map dump` does: bpfmaps and the kernel port, whose keys \
+         and order must agree); `for_each` is `LpmTrie::for_each` under one \
+         guard; `iter` is bpfmaps' typed `Ipv4Lpm`/`Ipv6Lpm::iter` (a table \
+         built again through that API) and the peers' own iterators. Each \
+         walk must see every prefix.";
 
     const BASELINE: &'static str = "kernel";
 
@@ -259,8 +358,9 @@ impl Suite for LpmReal {
         .len();
         let run_v4 = opts.families.iter().any(|f| f == "ipv4");
         let run_v6 = opts.families.iter().any(|f| f == "ipv6");
-        // Per family: each implementation's build, then each lookup set.
-        let steps = (usize::from(run_v4) + usize::from(run_v6)) * (impls + SETS.len());
+        // Per family: each implementation's build, each lookup set, the
+        // walks.
+        let steps = (usize::from(run_v4) + usize::from(run_v6)) * (impls + SETS.len() + 1);
         ctx.set_steps(steps as u64);
         let mut all = Vec::new();
         if run_v4 {
@@ -354,6 +454,31 @@ impl Suite for LpmReal {
                 ]);
             }
             tables.push(t);
+            let walk = format!("{base},walk=");
+            let kernel_walk = get(&format!("{walk}{CONTRACT}"), "kernel", KEYS_PER_SEC.name);
+            let mut t = Table::new(
+                format!("lpm-real {base}: walks"),
+                &["impl", "walk", "keys M/s", "vs kernel get_next_key"],
+            )
+            .with_note(
+                "Whole walks over the table: prefixes returned per second (millions); \
+                 the ratio is against the kernel port's get_next_key walk (above 1: \
+                 faster).",
+            );
+            for r in records
+                .iter()
+                .filter(|r| r.metric == KEYS_PER_SEC.name && r.case.starts_with(&walk))
+            {
+                t.push(vec![
+                    r.impl_name.clone(),
+                    case_param(&r.case, "walk").unwrap_or("-").to_string(),
+                    fmt_mops(Some(r.value)),
+                    fmt_ratio(ratio(Some(r), kernel_walk)),
+                ]);
+            }
+            if !t.rows.is_empty() {
+                tables.push(t);
+            }
             let look = |s: &str, i: &str| get(&set(s), i, LOOKUPS_PER_SEC.name);
             if look("random", "prefix-trie").is_some() {
                 let mut row = vec![base.to_string()];

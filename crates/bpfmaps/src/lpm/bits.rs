@@ -103,19 +103,6 @@ impl<const W: usize> Bits<W> {
         self.words.iter().map(|w| w.count_ones() as usize).sum()
     }
 
-    /// Whether any bit in `lo..hi` is set.
-    pub fn any_in(&self, lo: usize, hi: usize) -> bool {
-        lo < hi && self.rank_or_total(hi) > self.rank(lo)
-    }
-
-    fn rank_or_total(&self, i: usize) -> usize {
-        if i >= 64 * W {
-            self.count()
-        } else {
-            self.rank(i)
-        }
-    }
-
     /// The highest set bit at or below `i`, if any.
     pub fn last_one_upto(&self, i: usize) -> Option<usize> {
         let w = i >> 6;
@@ -124,6 +111,26 @@ impl<const W: usize> Bits<W> {
             .chain((0..w).rev().map(|v| (v, self.words[v])))
             .find(|&(_, word)| word != 0)
             .map(|(v, word)| 64 * v + 63 - word.leading_zeros() as usize)
+    }
+
+    /// The lowest set bit at or above `i`, if any.
+    #[inline]
+    pub fn first_one_from(&self, i: usize) -> Option<usize> {
+        let mut w = i >> 6;
+        if w >= W {
+            return None;
+        }
+        let mut word = self.words[w] & (u64::MAX << (i & 63));
+        loop {
+            if word != 0 {
+                return Some(64 * w + word.trailing_zeros() as usize);
+            }
+            w += 1;
+            if w == W {
+                return None;
+            }
+            word = self.words[w];
+        }
     }
 
     /// Set bits in increasing order.
@@ -195,7 +202,6 @@ mod tests {
         );
         assert!(b.get(100) && !b.get(101));
         assert_eq!(b.ones().collect::<Vec<_>>(), vec![0, 5, 63, 64, 100, 255]);
-        assert!(b.any_in(6, 64) && !b.any_in(6, 63) && b.any_in(255, 256));
         let mut only = Bits::<4>::default();
         only.or_words(&b.words_in(5, 101));
         only.fix_ranks();
@@ -213,6 +219,19 @@ mod tests {
                 Some(64),
                 Some(64),
                 Some(255)
+            ]
+        );
+        assert_eq!(
+            [0, 1, 6, 64, 65, 101, 255, 256].map(|i| b.first_one_from(i)),
+            [
+                Some(0),
+                Some(5),
+                Some(63),
+                Some(64),
+                Some(100),
+                Some(255),
+                Some(255),
+                None
             ]
         );
         b.clear_raw(5);

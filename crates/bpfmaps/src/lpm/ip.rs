@@ -181,7 +181,11 @@ impl<P: IpPrefix, V: Pod> IpLpm<P, V> {
         )
     }
 
-    /// Every prefix in prefix order (address, then length): a snapshot.
+    /// Every prefix in prefix order (address, then length): a snapshot,
+    /// collected by one `LpmTrie::for_each` under a guard that is gone
+    /// before the caller sees the first item. A lazy iterator would hold
+    /// its guard, and so every block freed meanwhile, for as long as the
+    /// caller takes; the snapshot costs its `Vec` instead.
     pub fn iter(&self) -> impl Iterator<Item = (P, V)> {
         let guard = pin();
         let mut out = Vec::with_capacity(self.trie.len());

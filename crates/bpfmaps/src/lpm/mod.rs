@@ -15,6 +15,8 @@
 mod bits;
 mod direct;
 mod ip;
+#[cfg(test)]
+mod iter_tests;
 pub mod kernel;
 #[cfg(test)]
 mod kernel_tests;

@@ -38,7 +38,7 @@ pub(crate) struct DataBlock {
     /// Bit `l` set if the node may store a prefix of `l` bits inside the
     /// byte (exact after a full build; removals leave bits set), so a
     /// rebuild knows when no prefix can lie above the changed one.
-    levels: u16,
+    pub(super) levels: u16,
 }
 
 /// A data block of one run holding `Leaf::NONE`, never freed: lets a
@@ -349,7 +349,7 @@ impl DataBlock {
     }
 
     /// The hidden prefixes' indices (ascending) and payloads.
-    fn hidden(&self) -> (&[u16], &[PayloadCell]) {
+    pub(super) fn hidden(&self) -> (&[u16], &[PayloadCell]) {
         let [at_hidden, at_payloads] = self.offsets_here();
         let n = self.n_hidden as usize;
         // SAFETY: n hidden indices and payloads at these offsets.

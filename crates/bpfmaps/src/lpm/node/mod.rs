@@ -55,6 +55,7 @@
 mod child_block;
 mod data_block;
 mod leaf;
+mod order;
 mod prefixes;
 mod runs;
 mod skip;
@@ -62,5 +63,6 @@ mod skip;
 pub(super) use child_block::{ChildBlock, Children, Entry, Node, free_subtree};
 pub(super) use data_block::{DataBlock, NONE_BLOCK};
 pub(super) use leaf::{Answer, Hit, Leaf, LeafCell};
+pub(super) use order::{PreOrder, Unit, child_post_key, next_post, post_key};
 pub(super) use prefixes::{Prefixes, index_range, prefix_index};
 pub(super) use skip::Skip;

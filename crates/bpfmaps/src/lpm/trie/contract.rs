@@ -112,8 +112,11 @@ impl MapOps for LpmTrie {
             }
             None => None,
         };
-        let found = self.next_after(after, guard)?.ok_or(Error::NotFound)?;
-        key::write_key(next, found.prefixlen, &found.data);
+        let mut data = [0; key::DATA_SIZE_MAX];
+        let (prefixlen, _) = self
+            .next_after_in(after, &mut data, guard)?
+            .ok_or(Error::NotFound)?;
+        key::write_key(next, prefixlen, &data[..self.data_size]);
         Ok(next.len())
     }
 }

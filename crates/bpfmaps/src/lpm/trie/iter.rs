@@ -1,5 +1,8 @@
 //! Queries and iteration: covering and covered prefixes, pre-order
-//! visits, and the post-order `get_next_key` walk.
+//! visits, and the post-order `get_next_key` walk. Both orders read each
+//! node's blocks in place (`node::order`): a pre-order visit reads each
+//! node once, and `get_next_key` walks down the path to where the
+//! previous key was and on from there, O(depth) nodes per call.
 
 use std::cmp::Ordering as Cmp;
 
@@ -7,7 +10,10 @@ use super::{Found, LpmTrie, position};
 use crate::core::error::Result;
 use crate::core::reclaim::Guard;
 use crate::lpm::key::{self, mask_host_bits, prefix_contains};
-use crate::lpm::node::{Children, Node, Prefixes, index_range, prefix_index};
+use crate::lpm::node::{
+    Children, DataBlock, Node, PreOrder, Skip, Unit, child_post_key, index_range, next_post,
+    post_key, prefix_index,
+};
 
 impl LpmTrie {
     /// Every stored prefix containing `data/prefixlen` (itself included),
@@ -57,37 +63,30 @@ impl LpmTrie {
         let data = &buf[..self.data_size];
         let (depth, idx) = position(data, prefixlen);
         let mut out = Vec::new();
-        let mut push = |d: &[u8], l, r| {
+        let push = |d: &[u8], l, r| {
             out.push(Found {
                 data: d.to_vec(),
                 prefixlen: l,
                 payload: r,
             })
         };
+        let mut walk = PreWalk {
+            data_size: self.data_size,
+            path: buf,
+            visit: push,
+            guard,
+        };
         let path = &data[..depth];
         let (node, pos) = self.along(path, guard).last().expect("the root");
         if pos.depth == depth {
-            PreOrder {
-                trie: self,
-                path: path.to_vec(),
-                visit: &mut push,
-                guard,
-            }
-            .node(node, idx);
+            walk.node(node, depth, idx);
         } else if pos.depth < depth {
             // A compressed edge may skip past `depth`: then the whole
             // subtree below it is inside the prefix, or none of it is.
             if let Some(child) = node.child(path[pos.depth], guard) {
-                let mut below = path[..=pos.depth].to_vec();
-                below.extend(child.skip.bytes());
-                if below.len() > depth && prefix_contains(data, prefixlen, &below) {
-                    PreOrder {
-                        trie: self,
-                        path: below,
-                        visit: &mut push,
-                        guard,
-                    }
-                    .node(child, 1);
+                let below = enter(&mut walk.path, pos.depth, path[pos.depth], child.skip);
+                if below > depth && prefix_contains(data, prefixlen, &walk.path[..below]) {
+                    walk.node(child, below, 1);
                 }
             }
         }
@@ -101,167 +100,211 @@ impl LpmTrie {
         self.for_each_payload(guard, |d, l, p| f(d, l, &self.value(p, guard)));
     }
 
-    pub(super) fn for_each_payload(&self, guard: &Guard, mut f: impl FnMut(&[u8], u32, [u8; 4])) {
-        let mut walk = PreOrder {
-            trie: self,
-            path: Vec::with_capacity(self.data_size),
-            visit: &mut f,
+    pub(super) fn for_each_payload(&self, guard: &Guard, f: impl FnMut(&[u8], u32, [u8; 4])) {
+        let mut walk = PreWalk {
+            data_size: self.data_size,
+            path: [0; key::DATA_SIZE_MAX],
+            visit: f,
             guard,
         };
-        walk.node(&self.root, 1);
-    }
-
-    /// The prefix with `l` bits in byte `byte` after `path` (host bits
-    /// zero), as a full-length data buffer.
-    fn prefix_data(&self, path: &[u8], byte: u8) -> [u8; key::DATA_SIZE_MAX] {
-        let mut data = [0u8; key::DATA_SIZE_MAX];
-        data[..path.len()].copy_from_slice(path);
-        if path.len() < self.data_size {
-            data[path.len()] = byte;
-        }
-        data
+        walk.node(&self.root, 0, 1);
     }
 
     /// The first prefix after `after` in post-order (children before their
     /// parents: ascending last address, then longer first); the first of all
     /// for `None`.
     pub fn next_after(&self, after: Option<(&[u8], u32)>, guard: &Guard) -> Result<Option<Found>> {
-        let bound = match after {
-            Some((data, len)) => {
-                let (mut buf, len) = self.masked(data, len)?;
-                set_host_bits(&mut buf[..self.data_size], len);
-                Some((buf, len))
-            }
-            None => None,
-        };
-        let mut walk = PostOrder {
-            trie: self,
-            path: Vec::with_capacity(self.data_size),
-            bound: bound.as_ref().map(|(b, l)| (&b[..self.data_size], *l)),
+        let mut data = [0; key::DATA_SIZE_MAX];
+        Ok(self
+            .next_after_in(after, &mut data, guard)?
+            .map(|(prefixlen, payload)| Found {
+                data: data[..self.data_size].to_vec(),
+                prefixlen,
+                payload,
+            }))
+    }
+
+    /// `next_after` without allocating: the prefix's length and payload,
+    /// its data (host bits zero) in `data[..data_size]`. Walks down the
+    /// path to `after`'s place, then on from there: O(depth) nodes, each
+    /// read in place (`node::next_post`).
+    pub(super) fn next_after_in(
+        &self,
+        after: Option<(&[u8], u32)>,
+        data: &mut [u8; key::DATA_SIZE_MAX],
+        guard: &Guard,
+    ) -> Result<Option<(u32, [u8; 4])>> {
+        let ds = self.data_size;
+        let mut walk = PostWalk {
+            data_size: ds,
+            bound: None,
+            path: data,
             guard,
         };
-        Ok(walk.node(&self.root, 1))
-    }
-}
-
-/// A pre-order walk of the prefixes under a node's index, calling `visit`
-/// with each prefix's data, length and payload.
-struct PreOrder<'a> {
-    trie: &'a LpmTrie,
-    /// The key bytes that lead to the node walked.
-    path: Vec<u8>,
-    visit: Visit<'a>,
-    guard: &'a Guard,
-}
-
-impl PreOrder<'_> {
-    /// The prefixes under index `idx` of `node`.
-    fn node(&mut self, node: &Node, idx: usize) {
-        let guard = self.guard;
-        let prefixes = Box::new(node.data(guard).prefixes());
-        self.inside(&prefixes, node.children(guard), idx);
-    }
-
-    /// The same, inside one node whose prefixes and child block were read
-    /// once, on entry.
-    fn inside(&mut self, prefixes: &Prefixes, children: Option<Children<'_>>, idx: usize) {
-        if subtree_empty(prefixes, children, idx) {
-            return;
-        }
-        let (l, lo, _) = index_range(idx);
-        if let Some(payload) = prefixes.get(idx) {
-            let data = self.trie.prefix_data(&self.path, lo as u8);
-            let plen = 8 * self.path.len() as u32 + l;
-            (self.visit)(&data[..self.trie.data_size], plen, payload);
-        }
-        if l < 8 {
-            self.inside(prefixes, children, 2 * idx);
-            self.inside(prefixes, children, 2 * idx + 1);
-        } else if let Some(child) = children.filter(|c| c.bits.get(lo)) {
-            // SAFETY: bit set.
-            let child = unsafe { child.node(child.bits.rank(lo)) };
-            let depth = self.path.len();
-            self.path.push(lo as u8);
-            self.path.extend(child.skip.bytes());
-            self.node(child, 1);
-            self.path.truncate(depth);
-        }
-    }
-}
-
-/// A post-order search for the first prefix beyond `bound`.
-struct PostOrder<'a> {
-    trie: &'a LpmTrie,
-    /// The key bytes that lead to the node walked.
-    path: Vec<u8>,
-    /// The last address and length of the prefix to start after.
-    bound: Option<(&'a [u8], u32)>,
-    guard: &'a Guard,
-}
-
-impl PostOrder<'_> {
-    /// The first prefix beyond the bound under index `idx` of `node`.
-    fn node(&mut self, node: &Node, idx: usize) -> Option<Found> {
-        let guard = self.guard;
-        let prefixes = Box::new(node.data(guard).prefixes());
-        self.inside(&prefixes, node.children(guard), idx)
-    }
-
-    /// The same, inside one node whose prefixes and child block were read
-    /// once, on entry.
-    fn inside(
-        &mut self,
-        prefixes: &Prefixes,
-        children: Option<Children<'_>>,
-        idx: usize,
-    ) -> Option<Found> {
-        if subtree_empty(prefixes, children, idx) {
-            return None;
-        }
-        let (l, lo, hi) = index_range(idx);
-        let plen = 8 * self.path.len() as u32 + l;
-        // Every prefix under idx is at most (last address of idx, plen) in
-        // post-order: skip the subtree if that is not beyond the bound.
-        if let Some((last, len)) = self.bound {
-            match cmp_last(&self.path, (hi - 1) as u8, last) {
-                Cmp::Less => return None,
-                Cmp::Equal if plen >= len => return None,
-                _ => {}
+        Ok(match after {
+            Some((d, len)) => {
+                if d.len() != ds || len as usize > 8 * ds {
+                    self.masked(d, len)?; // the error
+                }
+                // The walk starts on the path to the bound's last address.
+                walk.path[..ds].copy_from_slice(d);
+                set_host_bits(&mut walk.path[..ds], len);
+                walk.bound = Some(len);
+                walk.below(&self.root, 0)
             }
-        }
-        if l < 8 {
-            let found = self.inside(prefixes, children, 2 * idx);
-            if found.is_some() {
-                return found;
-            }
-            let found = self.inside(prefixes, children, 2 * idx + 1);
-            if found.is_some() {
-                return found;
-            }
-        } else if let Some(child) = children.filter(|c| c.bits.get(lo)) {
-            // SAFETY: bit set.
-            let child = unsafe { child.node(child.bits.rank(lo)) };
-            let depth = self.path.len();
-            self.path.push(lo as u8);
-            self.path.extend(child.skip.bytes());
-            let found = self.node(child, 1);
-            self.path.truncate(depth);
-            if found.is_some() {
-                return found;
-            }
-        }
-        let payload = prefixes.get(idx)?;
-        let data = self.trie.prefix_data(&self.path, lo as u8);
-        Some(Found {
-            data: data[..self.trie.data_size].to_vec(),
-            prefixlen: plen,
-            payload,
+            None => walk.first(&self.root, 0, 0),
         })
     }
 }
 
-/// A visitor of (prefix data, prefix length, payload).
-type Visit<'a> = &'a mut dyn FnMut(&[u8], u32, [u8; 4]);
+/// Writes the bytes that lead from a node at `depth` to its child at
+/// byte `b` with edge `skip` into `path`; returns the child's depth.
+fn enter(path: &mut [u8], depth: usize, b: u8, skip: Skip) -> usize {
+    path[depth] = b;
+    for (i, s) in skip.bytes().enumerate() {
+        path[depth + 1 + i] = s;
+    }
+    depth + 1 + skip.len()
+}
+
+/// Writes the data of the prefix at `idx` of the node at `depth` into
+/// `path` (which holds the node's bytes): its byte there, then zeroes.
+/// Returns its length.
+fn prefix_at(path: &mut [u8], depth: usize, idx: usize) -> u32 {
+    let (l, lo, _) = index_range(idx);
+    path[depth] = lo as u8;
+    path[depth + 1..].fill(0);
+    8 * depth as u32 + l
+}
+
+/// A pre-order walk calling `visit` with each prefix's data, length and
+/// payload.
+struct PreWalk<'a, F> {
+    data_size: usize,
+    /// The key bytes that lead to the node walked (what follows is
+    /// scratch).
+    path: [u8; key::DATA_SIZE_MAX],
+    visit: F,
+    guard: &'a Guard,
+}
+
+impl<F: FnMut(&[u8], u32, [u8; 4])> PreWalk<'_, F> {
+    /// The prefixes under index `idx` of `node`, entered at `depth`.
+    fn node(&mut self, node: &Node, depth: usize, idx: usize) {
+        let guard = self.guard;
+        for unit in PreOrder::new(node.data(guard), node.children(guard), idx) {
+            match unit {
+                Unit::Prefix(i, payload) => {
+                    let path = &mut self.path[..self.data_size];
+                    let prefixlen = prefix_at(path, depth, i);
+                    (self.visit)(path, prefixlen, payload);
+                }
+                Unit::Child(b, child) => {
+                    let below = enter(&mut self.path, depth, b, child.skip);
+                    self.node(child, below, 1);
+                }
+            }
+        }
+    }
+}
+
+/// A search for the first prefix after a bound in post-order.
+struct PostWalk<'a> {
+    data_size: usize,
+    /// The length of the prefix to start after.
+    bound: Option<u32>,
+    /// The key bytes that lead to the node walked (what follows is
+    /// scratch); the answer's data once found. Going down to the bound,
+    /// the bound's last address: each node on its path reads the next
+    /// bytes before the walk leaves the path.
+    path: &'a mut [u8; key::DATA_SIZE_MAX],
+    guard: &'a Guard,
+}
+
+/// A prefix found: its length and payload (its data is in the path).
+type Hit = Option<(u32, [u8; 4])>;
+
+impl PostWalk<'_> {
+    /// The first prefix after the bound at or below `node`, entered at
+    /// `depth` on the bound's path (`path` is the bound's last address).
+    fn below(&mut self, node: &Node, depth: usize) -> Hit {
+        let len = self.bound.expect("a bound");
+        let at = (len.max(1) as usize - 1) / 8;
+        let guard = self.guard;
+        let (data, children) = (node.data(guard), node.children(guard));
+        let last = &self.path[..self.data_size];
+        let from = if depth == at {
+            // The bound's own node: after the bound's index.
+            post_key(prefix_index(len - 8 * depth as u32, last[depth])) + 1
+        } else {
+            let b = last[depth];
+            let child = children
+                .filter(|ch| ch.bits.get(b as usize))
+                // SAFETY: the bit says the entry exists.
+                .map(|ch| unsafe { ch.node(ch.bits.rank(b as usize)) });
+            if let Some(child) = child {
+                // The child's subtree lies wholly after the bound if its
+                // edge's bytes are above the bound's, wholly before if
+                // below; if equal, the bound is in it, or ends inside
+                // the edge and so comes after all of it.
+                let below = depth + 1 + child.skip.len();
+                let edge = child
+                    .skip
+                    .bytes()
+                    .cmp(last[depth + 1..below].iter().copied());
+                let found = match edge {
+                    Cmp::Greater => {
+                        enter(&mut self.path[..], depth, b, child.skip);
+                        self.first(child, below, 0)
+                    }
+                    Cmp::Equal if below <= at => self.below(child, below),
+                    _ => None,
+                };
+                if found.is_some() {
+                    return found;
+                }
+            }
+            child_post_key(b) + 1
+        };
+        self.scan(data, children, depth, from)
+    }
+
+    /// The first prefix at or below `node`, entered at `depth`, whose
+    /// post-order key in `node` is `from` or more.
+    fn first(&mut self, node: &Node, depth: usize, from: u16) -> Hit {
+        let guard = self.guard;
+        self.scan(node.data(guard), node.children(guard), depth, from)
+    }
+
+    /// `first`, in a node whose blocks were read once, on entry.
+    fn scan(
+        &mut self,
+        data: &DataBlock,
+        children: Option<Children<'_>>,
+        depth: usize,
+        mut from: u16,
+    ) -> Hit {
+        while let Some((key, unit)) = next_post(data, children, from) {
+            match unit {
+                Unit::Prefix(idx, payload) => {
+                    let prefixlen = prefix_at(&mut self.path[..self.data_size], depth, idx);
+                    return Some((prefixlen, payload));
+                }
+                Unit::Child(b, child) => {
+                    let below = enter(&mut self.path[..], depth, b, child.skip);
+                    // A child may hold no prefix for a moment (a writer
+                    // removing it): then go on after it.
+                    let found = self.first(child, below, 0);
+                    if found.is_some() {
+                        return found;
+                    }
+                }
+            }
+            from = key + 1;
+        }
+        None
+    }
+}
 
 /// Sets every bit from `prefixlen` on: the last address of the prefix.
 fn set_host_bits(data: &mut [u8], prefixlen: u32) {
@@ -271,34 +314,4 @@ fn set_host_bits(data: &mut [u8], prefixlen: u32) {
         data[full] |= 0xffu8.checked_shr((len % 8) as u32).unwrap_or(0);
         data[full + 1..].fill(0xff);
     }
-}
-
-/// Compares the last address of the range `path ++ [last_byte] ++ 0xff..`
-/// with `last` (a full-length address).
-fn cmp_last(path: &[u8], last_byte: u8, last: &[u8]) -> Cmp {
-    let depth = path.len();
-    path.cmp(&last[..depth]).then_with(|| {
-        if depth == last.len() {
-            return Cmp::Equal;
-        }
-        last_byte.cmp(&last[depth]).then_with(|| {
-            if last[depth + 1..].iter().all(|&b| b == 0xff) {
-                Cmp::Equal
-            } else {
-                Cmp::Greater
-            }
-        })
-    })
-}
-
-/// Whether no prefix and no child lies under index `idx` of a node.
-fn subtree_empty(prefixes: &Prefixes, children: Option<Children<'_>>, idx: usize) -> bool {
-    let (l, lo, hi) = index_range(idx);
-    if children.is_some_and(|c| c.bits.any_in(lo, hi)) {
-        return false;
-    }
-    (l..=8).all(|level| {
-        let shift = level - l;
-        !prefixes.bits.any_in(idx << shift, (idx + 1) << shift)
-    })
 }
