@@ -45,6 +45,15 @@ pub trait LpmTable<F: Family>: Sized {
     const NAME: &'static str;
     /// An empty table.
     fn empty() -> Self;
+    /// A table of `prefixes`, prefix `i` with [`value_of`]`(i)`: inserted
+    /// one by one unless the table loads in bulk.
+    fn load(prefixes: &[Prefix<F>]) -> Self {
+        let mut table = Self::empty();
+        for (i, p) in prefixes.iter().enumerate() {
+            table.insert(p, value_of(i));
+        }
+        table
+    }
     /// Inserts or replaces (`BPF_ANY`).
     fn insert(&mut self, p: &Prefix<F>, value: u32);
     /// Removes the exact prefix; false if it was not stored.
@@ -181,6 +190,7 @@ fn visit_all<F: Family>(v: &mut impl Visit<F>) {
     v.visit::<LpmTrie>(Role::Bpfmaps);
     v.visit::<ValueLpm>(Role::Api);
     v.visit::<ManyLpm>(Role::Api);
+    v.visit::<BulkLpm>(Role::Api);
     v.visit::<PrefixTrie<F>>(Role::Peer);
     v.visit::<IpNetworkTable<u32>>(Role::Peer);
 }
@@ -429,6 +439,49 @@ impl LookupApi for GetValue {
 /// The `bpfmaps-get_many_as` row.
 pub type ManyLpm = LpmVia<GetManyAs>;
 
+/// bpfmaps' `LpmTrie` loaded in bulk (`LpmTrie::extend`: each node built
+/// once) rather than by one insert per prefix; looked up as the `bpfmaps`
+/// row is.
+pub struct BulkLpm(pub LpmTrie);
+
+impl<F: Family> LpmTable<F> for BulkLpm {
+    const NAME: &'static str = "bpfmaps-bulk";
+    fn empty() -> Self {
+        BulkLpm(<LpmTrie as LpmTable<F>>::empty())
+    }
+    fn load(prefixes: &[Prefix<F>]) -> Self {
+        let t = <Self as LpmTable<F>>::empty();
+        let entries = prefixes
+            .iter()
+            .enumerate()
+            .map(|(i, p)| (p.addr, u32::from(p.len), value_of(i).to_ne_bytes()));
+        t.0.extend(entries).expect("a valid table");
+        t
+    }
+    fn insert(&mut self, p: &Prefix<F>, value: u32) {
+        LpmTable::<F>::insert(&mut self.0, p, value);
+    }
+    fn remove(&mut self, p: &Prefix<F>) -> bool {
+        LpmTable::<F>::remove(&mut self.0, p)
+    }
+    fn get(&self, a: &F::Addr) -> Option<u32> {
+        LpmTable::<F>::get(&self.0, a)
+    }
+    #[inline]
+    fn sum_batch(&self, addrs: &[F::Addr]) -> u64 {
+        LpmTable::<F>::sum_batch(&self.0, addrs)
+    }
+    fn count(&self) -> usize {
+        Map::len(&self.0)
+    }
+    fn reported(&self) -> Option<usize> {
+        Some(LpmTrie::memory_usage(&self.0))
+    }
+    fn live(&self) -> Option<usize> {
+        Some(self.0.memory_live())
+    }
+}
+
 /// The `bpfmaps-get` row.
 pub type ValueLpm = LpmVia<GetValue>;
 
@@ -608,10 +661,7 @@ pub fn build<F: Family, T: LpmTable<F>>(prefixes: &[Prefix<F>]) -> Built<T> {
     flush_deferred();
     let probe = MemProbe::start();
     let start = Instant::now();
-    let mut table = T::empty();
-    for (i, p) in prefixes.iter().enumerate() {
-        table.insert(p, value_of(i));
-    }
+    let table = T::load(prefixes);
     let time = start.elapsed();
     flush_deferred();
     Built {

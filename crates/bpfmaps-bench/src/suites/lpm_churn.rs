@@ -1,8 +1,9 @@
-//! Memory after churn, for `lpm-updates`: what each implementation holds
-//! after the day's replay and after rounds of removing a random fifth of
-//! the initial table and inserting it again, each next to a fresh build of
-//! the same set. A fresh build's figure is true of a table only until its
-//! first churn: a router's table is never fresh.
+//! Memory after churn, for `lpm-updates` and `lpm-real`: what each
+//! implementation holds after a replay of updates (`lpm-updates`' day of
+//! BGP) and after rounds of removing a random fifth of the table and
+//! inserting it again, each next to a fresh build of the same set. A
+//! fresh build's figure is true of a table only until its first churn: a
+//! router's table is never fresh.
 
 use std::collections::HashSet;
 use std::time::{Duration, Instant};
@@ -14,7 +15,7 @@ use rand::seq::SliceRandom;
 use crate::alloc::MemProbe;
 use crate::lpm_tables::{LpmStep, LpmTable, build, flush_deferred};
 use crate::plot::LinePlot;
-use crate::prefixes::{Mutation, Prefix, V4};
+use crate::prefixes::{Family, Mutation, Prefix};
 use crate::record::{
     MEM_BYTES_PER_PREFIX, MEM_LIVE_PER_PREFIX, MEM_REPORTED_PER_PREFIX, Record, case, case_param,
     find,
@@ -25,16 +26,21 @@ use crate::table::{Table, fmt_ratio};
 /// Rounds of remove-and-reinsert after the initial build.
 pub const ROUNDS: usize = 5;
 
-/// The churn of one trace, run on each implementation in turn.
-pub struct Churn<'a> {
+/// The churn of one table, run on each implementation in turn.
+pub struct Churn<'a, F: Family> {
+    /// The suite the records belong to.
     pub suite: &'static str,
+    /// The table's name in the records (`trace=`).
     pub trace: &'a str,
-    pub initial: &'a [Prefix<V4>],
-    pub mutations: &'a [Mutation<V4>],
+    /// The table built first.
+    pub initial: &'a [Prefix<F>],
+    /// Updates replayed onto it (none: no replay).
+    pub mutations: &'a [Mutation<F>],
+    /// Rounds of a fifth out and back in.
     pub rounds: usize,
 }
 
-impl Churn<'_> {
+impl<F: Family> Churn<'_, F> {
     fn case(&self, churn: &str, round: usize, build: &str) -> String {
         case(&[
             ("trace", &self.trace),
@@ -45,8 +51,8 @@ impl Churn<'_> {
     }
 
     /// The prefixes stored after the replay.
-    fn final_set(&self) -> Vec<Prefix<V4>> {
-        let mut set: HashSet<Prefix<V4>> = self.initial.iter().copied().collect();
+    fn final_set(&self) -> Vec<Prefix<F>> {
+        let mut set: HashSet<Prefix<F>> = self.initial.iter().copied().collect();
         for m in self.mutations {
             if m.announce {
                 set.insert(m.prefix);
@@ -63,7 +69,7 @@ impl Churn<'_> {
 /// Lets deferred frees run until the table's own account of its memory
 /// stops changing (bpfmaps gives a compaction's old chunks back after a
 /// grace period), for at most two seconds.
-fn settle<T: LpmTable<V4>>(t: &T) {
+fn settle<F: Family, T: LpmTable<F>>(t: &T) {
     flush_deferred();
     let deadline = Instant::now() + Duration::from_secs(2);
     let (mut last, mut same) = (t.reported(), 0);
@@ -78,8 +84,13 @@ fn settle<T: LpmTable<V4>>(t: &T) {
 
 /// The records of a table's memory per prefix: held (counting allocator,
 /// since `probe` started), reported and live where it says.
-fn memory<T: LpmTable<V4>>(suite: &str, case: &str, t: &T, probe: &MemProbe) -> Vec<Record> {
-    settle(t);
+fn memory<F: Family, T: LpmTable<F>>(
+    suite: &str,
+    case: &str,
+    t: &T,
+    probe: &MemProbe,
+) -> Vec<Record> {
+    settle::<F, T>(t);
     let n = t.count().max(1) as f64;
     let mut out = vec![Record::single(
         suite,
@@ -100,17 +111,17 @@ fn memory<T: LpmTable<V4>>(suite: &str, case: &str, t: &T, probe: &MemProbe) -> 
     out
 }
 
-impl LpmStep<V4> for Churn<'_> {
+impl<F: Family> LpmStep<F> for Churn<'_, F> {
     type Out = Vec<Record>;
     type Reference = ();
 
-    fn step<T: LpmTable<V4> + Sync + 'static>(&self, _: Option<&()>) -> (Vec<Record>, ()) {
+    fn step<T: LpmTable<F> + Sync + 'static>(&self, _: Option<&()>) -> (Vec<Record>, ()) {
         let s = self.suite;
         let mut recs = Vec::new();
         // The replay, and a fresh build of what it leaves.
-        {
+        if !self.mutations.is_empty() {
             let probe = MemProbe::start();
-            let mut t = build::<V4, T>(self.initial).table;
+            let mut t = build::<F, T>(self.initial).table;
             for m in self.mutations {
                 if m.announce {
                     t.insert(&m.prefix, m.value);
@@ -119,10 +130,9 @@ impl LpmStep<V4> for Churn<'_> {
                 }
             }
             recs.extend(memory(s, &self.case("replay", 1, "churned"), &t, &probe));
-        }
-        {
+            drop(t);
             let probe = MemProbe::start();
-            let t = build::<V4, T>(&self.final_set()).table;
+            let t = build::<F, T>(&self.final_set()).table;
             recs.extend(memory(s, &self.case("replay", 1, "fresh"), &t, &probe));
         }
         // Rounds of a random fifth out and back in (new values); round 0 is
@@ -131,7 +141,7 @@ impl LpmStep<V4> for Churn<'_> {
         let mut rng = StdRng::seed_from_u64(SEED + 11);
         let mut order: Vec<usize> = (0..self.initial.len()).collect();
         let probe = MemProbe::start();
-        let mut t = build::<V4, T>(self.initial).table;
+        let mut t = build::<F, T>(self.initial).table;
         recs.extend(memory(s, &self.case("fifths", 0, "fresh"), &t, &probe));
         for round in 1..=self.rounds {
             order.shuffle(&mut rng);
@@ -155,7 +165,7 @@ impl LpmStep<V4> for Churn<'_> {
 
 /// Held bytes per prefix after churn, and against a fresh build of the
 /// same set (`impls`: the implementations, in column order).
-pub fn summary(records: &[Record], impls: &[&str]) -> Option<Table> {
+pub fn summary(suite: &str, records: &[Record], impls: &[&str]) -> Option<Table> {
     let churned: Vec<&Record> = records
         .iter()
         .filter(|r| r.metric == MEM_BYTES_PER_PREFIX.name && r.param("build") == Some("churned"))
@@ -172,19 +182,19 @@ pub fn summary(records: &[Record], impls: &[&str]) -> Option<Table> {
             c
         }
     };
-    let mut cols = vec!["churn".to_string(), "round".into()];
+    let mut cols = vec!["table".to_string(), "churn".into(), "round".into()];
     cols.extend(impls.iter().map(|i| format!("{i} B/prefix")));
     cols.extend(impls.iter().map(|i| format!("{i} vs fresh")));
     cols.push("bpfmaps live B/prefix".into());
     let mut t = Table::new(
-        "lpm-updates: memory after churn",
+        format!("{suite}: memory after churn"),
         &cols.iter().map(String::as_str).collect::<Vec<_>>(),
     )
     .with_note(
-        "Bytes held per prefix (counting allocator) after the day's replay, and after \
-         rounds of removing a random fifth of the initial table and inserting it \
+        "Bytes held per prefix (counting allocator) after the replay of updates, and \
+         after rounds of removing a random fifth of the table and inserting it \
          again; `vs fresh`: held over a fresh build's of the same set (the replay's \
-         final set; for the rounds, the initial table), 1.00 is as fresh.",
+         final set; for the rounds, the table itself), 1.00 is as fresh.",
     );
     let mut cases: Vec<&str> = Vec::new();
     for r in &churned {
@@ -195,6 +205,7 @@ pub fn summary(records: &[Record], impls: &[&str]) -> Option<Table> {
     for c in cases {
         let mem = |c: &str, imp: &str| find(records, c, imp, MEM_BYTES_PER_PREFIX.name);
         let mut row = vec![
+            case_param(c, "trace").unwrap_or("?").to_string(),
             case_param(c, "churn").unwrap_or("?").to_string(),
             case_param(c, "round").unwrap_or("?").to_string(),
         ];
@@ -216,25 +227,38 @@ pub fn summary(records: &[Record], impls: &[&str]) -> Option<Table> {
     Some(t)
 }
 
-/// Held bytes per prefix after each round of churn, per implementation.
-pub fn plot(records: &[Record], impls: &[&str]) -> Option<LinePlot> {
-    let mut p = LinePlot::new(
-        "lpm-updates-churn-memory",
-        "Bytes held per prefix after rounds of removing and re-inserting a random fifth",
-        "round (0: fresh build)",
-        "bytes per prefix (counting allocator)",
-    );
-    for &imp in impls {
-        let points = records
-            .iter()
-            .filter(|r| {
-                r.impl_name == imp
-                    && r.metric == MEM_BYTES_PER_PREFIX.name
-                    && r.param("churn") == Some("fifths")
-            })
-            .filter_map(|r| Some((r.param("round")?.parse().ok()?, r.value)))
-            .collect();
-        p.add(imp, points);
+/// Per table, held bytes per prefix after each round of churn, per
+/// implementation.
+pub fn plots(suite: &str, records: &[Record], impls: &[&str]) -> Vec<LinePlot> {
+    let fifths =
+        |r: &&Record| r.metric == MEM_BYTES_PER_PREFIX.name && r.param("churn") == Some("fifths");
+    let mut tables: Vec<&str> = Vec::new();
+    for r in records.iter().filter(fifths) {
+        let t = r.param("trace").unwrap_or("?");
+        if !tables.contains(&t) {
+            tables.push(t);
+        }
     }
-    (!p.is_empty()).then_some(p)
+    tables
+        .into_iter()
+        .map(|table| {
+            let mut p = LinePlot::new(
+                format!("{suite}-churn-memory-{table}"),
+                format!("{table}: bytes held per prefix after rounds of removing and re-inserting a random fifth"),
+                "round (0: fresh build)",
+                "bytes per prefix (counting allocator)",
+            );
+            for &imp in impls {
+                let points = records
+                    .iter()
+                    .filter(fifths)
+                    .filter(|r| r.impl_name == imp && r.param("trace") == Some(table))
+                    .filter_map(|r| Some((r.param("round")?.parse().ok()?, r.value)))
+                    .collect();
+                p.add(imp, points);
+            }
+            p
+        })
+        .filter(|p| !p.is_empty())
+        .collect()
 }

@@ -19,9 +19,10 @@ use clap::Args;
 
 use crate::lpm_tables::{
     ALL_ROLES, Answers, AnyLpm, BATCH, LpmStep, LpmTable, MAX_ENTRIES, Role, Walk, build,
-    check_agreement, each_lpm, lpm_names, value_of,
+    check_agreement, each_lpm, lpm_names, roles, value_of,
 };
 use crate::measure::{rate_samples_interleaved, settle_reaper};
+use crate::plot::LinePlot;
 use crate::prefixes::{
     Family, IPV4_TABLE, IPV6_TABLE, Prefix, V4, V6, addrs_inside, addrs_random, generate,
 };
@@ -31,6 +32,7 @@ use crate::record::{
 };
 use crate::stats::Stats;
 use crate::suite::{Ctx, Suite};
+use crate::suites::lpm_churn;
 use crate::suites::lpm_data::{SEED, generated_ipv4, load};
 use crate::table::{Table, fmt_mops, fmt_ratio};
 
@@ -52,6 +54,10 @@ pub struct Opts {
     /// Skip prefix-trie and ip_network_table.
     #[arg(long)]
     no_peers: bool,
+    /// Rounds of removing and re-inserting a random fifth, for memory after
+    /// churn [quick: 2; full: 5; 0: no memory measurements].
+    #[arg(long)]
+    churn_rounds: Option<usize>,
 }
 
 /// Lookup sets.
@@ -304,7 +310,24 @@ fn family<F: Family>(
             .unwrap_or(if ctx.quick() { 1 } else { 3 })
             .max(1),
     };
-    real.run(!opts.no_peers)
+    let mut recs = real.run(!opts.no_peers);
+    let rounds = opts
+        .churn_rounds
+        .unwrap_or(if ctx.quick() { 2 } else { lpm_churn::ROUNDS });
+    if rounds > 0 {
+        let table = format!("{}-{src}", F::NAME);
+        let churn = lpm_churn::Churn::<F> {
+            suite: ctx.suite(),
+            trace: &table,
+            initial: &real.prefixes,
+            mutations: &[],
+            rounds,
+        };
+        let churned: Vec<Record> = each_lpm(&churn, roles(!opts.no_peers), Some(())).concat();
+        ctx.print(&churned);
+        recs.extend(churned);
+    }
+    recs
 }
 
 impl Suite for LpmReal {
@@ -503,6 +526,15 @@ impl Suite for LpmReal {
         if !vs_pt.rows.is_empty() {
             tables.push(vs_pt);
         }
+        tables.extend(lpm_churn::summary(
+            Self::NAME,
+            records,
+            &lpm_names(roles(true)),
+        ));
         tables
+    }
+
+    fn plots(&self, records: &[Record]) -> Vec<LinePlot> {
+        lpm_churn::plots(Self::NAME, records, &lpm_names(roles(true)))
     }
 }

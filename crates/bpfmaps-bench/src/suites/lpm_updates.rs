@@ -446,13 +446,11 @@ impl Suite for LpmUpdates {
             t.push(row);
         }
         let mut tables = vec![t];
-        tables.extend(lpm_churn::summary(records, &impls));
+        tables.extend(lpm_churn::summary(Self::NAME, records, &impls));
         tables
     }
 
     fn plots(&self, records: &[Record]) -> Vec<LinePlot> {
-        lpm_churn::plot(records, &lpm_names(roles(true)))
-            .into_iter()
-            .collect()
+        lpm_churn::plots(Self::NAME, records, &lpm_names(roles(true)))
     }
 }

@@ -340,6 +340,20 @@ pub trait MapOps: Send + Sync {
         let _ = (key, value, guard);
         Err(Error::Unsupported)
     }
+    /// `map_update_batch`: `n` keys and values (checked sizes, back to
+    /// back) stored in order under `flag`; returns `n`, or how many were
+    /// stored before the error. The default updates them one by one
+    /// ([`update_each`]); a family that builds faster from many at once
+    /// overrides it, with the same result.
+    fn map_update_batch(
+        &self,
+        keys: &[u8],
+        values: &[u8],
+        n: usize,
+        flag: UpdateFlag,
+    ) -> Result<usize, BatchError> {
+        update_each(self, keys, values, n, flag)
+    }
     /// `map_get_next_key`: writes the key after `key` (`None`: the first)
     /// into `next`, which holds `key_size` bytes, and returns its length.
     fn map_get_next_key(
@@ -436,6 +450,22 @@ fn require_batch<T: MapOps>(more: Caps) -> Result<(), BatchError> {
 /// Runs `op` on elements `0..n` in order under a guard re-pinned every
 /// [`BATCH_PIN_CHUNK`] elements; stops at the first error with how many
 /// were done.
+/// `map_update_elem` on each of `n` keys and values in order, the guard
+/// renewed now and then: the default `map_update_batch`, and a family's
+/// fallback from its own.
+pub fn update_each<T: MapOps + ?Sized>(
+    map: &T,
+    keys: &[u8],
+    values: &[u8],
+    n: usize,
+    flag: UpdateFlag,
+) -> Result<usize, BatchError> {
+    let (ks, vs) = (keys.len() / n.max(1), values.len() / n.max(1));
+    each_pinned(n, |i, guard| {
+        map.map_update_elem(&keys[i * ks..][..ks], &values[i * vs..][..vs], flag, guard)
+    })
+}
+
 fn each_pinned(
     n: usize,
     mut op: impl FnMut(usize, &Guard) -> Result<()>,
@@ -624,9 +654,7 @@ impl<T: MapOps> Map for T {
                 "batch keys and values hold different counts",
             )));
         }
-        each_pinned(n, |i, guard| {
-            self.map_update_elem(&keys[i * ks..][..ks], &values[i * vs..][..vs], flag, guard)
-        })
+        self.map_update_batch(keys, values, n, flag)
     }
 
     fn delete_batch(&self, keys: &[u8]) -> Result<usize, BatchError> {

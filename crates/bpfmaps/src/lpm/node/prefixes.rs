@@ -67,7 +67,7 @@ impl Prefixes {
 
     /// Stores the prefix at `idx` (call `bits.fix_ranks` after a run of
     /// these).
-    pub(super) fn put(&mut self, idx: usize, payload: [u8; 4]) {
+    pub(crate) fn put(&mut self, idx: usize, payload: [u8; 4]) {
         self.bits.set_raw(idx);
         self.payloads[idx].write(payload);
     }

@@ -4,7 +4,7 @@
 use std::sync::atomic::Ordering;
 
 use super::LpmTrie;
-use crate::core::contract::{Caps, MapInfo, MapOps, MapSpec, MapType};
+use crate::core::contract::{BatchError, Caps, MapInfo, MapOps, MapSpec, MapType, update_each};
 use crate::core::error::{Error, Result};
 use crate::core::family::{Family, KeyKind};
 use crate::core::flags::{BPF_F_NO_PREALLOC, UpdateFlag};
@@ -92,6 +92,45 @@ impl MapOps for LpmTrie {
     fn map_lookup_and_delete_elem(&self, key: &[u8], value: &mut [u8], _: &Guard) -> Result<()> {
         let k = self.check_key_data(key)?;
         self.remove(k.data, k.prefixlen, Some(value))
+    }
+
+    /// A batch of `BPF_ANY` updates as large as a quarter of the trie (and
+    /// at least 64) is one bulk load (`extend`): each node built once.
+    /// Elements up to the first bad key go in; the error then says where
+    /// it stopped, as one by one would. Anything the bulk load refuses
+    /// (`E2BIG`, `EBUSY`) is retried one by one, so the count is exact.
+    fn map_update_batch(
+        &self,
+        keys: &[u8],
+        values: &[u8],
+        n: usize,
+        flag: UpdateFlag,
+    ) -> Result<usize, BatchError> {
+        let len = self.len.load(Ordering::Relaxed);
+        if flag != UpdateFlag::Any || n < 64 || 4 * n < len {
+            return update_each(self, keys, values, n, flag);
+        }
+        let (ks, vs) = (keys.len() / n, values.len() / n);
+        let mut parsed = Vec::with_capacity(n);
+        let mut stop = None;
+        for i in 0..n {
+            match self.check_key_data(&keys[i * ks..][..ks]) {
+                Ok(k) => parsed.push((k.data, k.prefixlen, &values[i * vs..][..vs])),
+                Err(error) => {
+                    stop = Some(BatchError {
+                        processed: i,
+                        error,
+                    });
+                    break;
+                }
+            }
+        }
+        let good = parsed.len();
+        if self.extend(parsed).is_err() {
+            return update_each(self, &keys[..good * ks], &values[..good * vs], good, flag)
+                .and_then(|done| stop.map_or(Ok(done), Err));
+        }
+        stop.map_or(Ok(n), Err)
     }
 
     /// Post-order, like the kernel (a prefix comes after every prefix it

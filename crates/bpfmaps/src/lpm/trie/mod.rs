@@ -38,6 +38,7 @@
 //! (queries and ordered iteration), `contract.rs` (the family's byte
 //! contract).
 
+mod bulk;
 mod compact;
 mod contract;
 mod iter;

@@ -26,12 +26,13 @@ unsafe impl<T> Send for Owned<T> {}
 /// What `clear` leaves behind: the old tree and its routes, given back to
 /// the arena and the route store on the reaper thread once the grace period
 /// is over, so no reader or writer pays for walking it.
-struct ClearJob {
-    arena: Arc<Arena>,
-    children: *mut ChildBlock,
-    data: *mut DataBlock,
-    routes: Vec<u32>,
-    store: Arc<RouteStore>,
+pub(super) struct ClearJob {
+    pub arena: Arc<Arena>,
+    pub children: *mut ChildBlock,
+    pub data: *mut DataBlock,
+    /// Route slots to give back with the tree.
+    pub routes: Vec<u32>,
+    pub store: Arc<RouteStore>,
 }
 // SAFETY: nobody else can reach a detached tree.
 unsafe impl Send for ClearJob {}
@@ -44,7 +45,12 @@ impl Drop for ClearJob {
 }
 
 impl LpmTrie {
-    fn payload_of(&self, alloc: &mut RouteAlloc, value: &[u8], guard: &Guard) -> Result<[u8; 4]> {
+    pub(super) fn payload_of(
+        &self,
+        alloc: &mut RouteAlloc,
+        value: &[u8],
+        guard: &Guard,
+    ) -> Result<[u8; 4]> {
         if self.inline_values {
             let mut payload = [0u8; 4];
             payload[..value.len()].copy_from_slice(value);
