@@ -520,20 +520,22 @@ mod tests {
         assert_eq!(t.update_batch(&keys, &values, BPF_ANY), Ok(n));
         assert!((0..n).all(|i| lookup(&t, i) == Some(i as u32)));
         assert_eq!(Map::len(&t), n);
-        // A bad prefix length at element 100: the 100 before it.
+        // A bad prefix length at element `at`: the ones before it.
+        let at = n / 3;
         let mut bad = keys.clone();
         let ks = key(0).len();
-        bad[100 * ks..][..4].copy_from_slice(&33u32.to_ne_bytes());
+        bad[at * ks..][..4].copy_from_slice(&33u32.to_ne_bytes());
         let t = LpmTrie::new(4, 4, 10_000).unwrap();
         let err = t.update_batch(&bad, &values, BPF_ANY).unwrap_err();
-        assert_eq!(err.processed, 100);
-        assert_eq!(Map::len(&t), 100);
-        assert_eq!(lookup(&t, 99), Some(99));
-        assert_eq!(lookup(&t, 101), None);
-        // Room for 80: E2BIG at element 80, as one by one.
-        let t = LpmTrie::new(4, 4, 80).unwrap();
+        assert_eq!(err.processed, at);
+        assert_eq!(Map::len(&t), at);
+        assert_eq!(lookup(&t, at - 1), Some(at as u32 - 1));
+        assert_eq!(lookup(&t, at + 1), None);
+        // Room for fewer: E2BIG where it runs out, as one by one.
+        let room = n - n / 4;
+        let t = LpmTrie::new(4, 4, room as u32).unwrap();
         let err: BatchError = t.update_batch(&keys, &values, BPF_ANY).unwrap_err();
-        assert_eq!((err.processed, err.error), (80, Error::Full));
-        assert_eq!(Map::len(&t), 80);
+        assert_eq!((err.processed, err.error), (room, Error::Full));
+        assert_eq!(Map::len(&t), room);
     }
 }
