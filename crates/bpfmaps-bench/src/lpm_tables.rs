@@ -48,11 +48,7 @@ pub trait LpmTable<F: Family>: Sized {
     /// A table of `prefixes`, prefix `i` with [`value_of`]`(i)`: inserted
     /// one by one unless the table loads in bulk.
     fn load(prefixes: &[Prefix<F>]) -> Self {
-        let mut table = Self::empty();
-        for (i, p) in prefixes.iter().enumerate() {
-            table.insert(p, value_of(i));
-        }
-        table
+        insert_each(Self::empty(), prefixes)
     }
     /// Inserts or replaces (`BPF_ANY`).
     fn insert(&mut self, p: &Prefix<F>, value: u32);
@@ -146,6 +142,15 @@ pub fn fold_digest(digest: u64, bytes: &[u8]) -> u64 {
     bytes.iter().fold(digest, |d, &b| {
         (d ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
     })
+}
+
+/// `table` with `prefixes` inserted one by one, prefix `i` with
+/// [`value_of`]`(i)`.
+fn insert_each<F: Family, T: LpmTable<F>>(mut table: T, prefixes: &[Prefix<F>]) -> T {
+    for (i, p) in prefixes.iter().enumerate() {
+        table.insert(p, value_of(i));
+    }
+    table
 }
 
 /// What an implementation is to the suites, which take some of them.
@@ -397,6 +402,8 @@ pub trait LookupApi {
     const NAME: &'static str;
     /// `LpmTable::sum_batch` through this API.
     fn sum_batch<F: Family>(t: &LpmTrie, addrs: &[F::Addr]) -> u64;
+    /// Whether the row's table is built by one bulk load.
+    const BULK_LOAD: bool = false;
 }
 
 /// `get_many_as`, which overlaps the cache misses of a batch's lookups in
@@ -442,45 +449,19 @@ pub type ManyLpm = LpmVia<GetManyAs>;
 /// bpfmaps' `LpmTrie` loaded in bulk (`LpmTrie::extend`: each node built
 /// once) rather than by one insert per prefix; looked up as the `bpfmaps`
 /// row is.
-pub struct BulkLpm(pub LpmTrie);
+pub struct BulkLoad;
 
-impl<F: Family> LpmTable<F> for BulkLpm {
+impl LookupApi for BulkLoad {
     const NAME: &'static str = "bpfmaps-bulk";
-    fn empty() -> Self {
-        BulkLpm(<LpmTrie as LpmTable<F>>::empty())
-    }
-    fn load(prefixes: &[Prefix<F>]) -> Self {
-        let t = <Self as LpmTable<F>>::empty();
-        let entries = prefixes
-            .iter()
-            .enumerate()
-            .map(|(i, p)| (p.addr, u32::from(p.len), value_of(i).to_ne_bytes()));
-        t.0.extend(entries).expect("a valid table");
-        t
-    }
-    fn insert(&mut self, p: &Prefix<F>, value: u32) {
-        LpmTable::<F>::insert(&mut self.0, p, value);
-    }
-    fn remove(&mut self, p: &Prefix<F>) -> bool {
-        LpmTable::<F>::remove(&mut self.0, p)
-    }
-    fn get(&self, a: &F::Addr) -> Option<u32> {
-        LpmTable::<F>::get(&self.0, a)
-    }
+    const BULK_LOAD: bool = true;
     #[inline]
-    fn sum_batch(&self, addrs: &[F::Addr]) -> u64 {
-        LpmTable::<F>::sum_batch(&self.0, addrs)
-    }
-    fn count(&self) -> usize {
-        Map::len(&self.0)
-    }
-    fn reported(&self) -> Option<usize> {
-        Some(LpmTrie::memory_usage(&self.0))
-    }
-    fn live(&self) -> Option<usize> {
-        Some(self.0.memory_live())
+    fn sum_batch<F: Family>(t: &LpmTrie, addrs: &[F::Addr]) -> u64 {
+        LpmTable::<F>::sum_batch(t, addrs)
     }
 }
+
+/// The `bpfmaps-bulk` row.
+pub type BulkLpm = LpmVia<BulkLoad>;
 
 /// The `bpfmaps-get` row.
 pub type ValueLpm = LpmVia<GetValue>;
@@ -489,6 +470,18 @@ impl<F: Family, A: LookupApi> LpmTable<F> for LpmVia<A> {
     const NAME: &'static str = A::NAME;
     fn empty() -> Self {
         LpmVia(<LpmTrie as LpmTable<F>>::empty(), PhantomData)
+    }
+    fn load(prefixes: &[Prefix<F>]) -> Self {
+        let t = <Self as LpmTable<F>>::empty();
+        if !A::BULK_LOAD {
+            return insert_each(t, prefixes);
+        }
+        let entries = prefixes
+            .iter()
+            .enumerate()
+            .map(|(i, p)| (p.addr, u32::from(p.len), value_of(i).to_ne_bytes()));
+        t.0.extend(entries).expect("a valid table");
+        t
     }
     fn insert(&mut self, p: &Prefix<F>, value: u32) {
         LpmTable::<F>::insert(&mut self.0, p, value);

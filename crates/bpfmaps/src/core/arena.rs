@@ -98,7 +98,7 @@ impl Chunks {
 
 /// A generation set aside by a compaction: its chunks, until every block
 /// in them is released.
-pub(crate) struct OldGeneration {
+struct OldGeneration {
     id: u64,
     /// Sorted by address.
     chunks: Vec<Chunk>,
@@ -130,8 +130,6 @@ struct ArenaWriter {
     free: [Chain; CLASSES],
     cursor: usize,
     end: usize,
-    /// Size of the chunk being carved.
-    chunk: usize,
     next_chunk: usize,
     /// Bytes allocated in this generation (the copies included).
     allocated: usize,
@@ -143,7 +141,6 @@ impl Default for ArenaWriter {
             free: std::array::from_fn(|_| Chain::default()),
             cursor: 0,
             end: 0,
-            chunk: 0,
             next_chunk: FIRST_CHUNK,
             allocated: 0,
         }
@@ -266,7 +263,6 @@ impl Arena {
         self.chunk_bytes.fetch_add(size, Ordering::Relaxed);
         w.cursor = p as usize;
         w.end = w.cursor + size;
-        w.chunk = size;
     }
 
     /// Returns a block nobody can reach any more (lock-free; any thread).

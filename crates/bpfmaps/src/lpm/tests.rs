@@ -706,6 +706,46 @@ pub(super) fn stable_ipv4_routes() -> Vec<([u8; 4], u32)> {
         .collect()
 }
 
+/// Prefixes of several lengths, `count` of them spread over the address
+/// space (and so over the stable routes' /6s), varied by `salt`; sorted,
+/// without duplicates.
+pub(super) fn spread_ipv4(count: usize, salt: u32) -> Vec<([u8; 4], u32)> {
+    let mut out: Vec<([u8; 4], u32)> = (0..count as u32)
+        .map(|i| {
+            let l = [8, 12, 20, 24, 28, 32][i as usize % 6];
+            let mut d = (i ^ salt).wrapping_mul(2654435761).to_be_bytes();
+            mask_host_bits(&mut d, l);
+            (d, l)
+        })
+        .collect();
+    out.sort();
+    out.dedup();
+    out
+}
+
+/// Runs `write` while two threads look up random IPv4 addresses in `t`
+/// and check every answer against `stable` (`check_answer`); returns once
+/// `write` has and the readers have stopped.
+pub(super) fn with_ipv4_readers(t: &LpmTrie, stable: &[([u8; 4], u32)], write: impl FnOnce()) {
+    let stop = AtomicBool::new(false);
+    std::thread::scope(|s| {
+        for r in 0..2u32 {
+            let stop = &stop;
+            s.spawn(move || {
+                let mut x = 12345u32 + r;
+                while !stop.load(Ordering::Relaxed) {
+                    x ^= x << 13;
+                    x ^= x >> 17;
+                    x ^= x << 5;
+                    check_answer(t, stable, &x.to_be_bytes());
+                }
+            });
+        }
+        write();
+        stop.store(true, Ordering::Relaxed);
+    });
+}
+
 fn readers_never_miss_a_stable_route(direct: bool) {
     let t = LpmTrie::new(4, 8, 10_000)
         .unwrap()

@@ -303,7 +303,7 @@ mod tests {
 
     use super::*;
     use crate::core::flags::BPF_ANY;
-    use crate::lpm::tests::{check_answer, self_value, stable_ipv4_routes};
+    use crate::lpm::tests::{self_value, spread_ipv4, stable_ipv4_routes, with_ipv4_readers};
 
     /// A prefix's data, length and value bytes.
     type Entry = (Vec<u8>, u32, Vec<u8>);
@@ -456,8 +456,6 @@ mod tests {
     /// shorter than the longest stable prefix that does.
     #[test]
     fn readers_never_miss_a_stable_route_during_bulk_loads() {
-        use std::sync::atomic::AtomicBool;
-
         let stable = stable_ipv4_routes();
         let t = LpmTrie::new(4, 8, 100_000)
             .unwrap()
@@ -465,43 +463,23 @@ mod tests {
         for (d, l) in &stable {
             t.insert(d, *l, &self_value(d, *l), BPF_ANY).unwrap();
         }
-        let stop = AtomicBool::new(false);
-        std::thread::scope(|s| {
-            for r in 0..2u32 {
-                let (t, stable, stop) = (&t, &stable, &stop);
-                s.spawn(move || {
-                    let mut x = 777u32 + r;
-                    while !stop.load(Ordering::Relaxed) {
-                        x ^= x << 13;
-                        x ^= x >> 17;
-                        x ^= x << 5;
-                        check_answer(t, stable, &x.to_be_bytes());
-                    }
-                });
-            }
+        with_ipv4_readers(&t, &stable, || {
             for round in 0..crate::scaled(20, 2) as u32 {
-                let batch: Vec<([u8; 4], u32)> = (0..crate::scaled(2000, 20) as u32)
-                    .map(|i| {
-                        let l = [8, 12, 20, 24, 28, 32][i as usize % 6];
-                        let mut d = (i ^ round << 20).wrapping_mul(2654435761).to_be_bytes();
-                        crate::lpm::key::mask_host_bits(&mut d, l);
-                        (d, l)
-                    })
-                    .collect();
+                let batch = spread_ipv4(crate::scaled(2000, 20), round << 20);
                 t.extend(batch.iter().map(|(d, l)| (d, *l, self_value(d, *l))))
                     .unwrap();
             }
-            stop.store(true, Ordering::Relaxed);
         });
         assert!(t.direct_index_matches_tree());
     }
 
-    /// `update_batch` through the byte contract takes the bulk path for a
-    /// large `BPF_ANY` batch and gives what one by one would: every
-    /// element, or those before a bad key and the error at it, or, past
-    /// `max_entries`, the count that fit.
+    /// A `BPF_ANY` batch through the byte contract, large enough for the
+    /// bulk path (64 or more into an empty trie), gives what one by one
+    /// would: every element, or those before a bad key and the error at
+    /// it, or, past `max_entries`, the count that fit. (The results, not
+    /// the path taken, are what a caller can see.)
     #[test]
-    fn a_large_batch_through_the_contract_is_one_bulk_load() {
+    fn a_large_batch_through_the_contract_gives_one_by_ones_results() {
         use crate::lpm::key::encode_key;
         use crate::{BatchError, Map};
 

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use super::{LpmTrie, Pos};
 use crate::core::arena::Arena;
-use crate::core::reclaim::Guard;
+use crate::core::reclaim::{Guard, pin};
 use crate::lpm::node::{ChildBlock, Node};
 
 impl LpmTrie {
@@ -19,11 +19,11 @@ impl LpmTrie {
     /// `COMPACT_CHECK` writes. Writer only.
     ///
     /// Each compaction's old chunks wait for a grace period, and only a
-    /// few may wait at once. At that limit the writer helps the grace
-    /// periods along for a moment (`COMPACT_WAIT`); if a reader pinned
-    /// throughout holds them back, it gives up and looks again only after
-    /// `COMPACT_BACKOFF` more writes, so a stalled reader costs memory
-    /// (as it would anyway), not every write a wait.
+    /// few may wait at once. At that limit the writer does not wait (it
+    /// is pinned: waiting would hold back the very grace periods it waits
+    /// for); it looks again after `COMPACT_BACKOFF` more writes, so a
+    /// stalled reader costs memory, as it would anyway, and no write a
+    /// wait.
     pub(super) fn maybe_compact(&self, guard: &Guard) {
         let countdown = self.compact_countdown.load(Ordering::Relaxed);
         if countdown > 0 {
@@ -31,7 +31,7 @@ impl LpmTrie {
                 .store(countdown - 1, Ordering::Relaxed);
             return;
         }
-        let gave_up = self.arena.fragmented() && !self.compact(guard, Self::COMPACT_WAIT);
+        let gave_up = self.arena.fragmented() && !self.compact(guard);
         let next = if gave_up {
             Self::COMPACT_BACKOFF
         } else {
@@ -42,24 +42,14 @@ impl LpmTrie {
 
     /// Writes between looks at the arena.
     const COMPACT_CHECK: u32 = 64;
-    /// How long a write may help grace periods along before compacting.
-    const COMPACT_WAIT: Duration = Duration::from_millis(2);
-    /// Writes before looking again after a compaction had to give up.
+    /// Writes before looking again after a compaction could not start.
     const COMPACT_BACKOFF: u32 = 1024;
 
     /// Copies every block into a new generation of the arena; the old one
     /// is freed once the readers that may be in it have moved on. Writer
-    /// only. While earlier compactions' old chunks still wait for their
-    /// grace periods, waits up to `wait` for them (`false`: gave up).
-    fn compact(&self, guard: &Guard, wait: Duration) -> bool {
-        let deadline = Instant::now() + wait;
-        while self.arena.at_generation_limit() {
-            if Instant::now() >= deadline {
-                return false;
-            }
-            guard.flush();
-            std::thread::yield_now();
-        }
+    /// only. `false` (nothing done) while too many earlier compactions'
+    /// old chunks still wait for their grace periods.
+    fn compact(&self, guard: &Guard) -> bool {
         let Some(generation) = self.arena.start_generation() else {
             return false;
         };
@@ -111,13 +101,20 @@ impl LpmTrie {
     /// Compacts the trie's memory now: every block is copied into fresh
     /// chunks sized to what is live, and the old chunks go back to the
     /// system once readers have moved on. Writes compact by themselves
-    /// when the arena holds over 5/4 of the bytes in use; this is for a
-    /// table that shrank and then stopped changing. May wait (up to a
-    /// second, then gives up) for earlier compactions' grace periods.
+    /// when enough of the arena lies free (`Arena::fragmented`); this is
+    /// for a table that shrank and then stopped changing. May first wait
+    /// (up to a second, unpinned, then gives up) for earlier compactions'
+    /// grace periods.
     pub fn shrink_to_fit(&self) {
-        let guard = &crate::core::reclaim::pin();
+        let deadline = Instant::now() + Duration::from_secs(1);
+        while self.arena.at_generation_limit() && Instant::now() < deadline {
+            // A guard pinned only to push the collector along.
+            pin().flush();
+            std::thread::yield_now();
+        }
+        let guard = &pin();
         let _writer = self.writer.lock();
-        self.compact(guard, Duration::from_secs(1));
+        self.compact(guard);
     }
 }
 
@@ -136,24 +133,12 @@ mod tests {
     /// the index mirrors the tree.
     #[test]
     fn readers_never_miss_a_stable_route_during_compactions() {
-        use std::sync::atomic::{AtomicBool, Ordering};
-
         use crate::Map;
-        use crate::lpm::tests::{check_answer, self_value, stable_ipv4_routes};
+        use crate::lpm::tests::{self_value, spread_ipv4, stable_ipv4_routes, with_ipv4_readers};
 
         let encode = self_value;
         let stable = stable_ipv4_routes();
-        // Prefixes of several lengths spread over the stable ones' /6s.
-        let mut churn: Vec<([u8; 4], u32)> = (0..crate::scaled(3000, 12) as u32)
-            .map(|i| {
-                let l = [8, 12, 20, 24, 28, 32][i as usize % 6];
-                let mut d = i.wrapping_mul(2654435761).to_be_bytes();
-                crate::lpm::key::mask_host_bits(&mut d, l);
-                (d, l)
-            })
-            .collect();
-        churn.sort();
-        churn.dedup();
+        let churn = spread_ipv4(crate::scaled(3000, 12), 0);
         let directs: &[bool] = if cfg!(miri) { &[false] } else { &[false, true] };
         for &direct in directs {
             let t = LpmTrie::new(4, 8, 10_000)
@@ -162,20 +147,7 @@ mod tests {
             for (d, l) in &stable {
                 t.insert(d, *l, &encode(d, *l), BPF_ANY).unwrap();
             }
-            let stop = AtomicBool::new(false);
-            std::thread::scope(|s| {
-                for r in 0..2u32 {
-                    let (t, stable, stop) = (&t, &stable, &stop);
-                    s.spawn(move || {
-                        let mut x = 12345u32 + r;
-                        while !stop.load(Ordering::Relaxed) {
-                            x ^= x << 13;
-                            x ^= x >> 17;
-                            x ^= x << 5;
-                            check_answer(t, stable, &x.to_be_bytes());
-                        }
-                    });
-                }
+            with_ipv4_readers(&t, &stable, || {
                 for round in 0..crate::scaled(4, 2) {
                     for (i, (d, l)) in churn.iter().enumerate() {
                         if round % 2 == 0 {
@@ -188,7 +160,6 @@ mod tests {
                         }
                     }
                 }
-                stop.store(true, Ordering::Relaxed);
             });
             assert_eq!(t.len(), stable.len());
             assert!(t.direct_index_matches_tree());
