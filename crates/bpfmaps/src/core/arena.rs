@@ -133,6 +133,10 @@ struct ArenaWriter {
     next_chunk: usize,
     /// Bytes allocated in this generation (the copies included).
     allocated: usize,
+    /// The fewest free bytes `fragmented` saw in its current window of
+    /// looks, and how many looks the window has had.
+    low_free: usize,
+    looks: u32,
 }
 
 impl Default for ArenaWriter {
@@ -143,6 +147,8 @@ impl Default for ArenaWriter {
             end: 0,
             next_chunk: FIRST_CHUNK,
             allocated: 0,
+            low_free: usize::MAX,
+            looks: 0,
         }
     }
 }
@@ -321,19 +327,35 @@ impl Arena {
     /// Whether compacting would pay: free blocks (released, not yet
     /// reused) add up to at least 64 KiB and to a sixteenth of the
     /// reachable bytes (live, not retired) when the arena had to grow, or
-    /// to an eighth at any time, and the generation has paid for a
-    /// compaction (`paid_for`). Writer only.
+    /// to an eighth throughout a window of `LOOKS` calls, and the
+    /// generation has paid for a compaction (`paid_for`). Writer only;
+    /// meant to be called every few writes.
     ///
     /// A growing table's freed blocks are soon reused, so it does not
     /// compact; each compaction leaves no free block, and the next needs
-    /// new ones, so its cost is spread over many writes.
+    /// new ones, so its cost is spread over many writes. Blocks come back
+    /// from their grace periods in bursts (the epoch collector frees many
+    /// bags at once), and the writes after a burst reuse them: so only
+    /// free bytes that stay free over a window count, not one look's.
     pub fn fragmented(&self) -> bool {
+        /// Looks per window.
+        const LOOKS: u32 = 8;
         if self.compact_wanted.swap(false, Ordering::Relaxed) {
             return true;
         }
-        let w = self.writer.lock();
+        let mut w = self.writer.lock();
         let free = self.free_bytes(w.end - w.cursor);
-        free >= (64 << 10).max(self.reachable() / 8) && self.paid_for(&w)
+        w.low_free = w.low_free.min(free);
+        w.looks += 1;
+        if w.looks < LOOKS {
+            return false;
+        }
+        let low = std::mem::replace(&mut w.low_free, usize::MAX);
+        w.looks = 0;
+        // Blocks still in their grace periods come back as free ones: as
+        // many free bytes as are retired are only the next burst's room.
+        let retired = self.current_retired.load(Ordering::Relaxed);
+        low >= (64 << 10).max(self.reachable() / 8).max(retired) && self.paid_for(&w)
     }
 
     /// Whether this generation has allocated three times what a

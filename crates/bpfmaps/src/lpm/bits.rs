@@ -140,6 +140,9 @@ impl<const W: usize> Bits<W> {
 
     /// The set bits in `lo..hi`, in increasing order.
     pub fn ones_in(&self, lo: usize, hi: usize) -> Ones<W> {
+        if lo >= hi {
+            return Ones::of([0; W]);
+        }
         Ones::of(self.words_in(lo, hi))
     }
 }

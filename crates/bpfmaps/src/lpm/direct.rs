@@ -83,6 +83,16 @@ impl FromSlot for Hit {
     }
 }
 
+/// A depth-2 node as its slot shows it (`DirectIndex::at_depth2`).
+pub(super) enum Depth2<'g> {
+    /// A node with children.
+    Node(&'g Node),
+    /// The data block of a node without children.
+    Childless(&'g DataBlock),
+    /// No node.
+    Absent,
+}
+
 /// One slot: the leaf answering for its /16, or the depth-2 node's data
 /// block or the node itself.
 type Slot = AtomicU64;
@@ -154,6 +164,18 @@ impl DirectIndex {
                 let block = block_of(word, guard);
                 Err(answer(word, R::from_run(block, block.run_of(addr[2]))))
             }
+        }
+    }
+
+    /// What the slot of `b0.b1` points at, for the writer: the depth-2
+    /// node there (one with children), its data block (one without), or
+    /// nothing (the slot holds a leaf: there is no depth-2 node).
+    pub fn at_depth2<'g>(&'g self, b0: u8, b1: u8, guard: &'g Guard) -> Depth2<'g> {
+        let word = self.slot(b0, b1).load(Ordering::Acquire);
+        match node_of(word, guard) {
+            Some(node) => Depth2::Node(node),
+            None if word & LEAF_TAG == 0 => Depth2::Childless(block_of(word, guard)),
+            None => Depth2::Absent,
         }
     }
 

@@ -4,6 +4,8 @@
 use std::alloc::Layout;
 use std::ptr::{self, NonNull};
 
+use smallvec::SmallVec;
+
 use super::leaf::{
     INHERITED, NO_MATCH, PayloadCell, code_of, load_payload, store_payload, winner_of,
 };
@@ -39,6 +41,19 @@ pub(crate) struct DataBlock {
     /// byte (exact after a full build; removals leave bits set), so a
     /// rebuild knows when no prefix can lie above the changed one.
     pub(super) levels: u16,
+}
+
+/// A block's hidden prefixes while it is built: few or none, so on the
+/// stack.
+type Hidden = SmallVec<[(u16, [u8; 4]); 16]>;
+
+/// Where a stored prefix keeps its payload (`DataBlock::cells_of`).
+#[derive(Clone, Copy)]
+enum Cells {
+    /// Hidden slot `i`.
+    Hidden(usize),
+    /// Every run in `first..=last` with `code`, `first` among them.
+    Runs { first: usize, last: usize, code: u8 },
 }
 
 /// A data block of one run holding `Leaf::NONE`, never freed: lets a
@@ -122,7 +137,7 @@ impl DataBlock {
         runs.fill(prefixes, default, 0, 256);
         runs.finish();
         let winners = runs.winners_in(0, 256);
-        let hidden: Vec<_> = prefixes
+        let hidden: Hidden = prefixes
             .bits
             .ones()
             .filter(|&i| !winners.get(i))
@@ -158,7 +173,8 @@ impl DataBlock {
     ) -> NonNull<DataBlock> {
         let (_, lo, hi) = index_range(idx);
         let default = self.default.load();
-        let (mut near, above) = self.prefixes_around(idx);
+        let mut near = Prefixes::new();
+        let above = self.prefixes_around(idx, &mut near);
         let had = near.get(idx).is_some();
         near.set(idx, payload);
         let n_prefixes =
@@ -177,7 +193,7 @@ impl DataBlock {
 
         let touched = |i: usize| in_subtree(i, idx) || Some(i) == above;
         let (old_hidden, slots) = self.hidden();
-        let mut hidden: Vec<_> = old_hidden
+        let mut hidden: Hidden = old_hidden
             .iter()
             .zip(slots)
             .filter(|(i, _)| !touched(**i as usize))
@@ -197,12 +213,12 @@ impl DataBlock {
         Self::assemble(arena, depth, default, &runs, &hidden, n_prefixes, levels)
     }
 
-    /// The prefixes inside `idx`'s byte range (`idx` included), and the
-    /// longest prefix above it, which wins the bytes of the range that
-    /// none inside wins: what a rebuild of the range reads.
-    fn prefixes_around(&self, idx: usize) -> (Prefixes, Option<usize>) {
+    /// Puts into `out` (empty) the prefixes inside `idx`'s byte range
+    /// (`idx` included) and the longest prefix above it, which wins the
+    /// bytes of the range that none inside wins: what a rebuild of the
+    /// range reads. Returns the index of the one above.
+    fn prefixes_around(&self, idx: usize, out: &mut Prefixes) -> Option<usize> {
         let (l_idx, lo, hi) = index_range(idx);
-        let mut out = Prefixes::new();
         let mut above: Option<(usize, [u8; 4])> = None;
         // Sorts a stored prefix: inside the range, above it, or neither.
         let take = |i: usize, payload: [u8; 4], out: &mut Prefixes, above: &mut Option<_>| {
@@ -229,26 +245,26 @@ impl DataBlock {
         // none can exist (a byte of its range inherits the default, or the
         // node stores nothing that short).
         let mut settled = self.levels & ((1 << l_idx) - 1) == 0;
-        settled |= scan(lo, hi, &mut out, &mut above);
+        settled |= scan(lo, hi, out, &mut above);
         // One above that wins no byte in the range wins some in the range
         // of a shorter one: look in ever larger ranges, one sibling half
         // at a time (a longer one above, if visible, wins there first).
         let mut level = l_idx;
         while !settled && above.is_none() && level > 0 {
             let (_, slo, shi) = index_range((idx >> (l_idx - level)) ^ 1);
-            settled |= scan(slo, shi, &mut out, &mut above);
+            settled |= scan(slo, shi, out, &mut above);
             level -= 1;
         }
         // Hidden ones, last: one above may be longer than the visible one.
         let (hidden, slots) = self.hidden();
         for (&i, slot) in hidden.iter().zip(slots) {
-            take(i as usize, load_payload(slot), &mut out, &mut above);
+            take(i as usize, load_payload(slot), out, &mut above);
         }
         out.bits.fix_ranks();
         if let Some((a, payload)) = above {
             out.set(a, Some(payload));
         }
-        (out, above.map(|(a, _)| a))
+        above.map(|(a, _)| a)
     }
 
     /// Whether the node's prefix at `i`, which covers `lo..hi`, wins a byte
@@ -395,27 +411,35 @@ impl DataBlock {
         self.leaf_at(self.run_of(b))
     }
 
-    /// Where the stored prefix at `idx` keeps its payload: its hidden
-    /// slot, or each run it wins (none if it is not stored).
-    fn cells_of(&self, idx: usize) -> impl Iterator<Item = &PayloadCell> {
-        let (hidden, slots) = self.hidden();
+    /// Where the stored prefix at `idx` keeps its payload, if it is
+    /// stored: its hidden slot, else the runs of its byte range that carry
+    /// its code (only this prefix has its length inside its own range, so
+    /// a run there with that code is one it wins).
+    #[inline]
+    fn cells_of(&self, idx: usize) -> Option<Cells> {
+        if self.n_hidden > 0
+            && let Ok(i) = self.hidden().0.binary_search(&(idx as u16))
+        {
+            return Some(Cells::Hidden(i));
+        }
         let (l, lo, hi) = index_range(idx);
-        let slot = hidden.binary_search(&(idx as u16)).ok().map(|i| &slots[i]);
-        // Only this prefix has its length in its own byte range.
-        let runs = slot
-            .is_none()
-            .then(|| self.run_of(lo as u8)..=self.run_of((hi - 1) as u8))
-            .into_iter()
-            .flatten()
-            .filter(move |&run| self.code(run) == code_of(l))
-            .map(|run| self.payload_cell(run));
-        slot.into_iter().chain(runs)
+        let code = code_of(l);
+        let last = self.run_of((hi - 1) as u8);
+        let first = (self.run_of(lo as u8)..=last).find(|&run| self.code(run) == code)?;
+        Some(Cells::Runs { first, last, code })
     }
 
-    /// Writer: the stored prefix at `idx` gets the new `payload`.
+    /// Writer: the stored prefix at `idx` gets the new `payload` (nothing
+    /// happens if it is not stored).
     pub fn set_prefix_payload(&self, idx: usize, payload: [u8; 4]) {
-        for cell in self.cells_of(idx) {
-            store_payload(cell, payload);
+        match self.cells_of(idx) {
+            Some(Cells::Hidden(i)) => store_payload(&self.hidden().1[i], payload),
+            Some(Cells::Runs { first, last, code }) => {
+                for run in (first..=last).filter(|&run| self.code(run) == code) {
+                    store_payload(self.payload_cell(run), payload);
+                }
+            }
+            None => {}
         }
     }
 
@@ -445,8 +469,12 @@ impl DataBlock {
     }
 
     /// Payload of the prefix at `idx`, if stored.
+    #[inline]
     pub fn prefix(&self, idx: usize) -> Option<[u8; 4]> {
-        self.cells_of(idx).next().map(load_payload)
+        Some(match self.cells_of(idx)? {
+            Cells::Hidden(i) => load_payload(&self.hidden().1[i]),
+            Cells::Runs { first, .. } => self.payload(first),
+        })
     }
 
     /// Number of hidden prefixes (for tests).

@@ -136,6 +136,22 @@ impl Runs {
     /// first byte.
     pub(super) fn fill(&mut self, prefixes: &Prefixes, default: Leaf, lo: usize, hi: usize) {
         let prefix_bits = &prefixes.bits;
+        let best = |b: usize| {
+            (0..=8u32)
+                .rev()
+                .map(|l| (l, prefix_index(l, b as u8)))
+                .find(|&(_, idx)| prefix_bits.get(idx))
+                .map_or((default.payload, default_code(default)), |(l, idx)| {
+                    (prefixes.get(idx).expect("stored"), code_of(l))
+                })
+        };
+        if hi - lo == 1 {
+            // One byte (a full-byte prefix's range, the most common): one
+            // run, no cuts.
+            let (payload, code) = best(lo);
+            self.push(lo, payload, code);
+            return;
+        }
         let mut cut_bits = Bits::<5>::default();
         cut_bits.set_raw(lo);
         cut_bits.set_raw(hi);
@@ -154,15 +170,6 @@ impl Runs {
                 cut_bits.set_raw(phi);
             }
         }
-        let best = |b: usize| {
-            (0..=8u32)
-                .rev()
-                .map(|l| (l, prefix_index(l, b as u8)))
-                .find(|&(_, idx)| prefix_bits.get(idx))
-                .map_or((default.payload, default_code(default)), |(l, idx)| {
-                    (prefixes.get(idx).expect("stored"), code_of(l))
-                })
-        };
         let mut cuts = cut_bits.ones().peekable();
         while let Some(start) = cuts.next() {
             match cuts.peek() {

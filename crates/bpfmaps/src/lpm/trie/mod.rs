@@ -50,7 +50,7 @@ use std::sync::{Arc, OnceLock};
 
 use parking_lot::Mutex;
 
-use super::direct::DirectIndex;
+use super::direct::{Depth2, DirectIndex};
 use super::key::{self, mask_host_bits};
 use super::node::{DataBlock, Leaf, Node, Skip, prefix_index};
 use super::routes::{RouteAlloc, RouteStore};
@@ -197,6 +197,17 @@ impl Pos {
     }
 }
 
+/// A node the writer found (`LpmTrie::locate`): the node, its place and
+/// its data block. `node` is `None` for a depth-2 node without children
+/// found through the direct index, whose slot holds the data block alone
+/// (enough to give a stored prefix a new payload: no child inherits it,
+/// and the slot does not change).
+struct Located<'g> {
+    node: Option<&'g Node>,
+    pos: Pos,
+    data: &'g DataBlock,
+}
+
 /// Where a prefix lives: the node at `depth` (reached by the first `depth`
 /// bytes) and the index inside it.
 fn position(data: &[u8], prefixlen: u32) -> (usize, usize) {
@@ -279,7 +290,17 @@ impl LpmTrie {
         path: &'a [u8],
         guard: &'a Guard,
     ) -> impl Iterator<Item = (&'a Node, Pos)> + 'a {
-        std::iter::successors(Some((&self.root, Pos::ROOT)), move |&(node, pos)| {
+        self.along_from((&self.root, Pos::ROOT), path, guard)
+    }
+
+    /// `along` from `start`, a node on `path` at its position.
+    fn along_from<'a>(
+        &'a self,
+        start: (&'a Node, Pos),
+        path: &'a [u8],
+        guard: &'a Guard,
+    ) -> impl Iterator<Item = (&'a Node, Pos)> + 'a {
+        std::iter::successors(Some(start), move |&(node, pos)| {
             let b = *path.get(pos.depth)?;
             let child = node.child(b, guard)?;
             let at = pos.child(b, child.skip);
@@ -290,10 +311,59 @@ impl LpmTrie {
 
     /// The node at depth `path.len()` along `path`, if the tree has one.
     fn node_at<'a>(&'a self, path: &'a [u8], guard: &'a Guard) -> Option<&'a Node> {
-        self.along(path, guard)
+        match self.locate(path, guard)? {
+            Located {
+                node: Some(node), ..
+            } => Some(node),
+            // A depth-2 node's slot holds its data block: walk to the node.
+            Located { node: None, .. } => self
+                .along(path, guard)
+                .last()
+                .filter(|(_, pos)| pos.depth == path.len())
+                .map(|(node, _)| node),
+        }
+    }
+
+    /// The node at depth `path.len()` along `path`, if the tree has one,
+    /// found as the writer finds it: through the direct index when the
+    /// path reaches depth 2 (one load instead of a walk from the root),
+    /// else from the root.
+    fn locate<'a>(&'a self, path: &'a [u8], guard: &'a Guard) -> Option<Located<'a>> {
+        let start = match self.direct.get() {
+            Some(direct) if path.len() >= 2 => {
+                let pos = Pos::of(&path[..2]);
+                match direct.at_depth2(path[0], path[1], guard) {
+                    Depth2::Node(node) => (node, pos),
+                    Depth2::Childless(data) => {
+                        return (path.len() == 2).then_some(Located {
+                            node: None,
+                            pos,
+                            data,
+                        });
+                    }
+                    Depth2::Absent => return None,
+                }
+            }
+            _ => (&self.root, Pos::ROOT),
+        };
+        self.along_from(start, path, guard)
             .last()
             .filter(|(_, pos)| pos.depth == path.len())
-            .map(|(node, _)| node)
+            .map(|(node, pos)| Located {
+                node: Some(node),
+                pos,
+                data: node.data(guard),
+            })
+    }
+
+    /// `data/prefixlen` checked: the trie's data size, a length it holds.
+    /// The host bits need no clearing for a write: its path is the
+    /// prefix's whole bytes, and `position` shifts out the rest.
+    fn check_prefix(&self, data: &[u8], prefixlen: u32) -> Result<()> {
+        if data.len() != self.data_size || prefixlen as usize > 8 * self.data_size {
+            self.masked(data, prefixlen)?;
+        }
+        Ok(())
     }
 
     /// `data/prefixlen` checked, with its host bits cleared.

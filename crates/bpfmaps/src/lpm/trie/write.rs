@@ -7,7 +7,9 @@ use std::ptr::{self, NonNull};
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
-use super::{LpmTrie, Pos, position};
+use smallvec::SmallVec;
+
+use super::{Located, LpmTrie, Pos, position};
 use crate::core::arena::Arena;
 use crate::core::error::{Error, Result, check_len};
 use crate::core::flags::UpdateFlag;
@@ -85,34 +87,29 @@ impl LpmTrie {
     pub fn insert(&self, data: &[u8], prefixlen: u32, value: &[u8], flags: u64) -> Result<()> {
         let flag = UpdateFlag::from_bits(flags)?;
         check_len("value", value.len(), self.value_size)?;
-        let (buf, prefixlen) = self.masked(data, prefixlen)?;
-        let data = &buf[..self.data_size];
+        self.check_prefix(data, prefixlen)?;
         let guard = &pin();
         let mut alloc = self.writer.lock();
         let (depth, idx) = position(data, prefixlen);
         let path = &data[..depth];
-        let old = self
-            .node_at(path, guard)
-            .and_then(|n| n.data(guard).prefix(idx));
+        let found = self.locate(path, guard);
+        let old = found.as_ref().and_then(|f| f.data.prefix(idx));
         flag.check(old.is_some())?;
-        if old.is_none() && self.len.load(Ordering::Relaxed) >= self.max_entries as usize {
+        if let (Some(found), Some(old)) = (found, old) {
+            let payload = self.payload_of(&mut alloc, value, guard)?;
+            self.replace_payload(found, idx, Leaf { payload, prefixlen }, guard);
+            self.retire_payload(old, guard);
+            return Ok(());
+        }
+        if self.len.load(Ordering::Relaxed) >= self.max_entries as usize {
             return Err(Error::Full);
         }
         let payload = self.payload_of(&mut alloc, value, guard)?;
         let node = self.ensure_path(path, guard);
-        match old {
-            Some(old) => {
-                let new = Leaf { payload, prefixlen };
-                self.replace_payload(node, Pos::of(path), idx, new, guard);
-                self.retire_payload(old, guard);
-            }
-            None => {
-                self.set_prefix(node, Pos::of(path), idx, Some(payload), guard);
-                self.len.fetch_add(1, Ordering::Relaxed);
-                self.maybe_build_direct(guard);
-                self.maybe_compact(guard);
-            }
-        }
+        self.set_prefix(node, Pos::of(path), idx, Some(payload), guard);
+        self.len.fetch_add(1, Ordering::Relaxed);
+        self.maybe_build_direct(guard);
+        self.maybe_compact(guard);
         Ok(())
     }
 
@@ -122,18 +119,18 @@ impl LpmTrie {
         if let Some(out) = &out {
             check_len("value", out.len(), self.value_size)?;
         }
-        let (buf, prefixlen) = self.masked(data, prefixlen)?;
-        let data = &buf[..self.data_size];
+        self.check_prefix(data, prefixlen)?;
         let guard = &pin();
         let _writer = self.writer.lock();
         let (depth, idx) = position(data, prefixlen);
-        let node = self.node_at(&data[..depth], guard).ok_or(Error::NotFound)?;
+        let path = &data[..depth];
+        let node = self.node_at(path, guard).ok_or(Error::NotFound)?;
         let payload = node.data(guard).prefix(idx).ok_or(Error::NotFound)?;
         if let Some(out) = out {
             out.copy_from_slice(&self.value(payload, guard));
         }
-        self.set_prefix(node, Pos::of(&data[..depth]), idx, None, guard);
-        self.prune(&data[..depth], guard);
+        self.set_prefix(node, Pos::of(path), idx, None, guard);
+        self.prune(path, guard);
         self.retire_payload(payload, guard);
         self.len.fetch_sub(1, Ordering::Relaxed);
         self.maybe_compact(guard);
@@ -302,7 +299,7 @@ impl LpmTrie {
     /// with no prefixes and one child into that child's edge, so the trie
     /// keeps the shape a fresh build would give.
     fn prune(&self, path: &[u8], guard: &Guard) {
-        let mut chain: Vec<_> = self.along(path, guard).collect();
+        let mut chain: SmallVec<[_; 8]> = self.along(path, guard).collect();
         while chain.len() >= 2 {
             let (node, _) = chain.pop().expect("len >= 2");
             let &(parent, ppos) = chain.last().expect("len >= 1");
@@ -361,18 +358,29 @@ impl LpmTrie {
         self.push_down(node, pos, lo, hi, guard);
     }
 
-    /// Gives the stored prefix at `idx` of `node` (at `pos`; the prefix is
-    /// `prefixlen` bits long) a new payload in place, without rebuilding a
-    /// block: one word store into each of the node's runs it wins (or its
-    /// hidden slot), and into the defaults and runs of the children that
-    /// inherit it; each changed node then refills the direct index, as
-    /// after any store into it. A lookup reads one of those words, whole:
+    /// Gives the stored prefix at `idx` of the node `found` (the prefix is
+    /// `new.prefixlen` bits long) a new payload in place, without
+    /// rebuilding a block: one word store into each of the node's runs it
+    /// wins (or its hidden slot), and into the defaults and runs of the
+    /// children that inherit it. A lookup reads one of those words, whole:
     /// the old payload or the new one; once this returns, only the new.
-    fn replace_payload(&self, node: &Node, pos: Pos, idx: usize, new: Leaf, guard: &Guard) {
-        node.data(guard).set_prefix_payload(idx, new.payload);
-        self.mirror(node, pos, None, guard);
+    fn replace_payload(&self, found: Located<'_>, idx: usize, new: Leaf, guard: &Guard) {
+        found.data.set_prefix_payload(idx, new.payload);
+        let Some(node) = found.node else {
+            return; // A node without children, found through its slot.
+        };
+        self.mirror_payload(node, found.pos, guard);
         let (_, lo, hi) = index_range(idx);
-        self.inherit_payload(node, pos, lo..hi, new, guard);
+        self.inherit_payload(node, found.pos, lo..hi, new, guard);
+    }
+
+    /// After payloads of `node` (at `pos`) changed in place: the direct
+    /// index copies the leaves of the root and depth-1 nodes, so refill
+    /// it from them; below, its slots hold pointers, which stay.
+    fn mirror_payload(&self, node: &Node, pos: Pos, guard: &Guard) {
+        if pos.depth < 2 {
+            self.mirror(node, pos, None, guard);
+        }
     }
 
     /// The new payload of a prefix (`new`: its length and new payload)
@@ -399,7 +407,7 @@ impl LpmTrie {
             }
             data.set_inherited_payload(new.payload);
             let at = pos.child(b as u8, child.skip);
-            self.mirror(child, at, None, guard);
+            self.mirror_payload(child, at, guard);
             self.inherit_payload(child, at, 0..256, new, guard);
         }
     }
