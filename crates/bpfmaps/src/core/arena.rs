@@ -247,7 +247,7 @@ impl Arena {
         while size < need {
             size *= 2;
         }
-        w.next_chunk = (size * 2).min(HUGE_PAGE).max(w.next_chunk);
+        w.next_chunk = (size * 2).min(HUGE_PAGE);
         let align = if size >= HUGE_PAGE { HUGE_PAGE } else { 4096 };
         let layout = Layout::from_size_align(size, align).expect("chunk layout");
         // SAFETY: non-zero size.
@@ -398,9 +398,15 @@ impl Arena {
         }
         // No release runs now (the write lock): the counts are exact.
         let live = self.current_live.swap(0, Ordering::Relaxed);
-        self.current_retired.store(0, Ordering::Relaxed);
+        let retired = self.current_retired.swap(0, Ordering::Relaxed);
+        // The copies of the reachable blocks fill one chunk of their size
+        // (huge pages for most of it), so a compacted map holds what it
+        // uses; growth after it takes chunks as usual.
         *w = ArenaWriter {
-            next_chunk: live.next_multiple_of(4096).clamp(FIRST_CHUNK, HUGE_PAGE),
+            next_chunk: live
+                .saturating_sub(retired)
+                .next_multiple_of(4096)
+                .max(FIRST_CHUNK),
             ..ArenaWriter::default()
         };
         let id = chunks.next_id;

@@ -84,6 +84,20 @@ impl<const W: usize> Bits<W> {
         out
     }
 
+    /// The bitmap of `words` (call `fix_ranks` before ranking).
+    pub fn from_words(words: [u64; W]) -> Self {
+        Bits {
+            words,
+            ranks: [0; W],
+        }
+    }
+
+    /// The bits, as words.
+    #[inline(always)]
+    pub fn words(&self) -> &[u64; W] {
+        &self.words
+    }
+
     /// Sets every bit set in `words` (call `fix_ranks` after).
     pub fn or_words(&mut self, words: &[u64; W]) {
         self.words.iter_mut().zip(words).for_each(|(a, b)| *a |= b);

@@ -133,29 +133,32 @@ impl DataBlock {
         prefixes: &Prefixes,
         default: Leaf,
     ) -> NonNull<DataBlock> {
+        /// From this many prefixes on, painting the bytes beats cutting.
+        const PAINT_FROM: usize = 8;
+        let n_prefixes = prefixes.len();
         let mut runs = Runs::new();
-        runs.fill(prefixes, default, 0, 256);
-        runs.finish();
-        let winners = runs.winners_in(0, 256);
-        let hidden: Hidden = prefixes
-            .bits
-            .ones()
-            .filter(|&i| !winners.get(i))
-            .map(|i| (i as u16, prefixes.get(i).expect("stored")))
-            .collect();
-        let levels = prefixes
-            .bits
-            .ones()
-            .fold(0, |acc, i| acc | 1 << index_range(i).0);
-        Self::assemble(
-            arena,
-            depth,
-            default,
-            &runs,
-            &hidden,
-            prefixes.len(),
-            levels,
-        )
+        let winners = if n_prefixes >= PAINT_FROM {
+            let winners = runs.paint(prefixes, default);
+            runs.finish();
+            winners
+        } else {
+            runs.fill(prefixes, default, 0, 256);
+            runs.finish();
+            runs.winners_in(0, 256)
+        };
+        // The winners are prefixes of the node: any others are hidden.
+        let hidden: Hidden = if winners.count() == n_prefixes {
+            Hidden::new()
+        } else {
+            prefixes
+                .bits
+                .ones()
+                .filter(|&i| !winners.get(i))
+                .map(|i| (i as u16, prefixes.get(i).expect("stored")))
+                .collect()
+        };
+        let levels = prefixes.levels();
+        Self::assemble(arena, depth, default, &runs, &hidden, n_prefixes, levels)
     }
 
     /// The block of the same node (at `depth`) with the prefix at `idx`

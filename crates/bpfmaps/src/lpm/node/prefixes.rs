@@ -72,6 +72,21 @@ impl Prefixes {
         self.payloads[idx].write(payload);
     }
 
+    /// Bit `l` set if some prefix has `l` bits (0..=8).
+    #[inline]
+    pub fn levels(&self) -> u16 {
+        // Level l holds indices 2^l..2^(l+1): levels 0 to 5 share word 0,
+        // 6 is word 1, 7 words 2-3, 8 words 4-7.
+        let w = self.bits.words();
+        let low = (0..6).fold(0, |acc, l| {
+            let level = (w[0] >> (1 << l)) & ((1 << (1 << l)) - 1);
+            acc | u16::from(level != 0) << l
+        });
+        low | u16::from(w[1] != 0) << 6
+            | u16::from(w[2] | w[3] != 0) << 7
+            | u16::from(w[4] | w[5] | w[6] | w[7] != 0) << 8
+    }
+
     /// Number of prefixes.
     pub fn len(&self) -> usize {
         self.bits.count()

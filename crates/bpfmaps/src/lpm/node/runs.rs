@@ -136,14 +136,19 @@ impl Runs {
     /// first byte.
     pub(super) fn fill(&mut self, prefixes: &Prefixes, default: Leaf, lo: usize, hi: usize) {
         let prefix_bits = &prefixes.bits;
+        // Only the lengths the node stores are looked at.
+        let levels = prefixes.levels();
         let best = |b: usize| {
-            (0..=8u32)
-                .rev()
-                .map(|l| (l, prefix_index(l, b as u8)))
-                .find(|&(_, idx)| prefix_bits.get(idx))
-                .map_or((default.payload, default_code(default)), |(l, idx)| {
-                    (prefixes.get(idx).expect("stored"), code_of(l))
-                })
+            let mut left = levels;
+            while left != 0 {
+                let l = u16::BITS - 1 - left.leading_zeros();
+                left &= !(1 << l);
+                let idx = prefix_index(l, b as u8);
+                if prefix_bits.get(idx) {
+                    return (prefixes.get(idx).expect("stored"), code_of(l));
+                }
+            }
+            (default.payload, default_code(default))
         };
         if hi - lo == 1 {
             // One byte (a full-byte prefix's range, the most common): one
@@ -155,19 +160,26 @@ impl Runs {
         let mut cut_bits = Bits::<5>::default();
         cut_bits.set_raw(lo);
         cut_bits.set_raw(hi);
-        // Only prefixes inside lo..hi: at each level, the indices whose
-        // byte ranges fall within it.
-        for l in 0..=8u32 {
-            let shift = 8 - l;
-            let (first, end) = (lo.div_ceil(1 << shift), hi >> shift);
-            if first >= end {
-                continue;
-            }
-            let base = 1usize << l;
-            for idx in prefix_bits.ones_in(base + first, base + end) {
-                let (_, plo, phi) = index_range(idx);
-                cut_bits.set_raw(plo);
-                cut_bits.set_raw(phi);
+        let mut cut = |idx: usize| {
+            let (_, plo, phi) = index_range(idx);
+            cut_bits.set_raw(plo);
+            cut_bits.set_raw(phi);
+        };
+        if (lo, hi) == (0, 256) {
+            // A whole block: every prefix is inside.
+            prefix_bits.ones().for_each(&mut cut);
+        } else {
+            // Only prefixes inside lo..hi: at each level, the indices
+            // whose byte ranges fall within it.
+            for l in (0..=8u32).filter(|l| levels & 1 << l != 0) {
+                let shift = 8 - l;
+                let (first, end) = (lo.div_ceil(1 << shift), hi >> shift);
+                if first < end {
+                    let base = 1usize << l;
+                    prefix_bits
+                        .ones_in(base + first, base + end)
+                        .for_each(&mut cut);
+                }
             }
         }
         let mut cuts = cut_bits.ones().peekable();
@@ -180,6 +192,46 @@ impl Runs {
                 _ => break,
             }
         }
+    }
+
+    /// The runs of a whole block (none yet) from `prefixes` under
+    /// `default`, by painting: each byte gets the index of the longest
+    /// prefix covering it (in index order prefixes come shortest first,
+    /// so longer ones paint over shorter), and a run starts wherever that
+    /// index changes. Returns the winners, the indices painted. `fill`
+    /// cuts at prefix edges instead: cheaper for a few prefixes, dearer
+    /// for many.
+    pub(super) fn paint(&mut self, prefixes: &Prefixes, default: Leaf) -> Bits<8> {
+        debug_assert_eq!(self.n, 0);
+        let mut owner = [0u16; 256];
+        for idx in prefixes.bits.ones() {
+            let (_, lo, hi) = index_range(idx);
+            owner[lo..hi].fill(idx as u16);
+        }
+        // Run starts: byte 0, and every byte whose owner differs from the
+        // byte before (a loop the compiler turns into vector compares).
+        let mut starts = [0u64; 4];
+        for (w, word) in starts.iter_mut().enumerate() {
+            for i in 0..64 {
+                let b = 64 * w + i;
+                let before = if b == 0 { u16::MAX } else { owner[b - 1] };
+                *word |= u64::from(owner[b] != before) << i;
+            }
+        }
+        let mut winners = Bits::default();
+        for b in Bits::<4>::from_words(starts).ones() {
+            self.bits.set_raw(b);
+            self.last_start = b;
+            let idx = owner[b] as usize;
+            if idx == 0 {
+                self.append(default.payload, default_code(default));
+            } else {
+                winners.set_raw(idx);
+                let l = index_range(idx).0;
+                self.append(prefixes.get(idx).expect("stored"), code_of(l));
+            }
+        }
+        winners
     }
 
     /// Ends the runs: ranks, and the last group's unused codes.

@@ -78,7 +78,6 @@ impl LpmTrie {
             lens.push(prefixlen);
             values.extend_from_slice(value);
         }
-        let new = lens.len();
         let guard = &pin();
         let mut alloc = self.writer.lock();
         // The stored prefixes come first, so that a new one wins a tie.
@@ -94,11 +93,7 @@ impl LpmTrie {
         all_lens.extend_from_slice(&lens);
         // Entry i: stored ones 0..stored, then the new ones in order.
         let key = |i: usize| (&all_keys[i * ds..(i + 1) * ds], all_lens[i]);
-        let mut order: Vec<u32> = (0..(stored + new) as u32).collect();
-        if !order.is_sorted_by(|&a, &b| key(a as usize) <= key(b as usize)) {
-            // Stable: equal prefixes stay in order, the last one wins.
-            order.sort_by(|&a, &b| key(a as usize).cmp(&key(b as usize)));
-        }
+        let order = build_order(&all_keys, &all_lens, ds);
         let mut winners: Vec<u32> = Vec::with_capacity(order.len());
         let mut replaced = Vec::new();
         for &i in &order {
@@ -295,6 +290,42 @@ impl LpmTrie {
         }
         Skip::new(&key[depth..depth + k])
     }
+}
+
+/// The entries' indices sorted by (key bytes, prefix length), equal ones
+/// in input order (so the last of them wins). Keys of up to 16 bytes are
+/// sorted as integers (big-endian, so in byte order), the length and the
+/// index beside them; longer ones as slices.
+fn build_order(keys: &[u8], lens: &[u32], ds: usize) -> Vec<u32> {
+    let n = lens.len();
+    if ds <= 16 {
+        let mut packed: Vec<(u128, u64)> = (0..n)
+            .map(|i| {
+                let key = keys[i * ds..(i + 1) * ds]
+                    .iter()
+                    .fold(0u128, |acc, &b| acc << 8 | u128::from(b));
+                // Left-aligned, so that keys compare in byte order.
+                let key = key << (8 * (16 - ds));
+                (key, u64::from(lens[i]) << 32 | i as u64)
+            })
+            .collect();
+        if !packed.is_sorted() {
+            packed.sort_unstable();
+        }
+        return packed.iter().map(|&(_, li)| li as u32).collect();
+    }
+    let key = |i: u32| {
+        (
+            &keys[i as usize * ds..(i as usize + 1) * ds],
+            lens[i as usize],
+        )
+    };
+    let mut order: Vec<u32> = (0..n as u32).collect();
+    if !order.is_sorted_by(|&a, &b| key(a) <= key(b)) {
+        // Stable: equal prefixes stay in order.
+        order.sort_by(|&a, &b| key(a).cmp(&key(b)));
+    }
+    order
 }
 
 #[cfg(test)]

@@ -47,6 +47,7 @@ impl Drop for ClearJob {
 }
 
 impl LpmTrie {
+    #[inline]
     pub(super) fn payload_of(
         &self,
         alloc: &mut RouteAlloc,
@@ -54,10 +55,21 @@ impl LpmTrie {
         guard: &Guard,
     ) -> Result<[u8; 4]> {
         if self.inline_values {
+            // The value itself (up to 4 bytes; a loop, not a memcpy call).
             let mut payload = [0u8; 4];
-            payload[..value.len()].copy_from_slice(value);
+            payload.iter_mut().zip(value).for_each(|(p, v)| *p = *v);
             return Ok(payload);
         }
+        self.route_payload(alloc, value, guard)
+    }
+
+    /// A route slot holding `value` (over 4 bytes), as its payload.
+    fn route_payload(
+        &self,
+        alloc: &mut RouteAlloc,
+        value: &[u8],
+        guard: &Guard,
+    ) -> Result<[u8; 4]> {
         // With every slot live or in its grace period, push the grace
         // periods along (readers pin and unpin all the time, but one may
         // be descheduled while pinned) for a while before giving up with
