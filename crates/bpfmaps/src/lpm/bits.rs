@@ -69,18 +69,16 @@ impl<const W: usize> Bits<W> {
     }
 
     /// The bits in `lo..hi`, as words.
+    #[inline]
     pub fn words_in(&self, lo: usize, hi: usize) -> [u64; W] {
-        let mut out = self.words;
-        for (w, word) in out.iter_mut().enumerate() {
-            let (base, top) = (64 * w, 64 * w + 64);
-            let from = lo.clamp(base, top) - base;
-            let to = hi.clamp(base, top) - base;
-            *word &= if from >= to {
-                0
-            } else {
-                low_bits(to) & !low_bits(from)
-            };
+        let mut out = [0; W];
+        if lo >= hi {
+            return out;
         }
+        let (first, last) = (lo >> 6, (hi - 1) >> 6);
+        out[first..=last].copy_from_slice(&self.words[first..=last]);
+        out[first] &= u64::MAX << (lo & 63);
+        out[last] &= u64::MAX >> (63 - ((hi - 1) & 63));
         out
     }
 
@@ -159,11 +157,6 @@ impl<const W: usize> Bits<W> {
         }
         Ones::of(self.words_in(lo, hi))
     }
-}
-
-/// A word with the low `n` bits set (`n` <= 64).
-fn low_bits(n: usize) -> u64 {
-    if n >= 64 { u64::MAX } else { (1u64 << n) - 1 }
 }
 
 /// Iterator over the set bits of a [`Bits`] (a copy of its words).

@@ -129,9 +129,7 @@ impl DirectIndex {
         let index = DirectIndex {
             slots: NonNull::from(Box::leak(slots)).cast(),
         };
-        for b0 in 0..=255 {
-            index.refresh_b0(root, b0, guard);
-        }
+        index.refresh_all(root, guard);
         index
     }
 
@@ -258,6 +256,13 @@ impl DirectIndex {
         }
     }
 
+    /// Refills every slot from the tree under `root` (writer only).
+    pub fn refresh_all(&self, root: &Node, guard: &Guard) {
+        for b0 in 0..=255 {
+            self.refresh_b0(root, b0, guard);
+        }
+    }
+
     /// Refills the 256 slots under key byte `b0` from the tree: each holds
     /// the depth-2 node there, else the leaf of the deepest node above
     /// that answers for it (without a depth-1 node, the root's one leaf
@@ -271,11 +276,18 @@ impl DirectIndex {
             return;
         };
         let data = n1.data(guard);
+        let children = n1.children(guard);
+        // The children in byte order: the next one's index in the block.
+        let mut next = 0;
         for b1 in 0..=255 {
             let slot = self.slot(b0, b1);
-            match n1.child(b1, guard) {
-                Some(n2) => self.copy_node(slot, n2),
-                None => slot.store(pack(data.leaf(b1)), Ordering::Release),
+            match &children {
+                Some(c) if c.bits.get(b1 as usize) => {
+                    // SAFETY: a set bit below b1 counts one node each.
+                    self.copy_node(slot, unsafe { c.node(next) });
+                    next += 1;
+                }
+                _ => slot.store(pack(data.leaf(b1)), Ordering::Release),
             }
         }
     }

@@ -633,7 +633,8 @@ fn concurrent_readers_never_miss_a_stable_route_through_the_direct_index() {
 /// The direct index follows stores at every depth: the root's leaves
 /// (every /16 without a depth-1 node), a depth-1 node's (its 256 slots), a
 /// childless depth-2 node (its slot holds the node's block) and one with
-/// children (its slot holds the node), on the way in and back out; lookups
+/// children (its slot holds the node), on the way in, with new values in
+/// place, and back out; lookups
 /// one at a time and in groups answer as the brute-force oracle after each
 /// store. Small enough for Miri, where it is the test that builds an index.
 #[test]
@@ -678,6 +679,13 @@ fn direct_index_follows_stores_at_every_depth() {
     for (i, (d, l)) in steps.iter().enumerate() {
         t.insert(d, *l, &v(i as u32), BPF_NOEXIST).unwrap();
         model.insert(d, *l, &v(i as u32));
+        check(&model);
+    }
+    // New values in place, at every depth (the writer finds depth-2 nodes
+    // through their slots; the slots copy root and depth-1 leaves).
+    for (i, (d, l)) in steps.iter().enumerate() {
+        t.insert(d, *l, &v(100 + i as u32), BPF_EXIST).unwrap();
+        model.insert(d, *l, &v(100 + i as u32));
         check(&model);
     }
     for (d, l) in &steps {

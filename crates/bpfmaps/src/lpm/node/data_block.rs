@@ -339,6 +339,11 @@ impl DataBlock {
         Self::offsets(self.n_runs as usize, self.n_hidden as usize)
     }
 
+    /// Number of runs.
+    pub(super) fn n_runs(&self) -> usize {
+        self.n_runs as usize
+    }
+
     /// Where run `run`'s code and payload are (to prefetch, then load).
     #[inline(always)]
     pub fn run_addresses(&self, run: usize) -> [*const u8; 2] {

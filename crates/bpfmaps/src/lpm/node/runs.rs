@@ -55,9 +55,10 @@ impl Runs {
     pub(super) fn append(&mut self, payload: [u8; 4], code: u8) {
         let [at_code, at_payload] = run_offsets(self.n);
         self.buf[at_code].write(code);
-        for (i, b) in payload.into_iter().enumerate() {
-            self.buf[at_payload + i].write(b);
-        }
+        let cell: &mut [MaybeUninit<u8>; 4] = (&mut self.buf[at_payload..at_payload + 4])
+            .try_into()
+            .expect("4 bytes");
+        *cell = payload.map(MaybeUninit::new);
         self.n += 1;
         self.last_code = code;
     }
@@ -122,11 +123,51 @@ impl Runs {
                 self.last_code = old.code(run - 1);
             }
         }
-        for run in run..end {
-            self.append(old.payload(run), old.code(run));
+        if run < end {
+            self.copy_runs_one_by_one(old, run, end);
         }
         let w = starts.iter().rposition(|w| *w != 0).expect("count > 0");
         self.last_start = 64 * w + 63 - starts[w].leading_zeros() as usize;
+    }
+
+    /// Appends old runs `first..end` (at least one) one at a time, for
+    /// when old and new groups do not line up: each run's code and
+    /// payload bytes copied as they are, the offsets on both sides
+    /// stepped along their groups rather than computed per run.
+    fn copy_runs_one_by_one(&mut self, old: &DataBlock, first: usize, end: usize) {
+        debug_assert!(first < end && end <= old.n_runs() && self.n + (end - first) <= 256);
+        let src = old.run_addresses(0)[0];
+        let (mut from, mut from_lane) = (20 * (first / 4), first % 4);
+        let (mut to, mut to_lane) = (20 * (self.n / 4), self.n % 4);
+        for _ in first..end {
+            let (code, payload) = (to + to_lane, to + 4 + 4 * to_lane);
+            // SAFETY: run `first + i` < n_runs of the old block, whose
+            // runs lie at these offsets from its first; only the writer
+            // (the caller) ever stores into them.
+            let (c, p) = unsafe {
+                (
+                    *src.add(from + from_lane),
+                    ptr::read_unaligned(src.add(from + 4 + 4 * from_lane).cast::<[u8; 4]>()),
+                )
+            };
+            self.buf[code].write(c);
+            let cell: &mut [MaybeUninit<u8>; 4] = (&mut self.buf[payload..payload + 4])
+                .try_into()
+                .expect("4 bytes");
+            *cell = p.map(MaybeUninit::new);
+            (from, from_lane) = if from_lane == 3 {
+                (from + 20, 0)
+            } else {
+                (from, from_lane + 1)
+            };
+            (to, to_lane) = if to_lane == 3 {
+                (to + 20, 0)
+            } else {
+                (to, to_lane + 1)
+            };
+        }
+        self.n += end - first;
+        self.last_code = old.code(end - 1);
     }
 
     /// Fresh runs for bytes `lo..hi` from `prefixes` (all those inside

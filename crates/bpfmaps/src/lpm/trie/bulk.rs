@@ -17,7 +17,7 @@ use std::sync::atomic::Ordering;
 use super::LpmTrie;
 use super::write::ClearJob;
 use crate::core::error::{Error, Result, check_len};
-use crate::core::reclaim::{Guard, drop_in_background, pin};
+use crate::core::reclaim::{drop_in_background, pin};
 use crate::lpm::bits::Bits;
 use crate::lpm::key::mask_host_bits;
 use crate::lpm::node::{ChildBlock, DataBlock, Entry, Leaf, Prefixes, Skip, prefix_index};
@@ -189,16 +189,6 @@ impl LpmTrie {
         let trie = Self::new(data_size, value_size, max_entries)?;
         trie.extend(entries)?;
         Ok(trie)
-    }
-
-    /// Refills every slot of the direct index, if there is one, from the
-    /// tree (after the whole tree changed).
-    fn refresh_direct(&self, guard: &Guard) {
-        if let Some(direct) = self.direct.get() {
-            for b0 in 0..=255 {
-                direct.mirror(&self.root, (0, [0; 2]), &self.root, Some(b0), guard);
-            }
-        }
     }
 
     /// Builds the blocks of the node at `depth` that holds the prefixes of

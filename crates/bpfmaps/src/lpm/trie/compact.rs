@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-use super::{LpmTrie, Pos};
+use super::LpmTrie;
 use crate::core::arena::Arena;
 use crate::core::reclaim::{Guard, pin};
 use crate::lpm::node::{ChildBlock, Node};
@@ -53,7 +53,10 @@ impl LpmTrie {
         let Some(generation) = self.arena.start_generation() else {
             return false;
         };
-        let moved = self.relocate(&self.root, Pos::ROOT, guard);
+        let moved = self.relocate(&self.root, guard);
+        // Once, after the whole tree moved (and before the originals are
+        // retired below): every slot to the copies.
+        self.refresh_direct(guard);
         self.compactions.fetch_add(1, Ordering::Relaxed);
         let arena = Arc::clone(&self.arena);
         // SAFETY: the copies replaced every block of the old generation
@@ -66,15 +69,15 @@ impl LpmTrie {
         true
     }
 
-    /// Publishes copies of `node`'s blocks (at `pos`), then of its
-    /// children's, in the arena's current generation; returns the bytes of
-    /// the blocks replaced.
-    fn relocate(&self, node: &Node, pos: Pos, guard: &Guard) -> usize {
+    /// Publishes copies of `node`'s blocks, then of its children's, in
+    /// the arena's current generation; returns the bytes of the blocks
+    /// replaced. The direct index still points at the originals, which
+    /// stay until a grace period after `compact` refills it.
+    fn relocate(&self, node: &Node, guard: &Guard) -> usize {
         let data = node.data(guard);
         let mut moved = Arena::block_bytes(data.size());
         let copy = data.copy_to(&self.arena);
         node.data.store(copy.as_ptr(), Ordering::Release);
-        self.mirror(node, pos, None, guard);
         let Some(children) = node.children(guard) else {
             return moved;
         };
@@ -82,12 +85,9 @@ impl LpmTrie {
         let copy = ChildBlock::alloc(&self.arena, children.bits, &children.entries());
         node.children.store(copy.as_ptr(), Ordering::Release);
         let children = node.children(guard).expect("just stored");
-        let first = children.bits.ones().next().expect("a child") as u8;
-        self.mirror(node, pos, Some(first), guard);
-        for (i, b) in children.bits.ones().enumerate() {
+        for i in 0..children.len() {
             // SAFETY: i < len.
-            let child = unsafe { children.node(i) };
-            moved += self.relocate(child, pos.child(b as u8, child.skip), guard);
+            moved += self.relocate(unsafe { children.node(i) }, guard);
         }
         moved
     }

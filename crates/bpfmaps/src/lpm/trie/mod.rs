@@ -282,6 +282,15 @@ impl LpmTrie {
         }
     }
 
+    /// Refills every slot of the direct index, if there is one, from the
+    /// tree (after the whole tree changed: a bulk load or a compaction),
+    /// before anything the slots pointed at is retired.
+    fn refresh_direct(&self, guard: &Guard) {
+        if let Some(direct) = self.direct.get() {
+            direct.refresh_all(&self.root, guard);
+        }
+    }
+
     /// The nodes along `path` from the root with their positions, as far
     /// as the tree has them: up to the node at depth `path.len()`, or the
     /// last one before a missing child or a skip that leaves the path.
