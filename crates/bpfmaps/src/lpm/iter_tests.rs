@@ -134,10 +134,7 @@ fn changes(n: usize) -> impl Strategy<Value = Vec<Vec<Change>>> {
         Just(Change::RemoveCursor),
     ];
     // Per step of the walk: up to two changes.
-    prop::collection::vec(
-        prop::collection::vec(change, 0..3),
-        0..crate::scaled(80, 10),
-    )
+    prop::collection::vec(prop::collection::vec(change, 0..3), 0..crate::scaled(80, 6))
 }
 
 proptest! {
@@ -149,7 +146,7 @@ proptest! {
     /// port's.
     #[test]
     fn get_next_key_from_any_key_is_the_models_next(
-        (n, prefixes, probes) in sets(crate::scaled(80, 16)),
+        (n, prefixes, probes) in sets(crate::scaled(80, 10)),
     ) {
         let (t, model) = trie_of(n, &prefixes);
         let kernel = KernelLpmTrie::new(n, 4, 1 << 16).unwrap();
@@ -182,7 +179,7 @@ proptest! {
     /// comes exactly once, in order.
     #[test]
     fn walks_interleaved_with_changes_see_every_stable_key_once(
-        ((n, prefixes, _), steps) in sets(crate::scaled(80, 16))
+        ((n, prefixes, _), steps) in sets(crate::scaled(80, 10))
             .prop_flat_map(|s| { let n = s.0; (Just(s), changes(n)) }),
     ) {
         let (t, mut model) = trie_of(n, &prefixes);
@@ -229,7 +226,7 @@ proptest! {
     /// values over 4 bytes (route slots) too.
     #[test]
     fn pre_order_gives_every_prefix_with_its_value(
-        (n, prefixes, probes) in sets(crate::scaled(80, 16)),
+        (n, prefixes, probes) in sets(crate::scaled(80, 10)),
         wide in any::<bool>(),
     ) {
         let value_size = if wide { 8 } else { 4 };
@@ -305,7 +302,7 @@ fn a_walk_beside_a_writer_sees_every_stable_key_once_in_order() {
         let data = vec![(r % 5) as u8 * 50, (r >> 8) as u8, (r >> 16) as u8, 0];
         masked(data, (r >> 32) as u32 % 33)
     };
-    let count = crate::scaled(3000, 40);
+    let count = crate::scaled(3000, 20);
     let mut stable = BTreeSet::new();
     let mut churn = BTreeSet::new();
     for i in 0..2 * count {

@@ -247,7 +247,7 @@ fn covering_and_covered() {
 
 #[test]
 fn clear_returns_blocks_for_reuse() {
-    let n = crate::scaled(100_000, 600) as u32;
+    let n = crate::scaled(100_000, 200) as u32;
     let t = LpmTrie::new(4, 4, 100_000)
         .unwrap()
         .with_direct_index_from(DIRECT_AT_ONCE);
@@ -324,8 +324,8 @@ proptest! {
     /// exactly the nodes a fresh build of the first set has.
     #[test]
     fn removals_restore_the_shape_of_a_fresh_build(
-        keep in prop::collection::vec(arb_prefix(16), 0..crate::scaled(40, 8)),
-        extra in prop::collection::vec(arb_prefix(16), 0..crate::scaled(40, 8)),
+        keep in prop::collection::vec(arb_prefix(16), 0..crate::scaled(40, 5)),
+        extra in prop::collection::vec(arb_prefix(16), 0..crate::scaled(40, 5)),
     ) {
         let fresh = LpmTrie::new(16, 4, 100).unwrap();
         let t = LpmTrie::new(16, 4, 100).unwrap();
@@ -377,7 +377,7 @@ fn ops(n: usize) -> impl Strategy<Value = Vec<Op>> {
             1 => arb_prefix(n).prop_map(|(d, l)| Op::Remove(d, l)),
             2 => (any::<usize>(), 0..4u32).prop_map(|(i, x)| Op::Replace(i, x)),
         ],
-        1..crate::scaled(120, 30),
+        1..crate::scaled(120, 16),
     )
 }
 
@@ -641,7 +641,9 @@ fn concurrent_readers_never_miss_a_stable_route_through_the_direct_index() {
 fn direct_index_follows_stores_at_every_depth() {
     let t = LpmTrie::new(4, 4, 64).unwrap().with_direct_index_from(0);
     assert!(t.has_direct_index());
-    let steps: [([u8; 4], u32); 7] = [
+    // A store into the root refills most of the 2^16 slots: about 20 s
+    // each under Miri, where the /0 (a second root prefix) is left out.
+    let steps: Vec<([u8; 4], u32)> = [
         ([10, 0, 0, 0], 8),
         ([10, 1, 0, 0], 16),
         ([10, 1, 2, 0], 24),
@@ -649,7 +651,10 @@ fn direct_index_follows_stores_at_every_depth() {
         ([10, 1, 3, 0], 20),
         ([0, 0, 0, 0], 0),
         ([10, 1, 2, 129], 32),
-    ];
+    ]
+    .into_iter()
+    .filter(|&(_, l)| l > 0 || !cfg!(miri))
+    .collect();
     let probes: Vec<[u8; 4]> = steps
         .iter()
         .flat_map(|(d, l)| {
@@ -682,8 +687,12 @@ fn direct_index_follows_stores_at_every_depth() {
         check(&model);
     }
     // New values in place, at every depth (the writer finds depth-2 nodes
-    // through their slots; the slots copy root and depth-1 leaves).
+    // through their slots; the slots copy root and depth-1 leaves; under
+    // Miri not the root's, whose refill the inserts have run).
     for (i, (d, l)) in steps.iter().enumerate() {
+        if *l <= 8 && cfg!(miri) {
+            continue;
+        }
         t.insert(d, *l, &v(100 + i as u32), BPF_EXIST).unwrap();
         model.insert(d, *l, &v(100 + i as u32));
         check(&model);
@@ -765,7 +774,7 @@ fn readers_never_miss_a_stable_route(direct: bool) {
     for (d, l) in &stable {
         t.insert(d, *l, &encode(d, *l), BPF_ANY).unwrap();
     }
-    let mut churn: Vec<([u8; 4], u32)> = (0..crate::scaled(2000, 40) as u32)
+    let mut churn: Vec<([u8; 4], u32)> = (0..crate::scaled(2000, 20) as u32)
         .map(|i| {
             let x = i.wrapping_mul(2654435761);
             let l = [8, 12, 20, 24, 28, 32][i as usize % 6];
@@ -1193,7 +1202,7 @@ fn value_updates_round_by_round(value_size: usize) {
         ([10, 1, 2, 200], 32),
     ];
     let mut x = 0x2545_f491u32;
-    while prefixes.len() < crate::scaled(6000, 24) {
+    while prefixes.len() < crate::scaled(6000, 12) {
         x ^= x << 13;
         x ^= x >> 17;
         x ^= x << 5;

@@ -399,7 +399,7 @@ mod tests {
             n in prop_oneof![Just(1usize), Just(4), Just(16)],
             seed in any::<u64>(),
             stored_len in 0..crate::scaled(40, 6),
-            batch_len in 0..crate::scaled(120, 12),
+            batch_len in 0..crate::scaled(120, 8),
             big_values in any::<bool>(),
         ) {
             use rand::{Rng, SeedableRng};
@@ -486,7 +486,7 @@ mod tests {
         }
         with_ipv4_readers(&t, &stable, || {
             for round in 0..crate::scaled(20, 2) as u32 {
-                let batch = spread_ipv4(crate::scaled(2000, 20), round << 20);
+                let batch = spread_ipv4(crate::scaled(2000, 12), round << 20);
                 t.extend(batch.iter().map(|(d, l)| (d, *l, self_value(d, *l))))
                     .unwrap();
             }

@@ -155,7 +155,7 @@ mod tests {
                         } else {
                             t.remove(d, *l, None).unwrap();
                         }
-                        if i % crate::scaled(64, 4) == 0 {
+                        if i % crate::scaled(64, 8) == 0 {
                             t.shrink_to_fit();
                         }
                     }
