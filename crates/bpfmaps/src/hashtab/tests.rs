@@ -323,19 +323,21 @@ fn typed_maps_borrow_values_in_place() {
 
 #[test]
 fn memory_usage_counts_preallocation() {
-    let pre = HashMap::new(4, 8, 10_000).unwrap();
+    let n = crate::scaled(10_000, 1_000);
+    let pre = HashMap::new(4, 8, n as u32).unwrap();
     let lazy = HashMap::with_options(
         4,
         8,
-        10_000,
+        n as u32,
         HashOptions {
             prealloc: false,
             ..Default::default()
         },
     )
     .unwrap();
-    // 10K elements of 32 bytes are held up front only when preallocated.
-    assert!(pre.memory_usage() >= 10_000 * 32 + 16_384 * 8);
+    // n elements of 32 bytes are held up front only when preallocated
+    // (beside a head of 8 bytes per bucket).
+    assert!(pre.memory_usage() >= n * 32 + n.next_power_of_two() * 8);
     assert!(lazy.memory_usage() < pre.memory_usage() / 2);
 }
 
@@ -444,12 +446,12 @@ fn unpinned_and_pinned_lookups_agree() {
                 .map(|j| i.wrapping_mul(37) ^ (j as u8).wrapping_mul(11))
                 .collect()
         };
-        for i in 0..40u8 {
+        for i in 0..crate::scaled(40, 16) as u8 {
             let value: Vec<u8> = (0..vs).map(|j| i ^ j as u8).collect();
             map.update(&key(i), &value, BPF_ANY).unwrap();
         }
         let guard = crate::pin();
-        for i in 0..48u8 {
+        for i in 0..crate::scaled(48, 20) as u8 {
             let want = map.get(&key(i), &guard).map(<[u8]>::to_vec);
             let mut out = vec![0xaa; vs];
             let looked = map.lookup(&key(i), &mut out).ok().map(|()| out);

@@ -138,7 +138,7 @@ fn changes(n: usize) -> impl Strategy<Value = Vec<Vec<Change>>> {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig::with_cases(crate::scaled(96, 2) as u32))]
+    #![proptest_config(ProptestConfig::with_cases(crate::scaled(96, 1) as u32))]
 
     /// From no key, from every stored key and from keys that are not
     /// stored, `get_next_key` gives the model's next prefix in
@@ -219,7 +219,7 @@ proptest! {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig::with_cases(crate::scaled(96, 2) as u32))]
+    #![proptest_config(ProptestConfig::with_cases(crate::scaled(96, 1) as u32))]
 
     /// `for_each` gives every prefix with its value in prefix order
     /// (address, then length), and `covered` the part inside a prefix;
@@ -302,7 +302,7 @@ fn a_walk_beside_a_writer_sees_every_stable_key_once_in_order() {
         let data = vec![(r % 5) as u8 * 50, (r >> 8) as u8, (r >> 16) as u8, 0];
         masked(data, (r >> 32) as u32 % 33)
     };
-    let count = crate::scaled(3000, 20);
+    let count = crate::scaled(3000, 12);
     let mut stable = BTreeSet::new();
     let mut churn = BTreeSet::new();
     for i in 0..2 * count {

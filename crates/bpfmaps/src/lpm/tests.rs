@@ -245,9 +245,51 @@ fn covering_and_covered() {
     assert!(t.covered(&[12, 0, 0, 0], 8, &g).unwrap().is_empty());
 }
 
+/// Route slots (values over 4 bytes) replaced while a reader stays pinned
+/// run out: `EBUSY`, the map unchanged; once the pin is gone they come
+/// back, and the writer's own pin does not hold them back.
+#[test]
+#[cfg_attr(
+    miri,
+    ignore = "over 4,096 stores; the slot reuse runs in every churn test"
+)]
+fn route_slots_held_by_a_pinned_reader_give_ebusy_then_return() {
+    let t = LpmTrie::new(4, 8, 1).unwrap();
+    let value = |i: u32| [i.to_ne_bytes(), i.to_ne_bytes()].concat();
+    let reader = pin();
+    let mut last = None;
+    for i in 0..10_000u32 {
+        match t.insert(&[10, 0, 0, 0], 8, &value(i), BPF_ANY) {
+            Ok(()) => last = Some(i),
+            Err(e) => {
+                assert_eq!(e, Error::Busy);
+                break;
+            }
+        }
+    }
+    let last = last.expect("the first stores have free slots");
+    assert!(last < 9_999, "no EBUSY while a reader held every slot back");
+    assert_eq!(t.get(&[10, 1, 2, 3], &reader).unwrap()[..], value(last)[..]);
+    assert_eq!(t.len(), 1);
+    drop(reader);
+    // Other tests' threads may hold pins for a while too.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while let Err(e) = t.insert(&[10, 0, 0, 0], 8, &value(u32::MAX), BPF_ANY) {
+        assert_eq!(e, Error::Busy);
+        assert!(
+            std::time::Instant::now() < deadline,
+            "slots never came back"
+        );
+    }
+    assert_eq!(
+        t.get(&[10, 1, 2, 3], &pin()).unwrap()[..],
+        value(u32::MAX)[..]
+    );
+}
+
 #[test]
 fn clear_returns_blocks_for_reuse() {
-    let n = crate::scaled(100_000, 200) as u32;
+    let n = crate::scaled(100_000, 100) as u32;
     let t = LpmTrie::new(4, 4, 100_000)
         .unwrap()
         .with_direct_index_from(DIRECT_AT_ONCE);
@@ -568,11 +610,13 @@ proptest! {
     #![proptest_config(ProptestConfig::with_cases(crate::scaled(48, 2) as u32))]
 
     #[test]
+    #[cfg_attr(miri, ignore = "the IPv4 and IPv6 variants run the same code")]
     fn matches_brute_force_1_byte(ops in ops(1), probes in prop::collection::vec(prop::collection::vec(any::<u8>(), 1), 16)) {
         check_against_model(1, 1, ops, probes)?;
     }
 
     #[test]
+    #[cfg_attr(miri, ignore = "the IPv4 and IPv6 variants run the same code")]
     fn matches_brute_force_3_bytes(ops in ops(3), probes in prop::collection::vec(prop::collection::vec(any::<u8>(), 3), 16)) {
         check_against_model(3, 6, ops, probes)?;
     }
@@ -583,6 +627,7 @@ proptest! {
     }
 
     #[test]
+    #[cfg_attr(miri, ignore = "the IPv4 and IPv6 variants run the same code")]
     fn matches_brute_force_6_bytes(ops in ops(6), probes in prop::collection::vec(prop::collection::vec(any::<u8>(), 6), 16)) {
         check_against_model(6, 3, ops, probes)?;
     }
@@ -641,8 +686,9 @@ fn concurrent_readers_never_miss_a_stable_route_through_the_direct_index() {
 fn direct_index_follows_stores_at_every_depth() {
     let t = LpmTrie::new(4, 4, 64).unwrap().with_direct_index_from(0);
     assert!(t.has_direct_index());
-    // A store into the root refills most of the 2^16 slots: about 20 s
-    // each under Miri, where the /0 (a second root prefix) is left out.
+    // A store into the root refills most of the 2^16 slots: 20-50 s each
+    // under Miri, where the root's prefixes are left out (a depth-1
+    // node's slots are refilled by the same code).
     let steps: Vec<([u8; 4], u32)> = [
         ([10, 0, 0, 0], 8),
         ([10, 1, 0, 0], 16),
@@ -653,7 +699,7 @@ fn direct_index_follows_stores_at_every_depth() {
         ([10, 1, 2, 129], 32),
     ]
     .into_iter()
-    .filter(|&(_, l)| l > 0 || !cfg!(miri))
+    .filter(|&(_, l)| l > 8 || !cfg!(miri))
     .collect();
     let probes: Vec<[u8; 4]> = steps
         .iter()
@@ -687,12 +733,8 @@ fn direct_index_follows_stores_at_every_depth() {
         check(&model);
     }
     // New values in place, at every depth (the writer finds depth-2 nodes
-    // through their slots; the slots copy root and depth-1 leaves; under
-    // Miri not the root's, whose refill the inserts have run).
+    // through their slots; the slots copy root and depth-1 leaves).
     for (i, (d, l)) in steps.iter().enumerate() {
-        if *l <= 8 && cfg!(miri) {
-            continue;
-        }
         t.insert(d, *l, &v(100 + i as u32), BPF_EXIST).unwrap();
         model.insert(d, *l, &v(100 + i as u32));
         check(&model);
@@ -846,7 +888,12 @@ fn churn_while_reading<D: AsRef<[u8]>, V: AsRef<[u8]>>(
         for (d, l) in churn {
             let d = d.as_ref();
             if round % 2 == 0 {
-                t.insert(d, *l, encode(d, *l).as_ref(), BPF_ANY).unwrap();
+                // EBUSY (no route slot back from its grace period yet,
+                // while other tests' threads hold pins) means retry.
+                while let Err(e) = t.insert(d, *l, encode(d, *l).as_ref(), BPF_ANY) {
+                    assert_eq!(e, Error::Busy);
+                    std::thread::sleep(std::time::Duration::from_millis(1));
+                }
             } else {
                 t.remove(d, *l, None).unwrap();
             }
@@ -892,8 +939,8 @@ fn concurrent_readers_across_edge_splits_and_merges() {
     }
     // Churn: lengths that end inside, or branch off, the stable paths'
     // compressed edges (and their odd-j siblings, which come and go whole).
-    // Under Miri, the paths under two of the /32s.
-    let churn: Vec<([u8; 16], u32)> = (0..crate::scaled(8, 2) as u8)
+    // Under Miri, the paths under one of the /32s.
+    let churn: Vec<([u8; 16], u32)> = (0..crate::scaled(8, 1) as u8)
         .flat_map(|i| (0..8u8).map(move |j| (i, j)))
         .flat_map(|(i, j)| [40, 52, 64, 100, 128].map(|l| net(i, j, l)))
         .collect();

@@ -119,15 +119,13 @@ impl LpmTrie {
                 continue;
             }
             let v = (i - stored) * self.value_size;
-            match self.payload_of(&mut alloc, &values[v..v + self.value_size], guard) {
+            match self.payload_of(&mut alloc, &values[v..v + self.value_size]) {
                 Ok(p) => payloads.push(p),
                 Err(e) => {
                     // Never published: the new slots can go back now.
-                    if !self.inline_values {
-                        for (&w, p) in winners.iter().zip(&payloads) {
-                            if w as usize >= stored {
-                                self.routes.release(u32::from_ne_bytes(*p));
-                            }
+                    for (&w, &p) in winners.iter().zip(&payloads) {
+                        if w as usize >= stored {
+                            self.unused_payload(p);
                         }
                     }
                     return Err(e);
@@ -485,7 +483,7 @@ mod tests {
             t.insert(d, *l, &self_value(d, *l), BPF_ANY).unwrap();
         }
         with_ipv4_readers(&t, &stable, || {
-            for round in 0..crate::scaled(20, 2) as u32 {
+            for round in 0..crate::scaled(20, 1) as u32 {
                 let batch = spread_ipv4(crate::scaled(2000, 12), round << 20);
                 t.extend(batch.iter().map(|(d, l)| (d, *l, self_value(d, *l))))
                     .unwrap();
@@ -504,7 +502,7 @@ mod tests {
         use crate::lpm::key::encode_key;
         use crate::{BatchError, Map};
 
-        let n = crate::scaled(300, 70);
+        let n = crate::scaled(300, 40);
         let key = |i: usize| encode_key(24, &[10, (i >> 8) as u8, i as u8, 0]);
         let keys: Vec<u8> = (0..n).flat_map(key).collect();
         let values: Vec<u8> = (0..n as u32).flat_map(u32::to_ne_bytes).collect();

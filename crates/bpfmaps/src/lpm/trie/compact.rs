@@ -138,7 +138,7 @@ mod tests {
 
         let encode = self_value;
         let stable = stable_ipv4_routes();
-        let churn = spread_ipv4(crate::scaled(3000, 12), 0);
+        let churn = spread_ipv4(crate::scaled(3000, 8), 0);
         let directs: &[bool] = if cfg!(miri) { &[false] } else { &[false, true] };
         for &direct in directs {
             let t = LpmTrie::new(4, 8, 10_000)

@@ -47,29 +47,22 @@ impl Drop for ClearJob {
 }
 
 impl LpmTrie {
+    /// The payload for `value`: the value itself up to 4 bytes, else a
+    /// route slot. Called unpinned when it can be: waiting for slots, a
+    /// writer's own pin would hold back the grace periods it waits for.
     #[inline]
-    pub(super) fn payload_of(
-        &self,
-        alloc: &mut RouteAlloc,
-        value: &[u8],
-        guard: &Guard,
-    ) -> Result<[u8; 4]> {
+    pub(super) fn payload_of(&self, alloc: &mut RouteAlloc, value: &[u8]) -> Result<[u8; 4]> {
         if self.inline_values {
             // The value itself (up to 4 bytes; a loop, not a memcpy call).
             let mut payload = [0u8; 4];
             payload.iter_mut().zip(value).for_each(|(p, v)| *p = *v);
             return Ok(payload);
         }
-        self.route_payload(alloc, value, guard)
+        self.route_payload(alloc, value)
     }
 
     /// A route slot holding `value` (over 4 bytes), as its payload.
-    fn route_payload(
-        &self,
-        alloc: &mut RouteAlloc,
-        value: &[u8],
-        guard: &Guard,
-    ) -> Result<[u8; 4]> {
+    fn route_payload(&self, alloc: &mut RouteAlloc, value: &[u8]) -> Result<[u8; 4]> {
         // With every slot live or in its grace period, push the grace
         // periods along (readers pin and unpin all the time, but one may
         // be descheduled while pinned) for a while before giving up with
@@ -78,11 +71,18 @@ impl LpmTrie {
         loop {
             match self.routes.alloc(alloc, value) {
                 Err(Error::Busy) if std::time::Instant::now() < deadline => {
-                    guard.flush();
+                    pin().flush();
                     std::thread::yield_now();
                 }
                 r => return Ok(r?.to_ne_bytes()),
             }
+        }
+    }
+
+    /// Gives back a payload that was never published.
+    pub(super) fn unused_payload(&self, payload: [u8; 4]) {
+        if !self.inline_values {
+            self.routes.release(u32::from_ne_bytes(payload));
         }
     }
 
@@ -100,23 +100,27 @@ impl LpmTrie {
         let flag = UpdateFlag::from_bits(flags)?;
         check_len("value", value.len(), self.value_size)?;
         self.check_prefix(data, prefixlen)?;
-        let guard = &pin();
         let mut alloc = self.writer.lock();
+        // Before pinning (see `payload_of`); given back if unused.
+        let payload = self.payload_of(&mut alloc, value)?;
+        let guard = &pin();
         let (depth, idx) = position(data, prefixlen);
         let path = &data[..depth];
         let found = self.locate(path, guard);
         let old = found.as_ref().and_then(|f| f.data.prefix(idx));
-        flag.check(old.is_some())?;
+        if let Err(e) = flag.check(old.is_some()) {
+            self.unused_payload(payload);
+            return Err(e);
+        }
         if let (Some(found), Some(old)) = (found, old) {
-            let payload = self.payload_of(&mut alloc, value, guard)?;
             self.replace_payload(found, idx, Leaf { payload, prefixlen }, guard);
             self.retire_payload(old, guard);
             return Ok(());
         }
         if self.len.load(Ordering::Relaxed) >= self.max_entries as usize {
+            self.unused_payload(payload);
             return Err(Error::Full);
         }
-        let payload = self.payload_of(&mut alloc, value, guard)?;
         let node = self.ensure_path(path, guard);
         self.set_prefix(node, Pos::of(path), idx, Some(payload), guard);
         self.len.fetch_add(1, Ordering::Relaxed);
