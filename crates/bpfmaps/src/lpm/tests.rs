@@ -939,9 +939,9 @@ fn concurrent_readers_across_edge_splits_and_merges() {
     }
     // Churn: lengths that end inside, or branch off, the stable paths'
     // compressed edges (and their odd-j siblings, which come and go whole).
-    // Under Miri, the paths under one of the /32s.
+    // Under Miri, half the paths under one of the /32s.
     let churn: Vec<([u8; 16], u32)> = (0..crate::scaled(8, 1) as u8)
-        .flat_map(|i| (0..8u8).map(move |j| (i, j)))
+        .flat_map(|i| (0..crate::scaled(8, 4) as u8).map(move |j| (i, j)))
         .flat_map(|(i, j)| [40, 52, 64, 100, 128].map(|l| net(i, j, l)))
         .collect();
     let stop = Arc::new(AtomicBool::new(false));
@@ -1319,7 +1319,7 @@ fn value_updates_round_by_round(value_size: usize) {
         })
         .collect();
     wait_for_readers(&looking, 2);
-    for round in 1..=crate::scaled(40, 2) as u32 {
+    for round in 1..=crate::scaled(40, 1) as u32 {
         begun.store(round, Ordering::Release);
         for (id, (d, l)) in prefixes.iter().enumerate() {
             // EBUSY (8-byte values: no route slot back from its grace
