@@ -54,6 +54,7 @@ mod loom_models;
 pub mod lpm;
 pub mod registry;
 pub mod stackmap;
+pub mod strmap;
 
 pub use crate::core::contract::{BatchError, Caps, Map, MapInfo, MapOps, MapSpec, MapType};
 pub use crate::core::error::{Error, Result};

@@ -780,7 +780,8 @@ pub enum Op {
 pub struct Input {
     /// Index into the harness's inputs.
     pub index: u8,
-    /// For LPM keys: the prefix length, modulo one more than the longest.
+    /// For LPM keys: the prefix length, modulo one more than the longest;
+    /// for variable-length keys: the length, modulo the longest, plus one.
     pub shape: u8,
     /// Nonzero: the buffer is that much too long (odd) or short (even).
     pub bend: u8,
@@ -915,6 +916,10 @@ impl Harness {
             let max = 8 * (b.len() - crate::lpm::key::KEY_HEADER) as u32;
             let len = u32::from(input.shape) % (max + 2); // max + 1 is invalid
             b[..4].copy_from_slice(&len.to_ne_bytes());
+        }
+        if self.map.caps().contains(Caps::VAR_KEYS) && !b.is_empty() {
+            // Keys of every length, so that some are prefixes of others.
+            b.truncate(1 + usize::from(input.shape) % b.len());
         }
         match input.bend {
             0 => {}

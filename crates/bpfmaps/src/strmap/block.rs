@@ -1,0 +1,375 @@
+//! One trie node in one allocation: the bytes every key below it shares
+//! (its skip), the value of the key that ends here, and its children, each
+//! either another node or a leaf held inline (the rest of its key and its
+//! value). Keys are stored once, spread over the path that spells them.
+//!
+//! Layout, in 8-byte words:
+//!
+//! ```text
+//! [header][slot 0] .. [slot n-1][bytes ..]
+//! bytes: labels (n, ascending) | skip | end value (if any) | leaf records
+//! leaf record: tail length (u16, LE) | tail | value
+//! ```
+//!
+//! Slot `i` is the child under `labels[i]`: a pointer to a node (low bit
+//! 0) or `offset << 1 | 1`, a leaf record at `offset` of the byte area.
+//! A node is immutable once published, except the slots of node children,
+//! which the writer swaps (release) when it replaces a child; every other
+//! change builds a new node and publishes it through its parent's slot.
+
+use std::alloc::{Layout, alloc_zeroed, dealloc};
+use std::marker::PhantomData;
+use std::ptr::NonNull;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+/// Most children a node has: one per byte value.
+pub const MAX_CHILDREN: usize = 256;
+
+const N_BITS: u32 = 9;
+const END_BIT: u64 = 1 << N_BITS;
+const SKIP_SHIFT: u32 = N_BITS + 1;
+const SKIP_BITS: u32 = 13;
+const WORDS_SHIFT: u32 = 32;
+
+/// Longest skip a node can hold; keys are at most 4096 bytes, so a skip
+/// (which never holds a key's first byte) is at most 4095.
+pub const MAX_SKIP: usize = (1 << SKIP_BITS) - 1;
+
+/// A published node, readable while the guard of lifetime `'g` is pinned.
+#[derive(Clone, Copy)]
+pub struct Node<'g> {
+    base: NonNull<AtomicU64>,
+    _guard: PhantomData<&'g ()>,
+}
+
+/// A child as a reader sees it.
+pub enum Child<'g> {
+    Node(Node<'g>),
+    Leaf { tail: &'g [u8], value: &'g [u8] },
+}
+
+impl<'g> Node<'g> {
+    /// The node a non-zero slot word points at.
+    ///
+    /// # Safety
+    /// `word` was loaded (acquire) from a slot or root of a live trie under
+    /// the guard of lifetime `'g`, and is a node pointer.
+    #[inline(always)]
+    pub unsafe fn from_word(word: u64) -> Self {
+        debug_assert!(word != 0 && word & 1 == 0);
+        Node {
+            // SAFETY: non-zero (caller).
+            base: unsafe { NonNull::new_unchecked(word as usize as *mut AtomicU64) },
+            _guard: PhantomData,
+        }
+    }
+
+    /// The word that points at this node.
+    #[inline(always)]
+    pub fn word(self) -> u64 {
+        self.base.as_ptr() as usize as u64
+    }
+
+    #[inline(always)]
+    fn header(self) -> u64 {
+        // SAFETY: every node has its header word; it never changes.
+        unsafe { self.base.as_ref() }.load(Ordering::Relaxed)
+    }
+
+    /// Number of children.
+    #[inline(always)]
+    pub fn len(self) -> usize {
+        (self.header() & ((1 << N_BITS) - 1)) as usize
+    }
+
+    /// Whether a key ends at this node.
+    #[inline(always)]
+    pub fn has_end(self) -> bool {
+        self.header() & END_BIT != 0
+    }
+
+    #[inline(always)]
+    fn skip_len(self) -> usize {
+        ((self.header() >> SKIP_SHIFT) & ((1 << SKIP_BITS) - 1)) as usize
+    }
+
+    fn words(self) -> usize {
+        (self.header() >> WORDS_SHIFT) as usize
+    }
+
+    /// Bytes this node's allocation takes.
+    pub fn size(self) -> usize {
+        self.words() * 8
+    }
+
+    /// The byte area: labels, skip, end value, leaf records.
+    #[inline(always)]
+    fn bytes(self) -> &'g [u8] {
+        let n = self.len();
+        // SAFETY: the words after the slots are written before the node is
+        // published and never again, so a shared borrow of them is sound
+        // for as long as the guard keeps the node alive.
+        unsafe {
+            std::slice::from_raw_parts(
+                self.base.as_ptr().add(1 + n) as *const u8,
+                (self.words() - 1 - n) * 8,
+            )
+        }
+    }
+
+    /// The labels of the children, ascending.
+    #[inline(always)]
+    pub fn labels(self) -> &'g [u8] {
+        &self.bytes()[..self.len()]
+    }
+
+    /// The bytes every key in this subtree has next.
+    #[inline(always)]
+    pub fn skip(self) -> &'g [u8] {
+        let n = self.len();
+        &self.bytes()[n..n + self.skip_len()]
+    }
+
+    /// The value of the key that ends here (its length is `value_size`).
+    #[inline(always)]
+    pub fn end_value(self, value_size: usize) -> Option<&'g [u8]> {
+        let at = self.len() + self.skip_len();
+        self.has_end().then(|| &self.bytes()[at..at + value_size])
+    }
+
+    /// The slot of child `i`.
+    #[inline(always)]
+    pub fn slot(self, i: usize) -> &'g AtomicU64 {
+        debug_assert!(i < self.len());
+        // SAFETY: i < n slots follow the header.
+        unsafe { &*self.base.as_ptr().add(1 + i) }
+    }
+
+    /// Child `i`.
+    #[inline(always)]
+    pub fn child(self, i: usize, value_size: usize) -> Child<'g> {
+        let word = self.slot(i).load(Ordering::Acquire);
+        if word & 1 == 0 {
+            // SAFETY: a node pointer read from a live node's slot.
+            return Child::Node(unsafe { Node::from_word(word) });
+        }
+        let at = (word >> 1) as usize;
+        let bytes = self.bytes();
+        let tail_len = u16::from_le_bytes([bytes[at], bytes[at + 1]]) as usize;
+        let tail = &bytes[at + 2..at + 2 + tail_len];
+        let value = &bytes[at + 2 + tail_len..at + 2 + tail_len + value_size];
+        Child::Leaf { tail, value }
+    }
+
+    /// The index of the child under `label`.
+    #[inline(always)]
+    pub fn find(self, label: u8) -> Option<usize> {
+        let labels = self.labels();
+        if labels.len() <= 8 {
+            labels.iter().position(|&l| l == label)
+        } else {
+            labels.binary_search(&label).ok()
+        }
+    }
+}
+
+/// A node's content, built by the writer before it is published.
+pub struct Spec {
+    pub skip: Vec<u8>,
+    pub end: Option<Vec<u8>>,
+    /// Children by ascending label.
+    pub children: Vec<(u8, ChildSpec)>,
+}
+
+/// A child in a [`Spec`].
+pub enum ChildSpec {
+    /// A published node (its word), kept as is.
+    Node(u64),
+    Leaf {
+        tail: Vec<u8>,
+        value: Vec<u8>,
+    },
+}
+
+impl Spec {
+    /// The content of `node`.
+    pub fn of(node: Node<'_>, value_size: usize) -> Self {
+        Spec {
+            skip: node.skip().to_vec(),
+            end: node.end_value(value_size).map(<[u8]>::to_vec),
+            children: (0..node.len())
+                .map(|i| {
+                    let child = match node.child(i, value_size) {
+                        Child::Node(n) => ChildSpec::Node(n.word()),
+                        Child::Leaf { tail, value } => ChildSpec::Leaf {
+                            tail: tail.to_vec(),
+                            value: value.to_vec(),
+                        },
+                    };
+                    (node.labels()[i], child)
+                })
+                .collect(),
+        }
+    }
+
+    /// Puts `child` under `label`, replacing any child there.
+    pub fn set_child(&mut self, label: u8, child: ChildSpec) {
+        match self.children.binary_search_by_key(&label, |c| c.0) {
+            Ok(i) => self.children[i].1 = child,
+            Err(i) => self.children.insert(i, (label, child)),
+        }
+    }
+
+    /// Removes the child under `label`.
+    pub fn remove_child(&mut self, label: u8) -> Option<ChildSpec> {
+        let i = self.children.binary_search_by_key(&label, |c| c.0).ok()?;
+        Some(self.children.remove(i).1)
+    }
+
+    /// Allocates and fills the node (unpublished: the caller publishes
+    /// its word with a release store). Returns its word and size.
+    pub fn build(&self) -> (u64, usize) {
+        let n = self.children.len();
+        assert!(n <= MAX_CHILDREN && self.skip.len() <= MAX_SKIP);
+        let end_len = self.end.as_ref().map_or(0, Vec::len);
+        let leaves: usize = self
+            .children
+            .iter()
+            .map(|(_, c)| match c {
+                ChildSpec::Node(_) => 0,
+                ChildSpec::Leaf { tail, value } => 2 + tail.len() + value.len(),
+            })
+            .sum();
+        let byte_len = n + self.skip.len() + end_len + leaves;
+        let words = 1 + n + byte_len.div_ceil(8);
+        let layout = layout(words);
+        // SAFETY: non-zero size.
+        let base = unsafe { alloc_zeroed(layout) } as *mut u64;
+        if base.is_null() {
+            std::alloc::handle_alloc_error(layout);
+        }
+        let header = n as u64
+            | if self.end.is_some() { END_BIT } else { 0 }
+            | (self.skip.len() as u64) << SKIP_SHIFT
+            | (words as u64) << WORDS_SHIFT;
+        // SAFETY: the allocation is ours until published; `words` words.
+        unsafe {
+            base.write(header);
+            let bytes = std::slice::from_raw_parts_mut(base.add(1 + n) as *mut u8, byte_len);
+            let mut at = 0;
+            let mut put = |src: &[u8]| {
+                bytes[at..at + src.len()].copy_from_slice(src);
+                at += src.len();
+                at - src.len()
+            };
+            for (label, _) in &self.children {
+                put(&[*label]);
+            }
+            put(&self.skip);
+            if let Some(end) = &self.end {
+                put(end);
+            }
+            for (i, (_, child)) in self.children.iter().enumerate() {
+                let word = match child {
+                    ChildSpec::Node(word) => *word,
+                    ChildSpec::Leaf { tail, value } => {
+                        let record = put(&(tail.len() as u16).to_le_bytes());
+                        put(tail);
+                        put(value);
+                        (record as u64) << 1 | 1
+                    }
+                };
+                base.add(1 + i).write(word);
+            }
+            debug_assert_eq!(at, byte_len);
+        }
+        (base as usize as u64, words * 8)
+    }
+}
+
+fn layout(words: usize) -> Layout {
+    Layout::array::<u64>(words).expect("node layout")
+}
+
+/// Frees the node `word` points at (its children are not touched).
+///
+/// # Safety
+/// The node is unreachable for every reader (unpublished, or past the
+/// grace period of its retirement) and freed once.
+pub unsafe fn free(word: u64) {
+    // SAFETY: a node pointer (caller); read its size before freeing.
+    let node = unsafe { Node::from_word(word) };
+    let words = node.words();
+    // SAFETY: allocated by `Spec::build` with this layout.
+    unsafe { dealloc(word as usize as *mut u8, layout(words)) };
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_built_node_reads_back_its_spec() {
+        let leaf = |t: &[u8], v: u8| ChildSpec::Leaf {
+            tail: t.to_vec(),
+            value: vec![v; 3],
+        };
+        let inner = Spec {
+            skip: b"zz".to_vec(),
+            end: Some(vec![7; 3]),
+            children: vec![],
+        };
+        let (inner_word, _) = inner.build();
+        let spec = Spec {
+            skip: b"abc".to_vec(),
+            end: None,
+            children: vec![
+                (0, leaf(b"", 1)),
+                (b'q', ChildSpec::Node(inner_word)),
+                (0xff, leaf(b"tail\0", 2)),
+            ],
+        };
+        let (word, size) = spec.build();
+        // SAFETY: just built, never published.
+        let node = unsafe { Node::from_word(word) };
+        assert_eq!(size, node.size());
+        assert_eq!((node.len(), node.has_end()), (3, false));
+        assert_eq!(
+            (node.labels(), node.skip()),
+            (&[0, b'q', 0xff][..], &b"abc"[..])
+        );
+        assert_eq!(node.end_value(3), None);
+        assert!(matches!(
+            node.child(0, 3),
+            Child::Leaf {
+                tail: b"",
+                value: [1, 1, 1]
+            }
+        ));
+        assert!(matches!(
+            node.child(2, 3),
+            Child::Leaf {
+                tail: b"tail\0",
+                value: [2, 2, 2]
+            }
+        ));
+        let Child::Node(n) = node.child(1, 3) else {
+            panic!("a node child")
+        };
+        assert_eq!(
+            (n.skip(), n.end_value(3)),
+            (&b"zz"[..], Some(&[7, 7, 7][..]))
+        );
+        assert_eq!((node.find(b'q'), node.find(b'r')), (Some(1), None));
+        let back = Spec::of(node, 3);
+        assert_eq!(
+            (back.skip, back.end, back.children.len()),
+            (b"abc".to_vec(), None, 3)
+        );
+        // SAFETY: unpublished, freed once each.
+        unsafe {
+            free(word);
+            free(inner_word);
+        }
+    }
+}

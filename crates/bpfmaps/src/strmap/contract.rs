@@ -1,0 +1,128 @@
+//! The qp-trie map's byte contract: its family entry and `bpf_map_ops`.
+//! Keys are 1 to `key_size` bytes, the slice's length being the key's
+//! (the kernel patch passed them as dynptrs); batches, which lay keys out
+//! at a fixed size, are not offered.
+
+use std::ops::{Bound, ControlFlow};
+
+use super::qptrie::{MAX_KEY_SIZE, QpTrieMap};
+use crate::core::contract::{Caps, MapInfo, MapOps, MapType};
+use crate::core::error::{Error, Result};
+use crate::core::family::{Family, KeyKind, SizeRule};
+use crate::core::flags::{BPF_F_NO_PREALLOC, UpdateFlag};
+use crate::core::reclaim::Guard;
+
+impl MapType {
+    /// The qp-trie string map (not in the kernel: a private number).
+    pub const QP_TRIE: MapType = MapType(MapType::PRIVATE + 1);
+}
+
+/// The qp-trie map, for the registry: keys of 1 to `key_size` bytes
+/// (`key_size` up to 4096), flags 0 or `BPF_F_NO_PREALLOC` (nodes are
+/// always allocated as keys come; the flag changes nothing).
+pub const QP_TRIE_FAMILY: Family = Family {
+    map_type: MapType::QP_TRIE,
+    name: "qp_trie",
+    map_flags: BPF_F_NO_PREALLOC,
+    map_extra: 0,
+    key_size: SizeRule::between(1, MAX_KEY_SIZE as u32),
+    value_size: SizeRule::between(1, u16::MAX as u32),
+    keys: KeyKind::Bytes,
+    build: |spec| {
+        let mut map = QpTrieMap::new(
+            spec.key_size as usize,
+            spec.value_size as usize,
+            spec.max_entries,
+        )?;
+        map.map_flags = spec.flags;
+        Ok(Box::new(map))
+    },
+};
+
+impl MapOps for QpTrieMap {
+    const CAPS: Caps = Caps::LOOKUP
+        .union(Caps::UPDATE)
+        .union(Caps::DELETE)
+        .union(Caps::LOOKUP_AND_DELETE)
+        .union(Caps::NEXT_KEY)
+        .union(Caps::VAR_KEYS);
+
+    fn map_info(&self) -> MapInfo {
+        MapInfo {
+            map_type: MapType::QP_TRIE,
+            key_size: self.max_key_size() as u32,
+            value_size: self.value_size() as u32,
+            max_entries: self.max_entries(),
+            map_flags: self.map_flags,
+            map_extra: 0,
+        }
+    }
+
+    fn map_len(&self) -> usize {
+        self.len()
+    }
+
+    fn map_mem_usage(&self) -> usize {
+        self.memory_usage()
+    }
+
+    fn map_lookup_elem(&self, key: &[u8], value: &mut [u8], guard: &Guard) -> Result<()> {
+        value.copy_from_slice(self.get(key, guard).ok_or(Error::NotFound)?);
+        Ok(())
+    }
+
+    fn map_update_elem(&self, key: &[u8], value: &[u8], flag: UpdateFlag, _: &Guard) -> Result<()> {
+        self.insert(key, value, flag.bits())
+    }
+
+    fn map_delete_elem(&self, key: &[u8], _: &Guard) -> Result<()> {
+        self.remove(key, None)
+    }
+
+    fn map_lookup_and_delete_elem(&self, key: &[u8], value: &mut [u8], _: &Guard) -> Result<()> {
+        self.remove(key, Some(value))
+    }
+
+    /// Byte order, a key before its extensions. A key that is not stored
+    /// gives the first stored key after it (the kernel patch restarted
+    /// from the first key), so a walk survives deletes of its cursor.
+    fn map_get_next_key(
+        &self,
+        key: Option<&[u8]>,
+        next: &mut [u8],
+        guard: &Guard,
+    ) -> Result<usize> {
+        let lower = key.map_or(Bound::Unbounded, Bound::Excluded);
+        let mut len = None;
+        self.for_each_in((lower, Bound::Unbounded), guard, |k, _| {
+            next[..k.len()].copy_from_slice(k);
+            len = Some(k.len());
+            ControlFlow::Break(())
+        });
+        len.ok_or(Error::NotFound)
+    }
+}
+
+/// The conformance suite runs over this family with every other
+/// (`conformance::tests`); here, what is particular to variable keys.
+#[cfg(test)]
+mod tests {
+    use crate::core::contract::{MapSpec, MapType};
+
+    #[test]
+    fn keys_of_every_length_through_the_contract() {
+        let map = crate::create(&MapSpec::new(MapType::QP_TRIE, 8, 4, 16)).unwrap();
+        for len in 1..=8 {
+            map.update(&b"abcdefgh"[..len], &(len as u32).to_ne_bytes(), 0)
+                .unwrap();
+        }
+        let mut next = [0u8; 8];
+        let n = map.get_next_key(Some(b"abc"), &mut next).unwrap();
+        assert_eq!(&next[..n], b"abcd");
+        let mut value = [0u8; 4];
+        map.lookup(b"abcdef", &mut value).unwrap();
+        assert_eq!(u32::from_ne_bytes(value), 6);
+        assert!(map.lookup(b"", &mut value).is_err());
+        assert!(map.lookup(b"abcdefghi", &mut value).is_err());
+    }
+}

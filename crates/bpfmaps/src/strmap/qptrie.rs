@@ -1,0 +1,907 @@
+//! [`QpTrieMap`]: variable-length byte keys in a path-compressed trie of
+//! byte-labelled nodes ([`block`](super::block)), 256 subtrees by first
+//! byte, each with its own writer lock; readers take no lock.
+//!
+//! A key's first byte picks its subtree; below, each node holds the bytes
+//! its keys share (skip), the value of a key ending there, and one child
+//! per next byte. A key with no sibling below some node is a leaf of that
+//! node: the rest of the key and the value, inline. So every key byte is
+//! stored once, and a lookup reads one node per branching point.
+//!
+//! Writers copy what they change: a new node is built and published with
+//! one release store into its parent's slot (or the subtree's root), and
+//! the nodes it replaced are freed after the epoch's grace period. A
+//! reader sees each node whole, old or new. The shape is canonical: below
+//! the root, every node has at least two entries (an end value or
+//! children), so removals restore what a fresh build of the same keys
+//! has.
+
+use std::cmp::Ordering as CmpOrdering;
+use std::ops::{Bound, ControlFlow};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+
+use parking_lot::Mutex;
+
+use super::block::{self, Child, ChildSpec, Node, Spec};
+use crate::core::error::{Error, Result, check_len};
+use crate::core::flags::UpdateFlag;
+use crate::core::reclaim::{Guard, drop_in_background, pin};
+
+/// Longest key a map may be created for.
+pub const MAX_KEY_SIZE: usize = 4096;
+
+/// A map from byte strings (1 to `max_key_size` bytes, any byte values;
+/// `b"ab"` and `b"ab\0"` are different keys) to fixed-size values, in
+/// lexicographic byte order (a key before its extensions).
+///
+/// ```
+/// use bpfmaps::strmap::QpTrieMap;
+/// use bpfmaps::{BPF_ANY, pin};
+///
+/// let m = QpTrieMap::new(64, 8, 1000).unwrap();
+/// m.insert(b"vfs_read", &1u64.to_ne_bytes(), BPF_ANY).unwrap();
+/// m.insert(b"vfs_readv", &2u64.to_ne_bytes(), BPF_ANY).unwrap();
+/// let guard = pin();
+/// assert_eq!(m.get(b"vfs_read", &guard), Some(&1u64.to_ne_bytes()[..]));
+/// assert_eq!(m.longest_prefix_of(b"vfs_readahead", &guard).unwrap().0, b"vfs_read");
+/// ```
+pub struct QpTrieMap {
+    roots: Box<[Root]>,
+    max_key_size: usize,
+    value_size: usize,
+    max_entries: u32,
+    /// Creation flags, for `MapInfo`.
+    pub(super) map_flags: u32,
+    len: AtomicUsize,
+    /// Bytes of nodes allocated and not yet freed (retired ones included).
+    node_bytes: Arc<AtomicUsize>,
+}
+
+/// A subtree: the keys starting with one byte.
+struct Root {
+    /// The subtree's top node, 0 when it is empty.
+    top: AtomicU64,
+    writer: Mutex<()>,
+}
+
+/// What a write below a node asks of the node's parent. On every change
+/// but `Keep` the parent retires the node once it has published the
+/// change; the write below retires only what it unlinks further down.
+enum Change {
+    /// Nothing: the write was published further down, or failed.
+    Keep,
+    /// Publish this node in place of the old one.
+    Swap(u64),
+    /// The node holds no key any more: drop it.
+    Gone,
+    /// The node holds one key: the parent holds it as a leaf.
+    Leaf { tail: Vec<u8>, value: Vec<u8> },
+}
+
+/// One write's bookkeeping: nodes to retire once it is published.
+struct Write<'a> {
+    map: &'a QpTrieMap,
+    retired: Vec<u64>,
+}
+
+impl Write<'_> {
+    fn build(&mut self, spec: &Spec) -> u64 {
+        let (word, size) = spec.build();
+        self.map.node_bytes.fetch_add(size, Ordering::Relaxed);
+        word
+    }
+
+    /// Frees the replaced nodes after the grace period (their
+    /// replacements are published by now).
+    fn finish(self, guard: &Guard) {
+        for word in self.retired {
+            let bytes = Arc::clone(&self.map.node_bytes);
+            let node = SendWord(word);
+            guard.defer(move || {
+                let node = node;
+                // SAFETY: unlinked before this was deferred, past its
+                // grace period now; freed once.
+                let size = unsafe { Node::from_word(node.0) }.size();
+                // SAFETY: as above.
+                unsafe { block::free(node.0) };
+                bytes.fetch_sub(size, Ordering::Relaxed);
+            });
+        }
+    }
+}
+
+/// A node's word moved into a deferred free.
+struct SendWord(u64);
+// SAFETY: a node is plain memory; only its last owner frees it.
+unsafe impl Send for SendWord {}
+
+impl QpTrieMap {
+    /// A map of keys up to `max_key_size` bytes (1 to 4096) and values of
+    /// `value_size` bytes (at least 1), holding at most `max_entries`.
+    pub fn new(max_key_size: usize, value_size: usize, max_entries: u32) -> Result<Self> {
+        if !(1..=MAX_KEY_SIZE).contains(&max_key_size) {
+            return Err(Error::invalid(format!(
+                "key_size {max_key_size}: a string map's keys are 1 to {MAX_KEY_SIZE} bytes"
+            )));
+        }
+        if value_size == 0 || value_size > u16::MAX as usize {
+            return Err(Error::invalid(format!(
+                "value_size {value_size}: 1 to 65535 bytes"
+            )));
+        }
+        if max_entries == 0 {
+            return Err(Error::invalid("max_entries 0"));
+        }
+        Ok(QpTrieMap {
+            roots: (0..256)
+                .map(|_| Root {
+                    top: AtomicU64::new(0),
+                    writer: Mutex::new(()),
+                })
+                .collect(),
+            max_key_size,
+            value_size,
+            max_entries,
+            map_flags: 0,
+            len: AtomicUsize::new(0),
+            node_bytes: Arc::new(AtomicUsize::new(0)),
+        })
+    }
+
+    /// Longest key.
+    pub fn max_key_size(&self) -> usize {
+        self.max_key_size
+    }
+
+    /// Value size in bytes.
+    pub fn value_size(&self) -> usize {
+        self.value_size
+    }
+
+    /// Capacity.
+    pub fn max_entries(&self) -> u32 {
+        self.max_entries
+    }
+
+    /// Number of keys.
+    pub fn len(&self) -> usize {
+        self.len.load(Ordering::Relaxed)
+    }
+
+    /// Whether the map holds no key.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Bytes held: the map itself and its nodes (with those waiting out a
+    /// grace period).
+    pub fn memory_usage(&self) -> usize {
+        size_of::<Self>()
+            + self.roots.len() * size_of::<Root>()
+            + self.node_bytes.load(Ordering::Relaxed)
+    }
+
+    fn check_key(&self, key: &[u8]) -> Result<()> {
+        if key.is_empty() || key.len() > self.max_key_size {
+            return Err(Error::invalid(format!(
+                "key of {} bytes: this map takes 1 to {} bytes",
+                key.len(),
+                self.max_key_size
+            )));
+        }
+        Ok(())
+    }
+
+    #[inline]
+    fn top<'g>(&self, first: u8, _guard: &'g Guard) -> Option<Node<'g>> {
+        let word = self.roots[first as usize].top.load(Ordering::Acquire);
+        // SAFETY: a published top node, read under the guard.
+        (word != 0).then(|| unsafe { Node::from_word(word) })
+    }
+
+    /// The value of `key`.
+    #[inline]
+    pub fn get<'g>(&'g self, key: &[u8], guard: &'g Guard) -> Option<&'g [u8]> {
+        let (&first, mut rest) = key.split_first()?;
+        let mut node = self.top(first, guard)?;
+        loop {
+            rest = rest.strip_prefix(node.skip())?;
+            let Some((&label, after)) = rest.split_first() else {
+                return node.end_value(self.value_size);
+            };
+            match node.child(node.find(label)?, self.value_size) {
+                Child::Node(next) => {
+                    node = next;
+                    rest = after;
+                }
+                Child::Leaf { tail, value } => return (tail == after).then_some(value),
+            }
+        }
+    }
+
+    /// The longest stored key that is a prefix of `key` (or `key` itself),
+    /// with its value.
+    pub fn longest_prefix_of<'k, 'g>(
+        &'g self,
+        key: &'k [u8],
+        guard: &'g Guard,
+    ) -> Option<(&'k [u8], &'g [u8])> {
+        let (&first, mut rest) = key.split_first()?;
+        let mut node = self.top(first, guard)?;
+        let mut best = None;
+        loop {
+            let Some(after_skip) = rest.strip_prefix(node.skip()) else {
+                return best;
+            };
+            rest = after_skip;
+            let done = key.len() - rest.len();
+            if let Some(value) = node.end_value(self.value_size) {
+                best = Some((&key[..done], value));
+            }
+            let Some((&label, after)) = rest.split_first() else {
+                return best;
+            };
+            let Some(i) = node.find(label) else {
+                return best;
+            };
+            match node.child(i, self.value_size) {
+                Child::Node(next) => {
+                    node = next;
+                    rest = after;
+                }
+                Child::Leaf { tail, value } => {
+                    return match after.strip_prefix(tail) {
+                        Some(_) => Some((&key[..done + 1 + tail.len()], value)),
+                        None => best,
+                    };
+                }
+            }
+        }
+    }
+
+    /// Stores `value` for `key` under update `flags` (`BPF_ANY`,
+    /// `BPF_NOEXIST`, `BPF_EXIST`). `E2BIG` when a new key finds the map
+    /// holding `max_entries`.
+    pub fn insert(&self, key: &[u8], value: &[u8], flags: u64) -> Result<()> {
+        let flag = UpdateFlag::from_bits(flags)?;
+        self.check_key(key)?;
+        check_len("value", value.len(), self.value_size)?;
+        let root = &self.roots[key[0] as usize];
+        let _writer = root.writer.lock();
+        let guard = &pin();
+        let mut write = Write {
+            map: self,
+            retired: Vec::new(),
+        };
+        let top = root.top.load(Ordering::Acquire);
+        let change = if top == 0 {
+            flag.check(false)?;
+            self.reserve()?;
+            let spec = Spec {
+                skip: key[1..].to_vec(),
+                end: Some(value.to_vec()),
+                children: Vec::new(),
+            };
+            Change::Swap(write.build(&spec))
+        } else {
+            // SAFETY: the published top, under the writer lock and guard.
+            let node = unsafe { Node::from_word(top) };
+            self.insert_at(&mut write, node, &key[1..], value, flag)?
+        };
+        if let Change::Swap(word) = change {
+            root.top.store(word, Ordering::Release);
+            if top != 0 {
+                write.retired.push(top);
+            }
+        }
+        write.finish(guard);
+        Ok(())
+    }
+
+    /// Takes one of the `max_entries` places for a new key.
+    fn reserve(&self) -> Result<()> {
+        let max = self.max_entries as usize;
+        self.len
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| {
+                (n < max).then_some(n + 1)
+            })
+            .map(drop)
+            .map_err(|_| Error::Full)
+    }
+
+    /// Stores `rest` (the key after `node`'s place) in `node`'s subtree.
+    fn insert_at(
+        &self,
+        write: &mut Write<'_>,
+        node: Node<'_>,
+        rest: &[u8],
+        value: &[u8],
+        flag: UpdateFlag,
+    ) -> Result<Change> {
+        let skip = node.skip();
+        let common = common_prefix(skip, rest);
+        if common < skip.len() {
+            // The key leaves the skip: a new node where they part, with
+            // this one (shortened) and the key's leaf as children.
+            flag.check(false)?;
+            self.reserve()?;
+            // A top node holding one key goes down as a leaf.
+            let lower = match node.end_value(self.value_size) {
+                Some(end) if node.len() == 0 => leaf(&skip[common + 1..], end),
+                _ => {
+                    let mut lower = Spec::of(node, self.value_size);
+                    lower.skip.drain(..=common);
+                    ChildSpec::Node(write.build(&lower))
+                }
+            };
+            let mut split = Spec {
+                skip: skip[..common].to_vec(),
+                end: None,
+                children: vec![(skip[common], lower)],
+            };
+            match rest.get(common) {
+                None => split.end = Some(value.to_vec()),
+                Some(&label) => split.set_child(label, leaf(&rest[common + 1..], value)),
+            }
+            return Ok(Change::Swap(write.build(&split)));
+        }
+        let rest = &rest[common..];
+        let Some((&label, after)) = rest.split_first() else {
+            flag.check(node.has_end())?;
+            if !node.has_end() {
+                self.reserve()?;
+            }
+            let mut spec = Spec::of(node, self.value_size);
+            spec.end = Some(value.to_vec());
+            return Ok(self.replaced(write, &spec));
+        };
+        let Some(i) = node.find(label) else {
+            flag.check(false)?;
+            self.reserve()?;
+            let mut spec = Spec::of(node, self.value_size);
+            spec.set_child(label, leaf(after, value));
+            return Ok(self.replaced(write, &spec));
+        };
+        match node.child(i, self.value_size) {
+            Child::Node(child) => {
+                if let Change::Swap(word) = self.insert_at(write, child, after, value, flag)? {
+                    node.slot(i).store(word, Ordering::Release);
+                    write.retired.push(child.word());
+                }
+                Ok(Change::Keep)
+            }
+            Child::Leaf { tail, .. } if tail == after => {
+                flag.check(true)?;
+                let mut spec = Spec::of(node, self.value_size);
+                spec.set_child(label, leaf(after, value));
+                Ok(self.replaced(write, &spec))
+            }
+            Child::Leaf { tail, value: old } => {
+                // Two keys below `label`: a node where they part.
+                flag.check(false)?;
+                self.reserve()?;
+                let common = common_prefix(tail, after);
+                let mut split = Spec {
+                    skip: tail[..common].to_vec(),
+                    end: None,
+                    children: Vec::new(),
+                };
+                for (rest, v) in [(tail, old), (after, value)] {
+                    match rest.get(common) {
+                        None => split.end = Some(v.to_vec()),
+                        Some(&l) => split.set_child(l, leaf(&rest[common + 1..], v)),
+                    }
+                }
+                let mut spec = Spec::of(node, self.value_size);
+                spec.set_child(label, ChildSpec::Node(write.build(&split)));
+                Ok(self.replaced(write, &spec))
+            }
+        }
+    }
+
+    /// `node` rebuilt as `spec`: the parent publishes it (and retires
+    /// `node`, as on every change but `Keep`).
+    fn replaced(&self, write: &mut Write<'_>, spec: &Spec) -> Change {
+        Change::Swap(write.build(spec))
+    }
+
+    /// Removes `key`, copying its value into `out` if given. `ENOENT` if
+    /// it is not stored.
+    pub fn remove(&self, key: &[u8], out: Option<&mut [u8]>) -> Result<()> {
+        self.check_key(key)?;
+        if let Some(out) = &out {
+            check_len("value", out.len(), self.value_size)?;
+        }
+        let root = &self.roots[key[0] as usize];
+        let _writer = root.writer.lock();
+        let guard = &pin();
+        let top = root.top.load(Ordering::Acquire);
+        if top == 0 {
+            return Err(Error::NotFound);
+        }
+        let mut write = Write {
+            map: self,
+            retired: Vec::new(),
+        };
+        // SAFETY: the published top, under the writer lock and guard.
+        let node = unsafe { Node::from_word(top) };
+        let word = match self.remove_at(&mut write, node, &key[1..], out)? {
+            Change::Keep => None,
+            Change::Swap(word) => Some(word),
+            Change::Gone => Some(0),
+            // A top node is never a leaf: it holds the key as its end.
+            Change::Leaf { tail, value } => Some(write.build(&Spec {
+                skip: tail,
+                end: Some(value),
+                children: Vec::new(),
+            })),
+        };
+        if let Some(word) = word {
+            root.top.store(word, Ordering::Release);
+            write.retired.push(top);
+        }
+        self.len.fetch_sub(1, Ordering::Relaxed);
+        write.finish(guard);
+        Ok(())
+    }
+
+    fn remove_at(
+        &self,
+        write: &mut Write<'_>,
+        node: Node<'_>,
+        rest: &[u8],
+        out: Option<&mut [u8]>,
+    ) -> Result<Change> {
+        let rest = rest.strip_prefix(node.skip()).ok_or(Error::NotFound)?;
+        let spec = match rest.split_first() {
+            None => {
+                let value = node.end_value(self.value_size).ok_or(Error::NotFound)?;
+                if let Some(out) = out {
+                    out.copy_from_slice(value);
+                }
+                let mut spec = Spec::of(node, self.value_size);
+                spec.end = None;
+                spec
+            }
+            Some((&label, after)) => {
+                let i = node.find(label).ok_or(Error::NotFound)?;
+                match node.child(i, self.value_size) {
+                    Child::Node(child) => match self.remove_at(write, child, after, out)? {
+                        Change::Keep => return Ok(Change::Keep),
+                        Change::Swap(word) => {
+                            node.slot(i).store(word, Ordering::Release);
+                            write.retired.push(child.word());
+                            return Ok(Change::Keep);
+                        }
+                        Change::Gone => {
+                            write.retired.push(child.word());
+                            let mut spec = Spec::of(node, self.value_size);
+                            spec.remove_child(label);
+                            spec
+                        }
+                        Change::Leaf { tail, value } => {
+                            write.retired.push(child.word());
+                            let mut spec = Spec::of(node, self.value_size);
+                            spec.set_child(label, ChildSpec::Leaf { tail, value });
+                            return Ok(self.replaced(write, &spec));
+                        }
+                    },
+                    Child::Leaf { tail, value } => {
+                        if tail != after {
+                            return Err(Error::NotFound);
+                        }
+                        if let Some(out) = out {
+                            out.copy_from_slice(value);
+                        }
+                        let mut spec = Spec::of(node, self.value_size);
+                        spec.remove_child(label);
+                        spec
+                    }
+                }
+            }
+        };
+        Ok(self.canonical(write, spec))
+    }
+
+    /// `spec` (a node that lost an entry) in canonical form: gone when
+    /// empty, a leaf of its parent when it holds one key, merged into its
+    /// only child when it has no end value.
+    fn canonical(&self, write: &mut Write<'_>, mut spec: Spec) -> Change {
+        match (spec.end.take(), spec.children.len()) {
+            (None, 0) => Change::Gone,
+            (Some(value), 0) => Change::Leaf {
+                tail: spec.skip,
+                value,
+            },
+            (None, 1) => {
+                let (label, only) = spec.children.pop().expect("one child");
+                let mut joined = spec.skip;
+                joined.push(label);
+                match only {
+                    ChildSpec::Leaf { tail, value } => {
+                        joined.extend_from_slice(&tail);
+                        Change::Leaf {
+                            tail: joined,
+                            value,
+                        }
+                    }
+                    ChildSpec::Node(word) => {
+                        // SAFETY: a live child of the node being replaced.
+                        let child = unsafe { Node::from_word(word) };
+                        let mut merged = Spec::of(child, self.value_size);
+                        joined.extend_from_slice(&merged.skip);
+                        merged.skip = joined;
+                        write.retired.push(word);
+                        Change::Swap(write.build(&merged))
+                    }
+                }
+            }
+            (end, _) => {
+                spec.end = end;
+                Change::Swap(write.build(&spec))
+            }
+        }
+    }
+
+    /// Calls `f` with every key and value in order, until it breaks.
+    pub fn for_each<'g>(
+        &'g self,
+        guard: &'g Guard,
+        mut f: impl FnMut(&[u8], &'g [u8]) -> ControlFlow<()>,
+    ) {
+        self.for_each_in((Bound::Unbounded, Bound::Unbounded), guard, &mut f);
+    }
+
+    /// Calls `f` with every key in `range` (byte order) and its value, in
+    /// order, until it breaks.
+    pub fn for_each_in<'g>(
+        &'g self,
+        range: (Bound<&[u8]>, Bound<&[u8]>),
+        guard: &'g Guard,
+        mut f: impl FnMut(&[u8], &'g [u8]) -> ControlFlow<()>,
+    ) {
+        let mut key = Vec::with_capacity(64);
+        let lower = range.0;
+        let first = match lower {
+            Bound::Included(k) | Bound::Excluded(k) => k.first().copied().unwrap_or(0),
+            Bound::Unbounded => 0,
+        };
+        for b in first..=255u8 {
+            let Some(top) = self.top(b, guard) else {
+                continue;
+            };
+            key.clear();
+            key.push(b);
+            let mut visit = |k: &[u8], v: &'g [u8]| {
+                if above(k, range.1) {
+                    return ControlFlow::Break(());
+                }
+                f(k, v)
+            };
+            if self.walk(top, &mut key, lower, &mut visit).is_break() {
+                return;
+            }
+        }
+    }
+
+    /// Visits the keys of `node`'s subtree (whose path is `key`) from the
+    /// first not below `lower`, in order.
+    fn walk<'g>(
+        &self,
+        node: Node<'g>,
+        key: &mut Vec<u8>,
+        lower: Bound<&[u8]>,
+        f: &mut impl FnMut(&[u8], &'g [u8]) -> ControlFlow<()>,
+    ) -> ControlFlow<()> {
+        let at = key.len();
+        key.extend_from_slice(node.skip());
+        // Where the subtree stands against the bound: all of it below
+        // (skip it), all of it above (no more checks), or the bound runs
+        // through it.
+        let lower = match bound_vs_prefix(lower, key) {
+            Side::Below => {
+                key.truncate(at);
+                return ControlFlow::Continue(());
+            }
+            Side::Above => Bound::Unbounded,
+            Side::Inside => lower,
+        };
+        if let Some(value) = node.end_value(self.value_size)
+            && !below(key, lower)
+        {
+            f(key, value)?;
+        }
+        for i in 0..node.len() {
+            key.push(node.labels()[i]);
+            match node.child(i, self.value_size) {
+                Child::Node(child) => self.walk(child, key, lower, f)?,
+                Child::Leaf { tail, value } => {
+                    let before = key.len();
+                    key.extend_from_slice(tail);
+                    if !below(key, lower) {
+                        f(key, value)?;
+                    }
+                    key.truncate(before);
+                }
+            }
+            key.pop();
+        }
+        key.truncate(at);
+        ControlFlow::Continue(())
+    }
+
+    /// The key after `key` in order (`None`: the first) into `next`, and
+    /// its length; `ENOENT` after the last. `key` need not be stored (a
+    /// walk continues past a deleted key).
+    pub fn next_key(&self, key: Option<&[u8]>, next: &mut Vec<u8>) -> Result<()> {
+        let guard = &pin();
+        let lower = key.map_or(Bound::Unbounded, Bound::Excluded);
+        let mut found = false;
+        self.for_each_in((lower, Bound::Unbounded), guard, |k, _| {
+            next.clear();
+            next.extend_from_slice(k);
+            found = true;
+            ControlFlow::Break(())
+        });
+        if found { Ok(()) } else { Err(Error::NotFound) }
+    }
+
+    /// Every key and value, in order (copied keys; [`for_each`](Self::for_each)
+    /// copies none).
+    pub fn iter<'g>(&'g self, guard: &'g Guard) -> impl Iterator<Item = (Vec<u8>, &'g [u8])> {
+        self.range::<&[u8]>(.., guard)
+    }
+
+    /// The keys in `range` with their values, in order.
+    pub fn range<'g, K: AsRef<[u8]>>(
+        &'g self,
+        range: impl std::ops::RangeBounds<K>,
+        guard: &'g Guard,
+    ) -> impl Iterator<Item = (Vec<u8>, &'g [u8])> {
+        let lower = range.start_bound().map(|k| k.as_ref().to_vec());
+        let upper = range.end_bound().map(|k| k.as_ref().to_vec());
+        Chunks {
+            map: self,
+            guard,
+            lower,
+            upper,
+            buffered: std::collections::VecDeque::new(),
+            done: false,
+        }
+    }
+
+    /// The keys that start with `prefix`, with their values, in order.
+    pub fn prefix<'g>(
+        &'g self,
+        prefix: &[u8],
+        guard: &'g Guard,
+    ) -> impl Iterator<Item = (Vec<u8>, &'g [u8])> {
+        let upper = prefix_end(prefix);
+        let lower = Bound::Included(prefix.to_vec());
+        Chunks {
+            map: self,
+            guard,
+            lower,
+            upper: upper.map_or(Bound::Unbounded, Bound::Excluded),
+            buffered: std::collections::VecDeque::new(),
+            done: prefix.is_empty(),
+        }
+    }
+
+    /// Removes every key. The nodes are freed on the reaper thread after a
+    /// grace period, so this returns at once.
+    pub fn clear(&self) {
+        let guard = &pin();
+        for root in self.roots.iter() {
+            let _writer = root.writer.lock();
+            let top = root.top.swap(0, Ordering::AcqRel);
+            if top == 0 {
+                continue;
+            }
+            // SAFETY: just unlinked.
+            let n = unsafe { count_keys(Node::from_word(top), self.value_size) };
+            self.len.fetch_sub(n, Ordering::Relaxed);
+            let job = SubtreeFree {
+                top,
+                value_size: self.value_size,
+                bytes: Arc::clone(&self.node_bytes),
+            };
+            guard.defer(move || drop_in_background(job));
+        }
+    }
+}
+
+#[cfg(test)]
+impl QpTrieMap {
+    /// Bytes of the nodes reachable now (for tests of the shape).
+    pub(super) fn live_bytes(&self) -> usize {
+        fn sum(node: Node<'_>, value_size: usize) -> usize {
+            node.size()
+                + (0..node.len())
+                    .map(|i| match node.child(i, value_size) {
+                        Child::Node(child) => sum(child, value_size),
+                        Child::Leaf { .. } => 0,
+                    })
+                    .sum::<usize>()
+        }
+        let guard = &pin();
+        (0..=255u8)
+            .filter_map(|b| self.top(b, guard))
+            .map(|top| sum(top, self.value_size))
+            .sum()
+    }
+
+    /// Keys reachable now, counted in the nodes.
+    pub(super) fn counted_keys(&self) -> usize {
+        let guard = &pin();
+        (0..=255u8)
+            .filter_map(|b| self.top(b, guard))
+            .map(|top| count_keys(top, self.value_size))
+            .sum()
+    }
+}
+
+/// Iterates a range in chunks: each refill walks from the last key seen
+/// (O(depth) to get back there) and buffers up to a chunk of keys.
+struct Chunks<'a, 'g> {
+    map: &'a QpTrieMap,
+    guard: &'g Guard,
+    lower: Bound<Vec<u8>>,
+    upper: Bound<Vec<u8>>,
+    buffered: std::collections::VecDeque<(Vec<u8>, &'g [u8])>,
+    done: bool,
+}
+
+const CHUNK: usize = 64;
+
+impl<'g> Iterator for Chunks<'g, 'g> {
+    type Item = (Vec<u8>, &'g [u8]);
+
+    fn next(&mut self) -> Option<Self::Item> {
+        if self.buffered.is_empty() && !self.done {
+            let upper = self.upper.as_ref().map(Vec::as_slice);
+            let lower = self.lower.as_ref().map(Vec::as_slice);
+            let buffered = &mut self.buffered;
+            self.map.for_each_in((lower, upper), self.guard, |k, v| {
+                buffered.push_back((k.to_vec(), v));
+                if buffered.len() == CHUNK {
+                    ControlFlow::Break(())
+                } else {
+                    ControlFlow::Continue(())
+                }
+            });
+            match self.buffered.back() {
+                Some((last, _)) if self.buffered.len() == CHUNK => {
+                    self.lower = Bound::Excluded(last.clone());
+                }
+                _ => self.done = true,
+            }
+        }
+        self.buffered.pop_front()
+    }
+}
+
+/// A detached subtree, freed whole (after its grace period).
+struct SubtreeFree {
+    top: u64,
+    value_size: usize,
+    bytes: Arc<AtomicUsize>,
+}
+
+impl Drop for SubtreeFree {
+    fn drop(&mut self) {
+        // SAFETY: detached and past its grace period (or the map is
+        // dropped); each node is freed once.
+        let freed = unsafe { free_subtree(self.top, self.value_size) };
+        self.bytes.fetch_sub(freed, Ordering::Relaxed);
+    }
+}
+
+impl Drop for QpTrieMap {
+    fn drop(&mut self) {
+        for root in self.roots.iter_mut() {
+            let top = *root.top.get_mut();
+            if top != 0 {
+                drop_in_background(SubtreeFree {
+                    top,
+                    value_size: self.value_size,
+                    bytes: Arc::clone(&self.node_bytes),
+                });
+            }
+        }
+    }
+}
+
+/// Frees a subtree; returns the bytes freed.
+///
+/// # Safety
+/// No reader can reach it, and it is freed once.
+unsafe fn free_subtree(word: u64, value_size: usize) -> usize {
+    // SAFETY: caller.
+    let node = unsafe { Node::from_word(word) };
+    let mut freed = node.size();
+    for i in 0..node.len() {
+        if let Child::Node(child) = node.child(i, value_size) {
+            // SAFETY: a child of a detached subtree.
+            freed += unsafe { free_subtree(child.word(), value_size) };
+        }
+    }
+    // SAFETY: caller.
+    unsafe { block::free(word) };
+    freed
+}
+
+fn count_keys(node: Node<'_>, value_size: usize) -> usize {
+    usize::from(node.has_end())
+        + (0..node.len())
+            .map(|i| match node.child(i, value_size) {
+                Child::Node(child) => count_keys(child, value_size),
+                Child::Leaf { .. } => 1,
+            })
+            .sum::<usize>()
+}
+
+fn leaf(tail: &[u8], value: &[u8]) -> ChildSpec {
+    ChildSpec::Leaf {
+        tail: tail.to_vec(),
+        value: value.to_vec(),
+    }
+}
+
+fn common_prefix(a: &[u8], b: &[u8]) -> usize {
+    a.iter().zip(b).take_while(|(x, y)| x == y).count()
+}
+
+/// The first key after every key that starts with `prefix` (`None`: no
+/// such key, the prefix is all 0xff).
+fn prefix_end(prefix: &[u8]) -> Option<Vec<u8>> {
+    let mut end = prefix.to_vec();
+    while let Some(last) = end.pop() {
+        if last < 0xff {
+            end.push(last + 1);
+            return Some(end);
+        }
+    }
+    None
+}
+
+/// Whether `key` is before the `lower` bound.
+fn below(key: &[u8], lower: Bound<&[u8]>) -> bool {
+    match lower {
+        Bound::Included(b) => key < b,
+        Bound::Excluded(b) => key <= b,
+        Bound::Unbounded => false,
+    }
+}
+
+/// Whether `key` is past the `upper` bound.
+fn above(key: &[u8], upper: Bound<&[u8]>) -> bool {
+    match upper {
+        Bound::Included(b) => key > b,
+        Bound::Excluded(b) => key >= b,
+        Bound::Unbounded => false,
+    }
+}
+
+/// Where every key that starts with `prefix` stands against a lower bound.
+enum Side {
+    Below,
+    Above,
+    Inside,
+}
+
+fn bound_vs_prefix(lower: Bound<&[u8]>, prefix: &[u8]) -> Side {
+    let b = match lower {
+        Bound::Included(b) | Bound::Excluded(b) => b,
+        Bound::Unbounded => return Side::Above,
+    };
+    let n = prefix.len().min(b.len());
+    match prefix[..n].cmp(&b[..n]) {
+        CmpOrdering::Less => Side::Below,
+        CmpOrdering::Greater => Side::Above,
+        // The prefix extends the bound: every key here is longer than it.
+        CmpOrdering::Equal if prefix.len() > b.len() => Side::Above,
+        CmpOrdering::Equal => Side::Inside,
+    }
+}
