@@ -44,21 +44,35 @@ struct Native {
 
 /// Every native library, one entry each. `.ci/run` installs the packages
 /// named here (it reads the `package: "..."` lines).
-const NATIVE: &[Native] = &[Native {
-    name: "judy",
-    package: "libjudy-dev",
-    probe: Probe::Compile {
-        header: "Judy.h",
-        libs: &["Judy"],
-        code: "Pvoid_t a = (Pvoid_t) NULL; JudyHSFreeArray(&a, PJE0);",
+const NATIVE: &[Native] = &[
+    Native {
+        name: "judy",
+        package: "libjudy-dev",
+        probe: Probe::Compile {
+            header: "Judy.h",
+            libs: &["Judy"],
+            code: "Pvoid_t a = (Pvoid_t) NULL; JudyHSFreeArray(&a, PJE0);",
+        },
+        exports: &[
+            "JudyMalloc",
+            "JudyFree",
+            "JudyMallocVirtual",
+            "JudyFreeVirtual",
+        ],
     },
-    exports: &[
-        "JudyMalloc",
-        "JudyFree",
-        "JudyMallocVirtual",
-        "JudyFreeVirtual",
-    ],
-}];
+    // Its .pc file names no library (`Libs: -L${libdir}` only), so it is
+    // probed by compiling rather than through pkg-config.
+    Native {
+        name: "hat_trie",
+        package: "libhat-trie-dev",
+        probe: Probe::Compile {
+            header: "hat-trie/hat-trie.h",
+            libs: &["hat-trie"],
+            code: "hattrie_free(hattrie_create());",
+        },
+        exports: &[],
+    },
+];
 
 /// What became of one library.
 enum Found {

@@ -16,6 +16,10 @@
 //! - [`prefixes`], [`lpm_tables`]: IP prefix sets (real tables, the BGP
 //!   trace, generated fallbacks, lookup addresses) and the LPM
 //!   implementations compared, behind one trait.
+//! - [`strings`], [`str_tables`]: string key sets (the shared files and
+//!   this machine's kernel symbols and BTF strings, lookup and miss sets)
+//!   and the string-key maps compared, behind one trait.
+//! - [`native`]: C peers from Debian packages (Judy, libhat-trie).
 //! - [`table`], [`plot`], [`report`], [`machine`]: output.
 //!
 //! ## Adding a suite
@@ -46,6 +50,8 @@ pub mod prefixes;
 pub mod record;
 pub mod report;
 pub mod stats;
+pub mod str_tables;
+pub mod strings;
 pub mod suite;
 pub mod suites;
 pub mod table;

@@ -273,6 +273,51 @@ pub const LPM_DISAGREEMENTS: Metric = Metric {
     doc: "lookups whose value differs from the baseline's (`kernel`) on the same address, or 1 if only the checksums differ (for a `get_next_key` walk: 1 if its keys or their order differ from the baseline's); must be 0",
 };
 
+/// Bytes held after building a string map, divided by the keys stored.
+pub const MEM_BYTES_PER_KEY: Metric = Metric {
+    name: "mem_bytes_per_key",
+    unit: "bytes",
+    label: "mem/key",
+    higher_is_better: false,
+    doc: "bytes held by the building thread after building (counting allocator, the structure's copies of the keys included), per key stored",
+};
+
+/// A native string map's own account of its memory, per key.
+pub const MEM_REPORTED_PER_KEY: Metric = Metric {
+    name: "mem_reported_per_key",
+    unit: "bytes",
+    label: "reported/key",
+    higher_is_better: false,
+    doc: "what a string map says it holds (keys included), per key stored: for a native peer whose allocations the counting allocator does not see",
+};
+
+/// Nanoseconds per insert when building a string map from empty.
+pub const BUILD_NS_PER_KEY: Metric = Metric {
+    name: "build_ns_per_key",
+    unit: "ns",
+    label: "build/key",
+    higher_is_better: false,
+    doc: "time to build a string map from empty, inserting every key once in random order, per key",
+};
+
+/// Nanoseconds per key of whole ordered walks.
+pub const ITER_NS_PER_KEY: Metric = Metric {
+    name: "iter_ns_per_key",
+    unit: "ns",
+    label: "iter/key",
+    higher_is_better: false,
+    doc: "time of whole walks over a string map in key order, one thread, per key returned",
+};
+
+/// String-map answers that differ from the expected ones.
+pub const STRMAP_DISAGREEMENTS: Metric = Metric {
+    name: "strmap_disagreements",
+    unit: "count",
+    label: "wrong",
+    higher_is_better: false,
+    doc: "string-map lookups that did not answer the key's value (hits) or nothing (misses), or 1 if an ordered walk's keys, values or order differ from BTreeMap's; must be 0",
+};
+
 /// Every metric a suite may emit.
 pub const METRICS: &[Metric] = &[
     NS_PER_HASH,
@@ -300,6 +345,11 @@ pub const METRICS: &[Metric] = &[
     MAX_READER_STALL_ON_CPU_MS,
     LPM_DISAGREEMENTS,
     KEYS_PER_SEC,
+    MEM_BYTES_PER_KEY,
+    MEM_REPORTED_PER_KEY,
+    BUILD_NS_PER_KEY,
+    ITER_NS_PER_KEY,
+    STRMAP_DISAGREEMENTS,
 ];
 
 /// Looks a metric up by name.

@@ -53,11 +53,12 @@ pub fn write(dir: &Path, input: &ReportInput<'_>) -> io::Result<()> {
          - Speed ratios: above 1 means faster than the baseline named in the section, whichever way the metric points.\n\
          - Memory: bytes requested from the allocator and still held by the building thread after building \
          (a counting global allocator); `reported` is the map's own `memory_usage()`.\n\
-         - Peers hash with the same policy and seed as bpfmaps (a `BuildHasher` per policy), so they differ from \
-         bpfmaps only in table design.\n\
+         - Peers of the hash suites hash with the same policy and seed as bpfmaps (a `BuildHasher` per policy), \
+         so they differ from bpfmaps only in table design.\n\
          - Data directory: `{}` ({}). The hash suites use generated data (kernel-bench keys, synthetic \
          stacks); the LPM suites read the real tables there and say in their output when they fall back to \
-         generated prefixes.\n\n",
+         generated prefixes; `strmap-real` reads `strings/` there and this machine's `/proc/kallsyms` and \
+         `/sys/kernel/btf/vmlinux`, and skips a set it cannot read.\n\n",
         input.machine.date,
         if input.quick { " --quick" } else { "" },
         input.elapsed.as_secs_f64(),

@@ -1,5 +1,6 @@
-//! JudyHS, from libJudy (Debian's `libjudy-dev`): a map from byte strings
-//! of any length to one machine word each.
+//! JudyHS and JudySL, from libJudy (Debian's `libjudy-dev`): maps from
+//! byte strings of any length ([`JudyHs`]) or from NUL-terminated strings
+//! ([`JudySl`], ordered) to one machine word each.
 //!
 //! JudyHS takes no hasher. It first splits keys by length (a JudyL array
 //! indexed by length); keys of up to one word (8 bytes) are then decoded
@@ -7,9 +8,13 @@
 //! 32-bit `h * 31 + byte` into a JudyL array per length, collisions
 //! resolved by decoding the key a word at a time in further JudyL arrays.
 //!
-//! The declarations below are written by hand from `Judy.h` (JudyHS
-//! section); [`JudyHs`] owns one array and frees it when dropped. It keeps
-//! its own count, as JudyHS has none.
+//! JudySL decodes a string a word at a time down a tree of JudyL arrays,
+//! the unique tail of a string kept in a leaf, so it walks its keys in
+//! byte order (`JudySLFirst`/`JudySLNext`).
+//!
+//! The declarations below are written by hand from `Judy.h` (JudyHS and
+//! JudySL sections); [`JudyHs`] and [`JudySl`] each own one array and free
+//! it when dropped. They keep their own count, as Judy has none.
 //!
 //! Memory: libJudy allocates through four functions a program may replace
 //! (`JudyMalloc`, `JudyFree` and their `Virtual` twins, the "memory
@@ -49,6 +54,22 @@ unsafe extern "C" {
     ) -> *mut Word;
     fn JudyHSDel(array: *mut *mut c_void, key: *mut c_void, len: Word, err: *mut JError) -> c_int;
     fn JudyHSFreeArray(array: *mut *mut c_void, err: *mut JError) -> Word;
+}
+
+// From Judy.h:
+//   extern PPvoid_t JudySLGet(Pcvoid_t, const uint8_t * Index, P_JE);
+//   extern PPvoid_t JudySLIns(PPvoid_t, const uint8_t * Index, P_JE);
+//   extern Word_t   JudySLFreeArray(PPvoid_t, P_JE);
+//   extern PPvoid_t JudySLFirst(Pcvoid_t, uint8_t * Index, P_JE);
+//   extern PPvoid_t JudySLNext(Pcvoid_t, uint8_t * Index, P_JE);
+// `Index` is a NUL-terminated string; First and Next write the key they
+// find into it, so it must have room for the longest key and its NUL.
+unsafe extern "C" {
+    fn JudySLGet(array: *const c_void, key: *const u8, err: *mut JError) -> *mut Word;
+    fn JudySLIns(array: *mut *mut c_void, key: *const u8, err: *mut JError) -> *mut Word;
+    fn JudySLFreeArray(array: *mut *mut c_void, err: *mut JError) -> Word;
+    fn JudySLFirst(array: *const c_void, key: *mut u8, err: *mut JError) -> *mut Word;
+    fn JudySLNext(array: *const c_void, key: *mut u8, err: *mut JError) -> *mut Word;
 }
 
 /// `PJERR`: `(PPvoid_t) ~0UL`, what Ins returns when malloc fails.
@@ -233,6 +254,129 @@ impl Drop for JudyHs {
     }
 }
 
+/// A JudySL array: NUL-terminated string keys, word values, ordered.
+///
+/// Keys are passed with their terminating NUL (`b"key\0"`): a C string
+/// as JudySL takes it, so a lookup copies nothing. The key is the bytes
+/// before the first NUL, so a key cannot hold a NUL byte.
+///
+/// JudySLIns sets a new key's word to 0, so the array holds each value
+/// plus one: a 0 word marks a key just inserted, and an insert is one
+/// call. Values go up to `usize::MAX - 1`.
+pub struct JudySl {
+    /// The array's root (`Pvoid_t`, null when empty), owned.
+    array: *mut c_void,
+    len: usize,
+    /// The longest key inserted, in bytes without the NUL: the room
+    /// `JudySLFirst`/`JudySLNext` need to write a key.
+    longest: usize,
+}
+
+// SAFETY: as for `JudyHs`: memory reached only through `array`, owned by
+// this value; libJudy keeps no per-thread state.
+unsafe impl Send for JudySl {}
+
+// SAFETY: `&self` only reaches `JudySLGet`, `JudySLFirst` and `JudySLNext`,
+// which read the array (the key buffer they write is the caller's own);
+// writes need `&mut self`.
+unsafe impl Sync for JudySl {}
+
+impl Default for JudySl {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+/// The pointer to a NUL-terminated `key` (its bytes up to the first NUL),
+/// checking that it ends in a NUL, so that C reads stay inside it.
+#[inline(always)]
+fn c_string(key: &[u8]) -> *const u8 {
+    assert_eq!(key.last(), Some(&0), "JudySL keys end in a NUL");
+    key.as_ptr()
+}
+
+impl JudySl {
+    /// An empty array (allocates nothing).
+    pub fn new() -> JudySl {
+        JudySl {
+            array: ptr::null_mut(),
+            len: 0,
+            longest: 0,
+        }
+    }
+
+    /// Keys held.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether it holds no keys.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// The value of the NUL-terminated `key`, if present.
+    #[inline]
+    pub fn get(&self, key: &[u8]) -> Option<usize> {
+        // SAFETY: `self.array` is null (empty) or a root built by
+        // JudySLIns; `c_string` checked that the key's bytes end in a NUL,
+        // so JudySLGet reads only inside `key`.
+        let slot = unsafe { JudySLGet(self.array, c_string(key), ptr::null_mut()) };
+        // SAFETY: a non-null slot points at the key's value word inside
+        // the array, valid until the next insert, which needs `&mut self`.
+        (!slot.is_null()).then(|| unsafe { slot.read() } as usize - 1)
+    }
+
+    /// Inserts the NUL-terminated `key` with `value` (below `usize::MAX`),
+    /// or replaces its value; returns the old one.
+    pub fn insert(&mut self, key: &[u8], value: usize) -> Option<usize> {
+        assert!(value < usize::MAX, "JudySl values are below usize::MAX");
+        // SAFETY: the array's root (JudySLIns may move it and updates it
+        // through the pointer), a NUL-terminated key (checked by
+        // `c_string`), which JudySL copies and does not write; PJE0.
+        let slot = unsafe { JudySLIns(&mut self.array, c_string(key), ptr::null_mut()) };
+        assert!(
+            !slot.is_null() && slot.addr() != PJERR,
+            "JudySLIns failed (out of memory)"
+        );
+        // SAFETY: Ins returned the key's value word (0 for a new key),
+        // valid until the next insert; `&mut self` is held.
+        let old = unsafe { slot.replace(value as Word + 1) } as usize;
+        if old == 0 {
+            self.len += 1;
+            let chars = key.iter().position(|&b| b == 0).expect("a NUL");
+            self.longest = self.longest.max(chars);
+        }
+        old.checked_sub(1)
+    }
+
+    /// Calls `f` with every key (without its NUL) and value, in byte order.
+    pub fn for_each(&self, mut f: impl FnMut(&[u8], usize)) {
+        // Room for the longest key and its NUL; starts as "", so First
+        // finds the smallest key.
+        let mut key = vec![0u8; self.longest + 1];
+        // SAFETY: the array's root; `key` holds a NUL-terminated string
+        // and has room for any stored key and its NUL, which First writes.
+        let mut slot = unsafe { JudySLFirst(self.array, key.as_mut_ptr(), ptr::null_mut()) };
+        while !slot.is_null() {
+            let chars = key.iter().position(|&b| b == 0).expect("a NUL");
+            // SAFETY: the found key's value word, valid while `&self`
+            // keeps the array unchanged.
+            f(&key[..chars], unsafe { slot.read() } as usize - 1);
+            // SAFETY: as for First; `key` now holds the key just found.
+            slot = unsafe { JudySLNext(self.array, key.as_mut_ptr(), ptr::null_mut()) };
+        }
+    }
+}
+
+impl Drop for JudySl {
+    fn drop(&mut self) {
+        // SAFETY: the root is this array's, owned by us, and not used
+        // again: FreeArray frees every node and sets it to null.
+        unsafe { JudySLFreeArray(&mut self.array, ptr::null_mut()) };
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -315,5 +459,56 @@ mod tests {
                 });
             }
         });
+    }
+
+    /// With their NUL, as JudySL takes them.
+    fn c(key: &[u8]) -> Vec<u8> {
+        let mut k = key.to_vec();
+        k.push(0);
+        k
+    }
+
+    #[test]
+    fn judysl_keeps_strings_in_byte_order() {
+        let mut m = JudySl::new();
+        assert!(m.is_empty());
+        assert_eq!(m.get(&c(b"absent")), None);
+        let mut keys: Vec<Vec<u8>> = ["b", "a", "ab", "abc", "abd", "\u{ff}", "a\u{1}"]
+            .iter()
+            .map(|k| k.as_bytes().to_vec())
+            .collect();
+        keys.push(vec![b'x'; 300]);
+        for (i, k) in keys.iter().enumerate() {
+            assert_eq!(m.insert(&c(k), i), None, "{k:?}");
+        }
+        assert_eq!(m.insert(&c(b"ab"), 99), Some(2));
+        assert_eq!(m.insert(&c(b"b"), 7), Some(0), "a stored 0 is a value");
+        assert_eq!(m.insert(&c(b"b"), 0), Some(7));
+        assert_eq!(m.len(), keys.len());
+        assert_eq!(m.get(&c(b"ab")), Some(99));
+        assert_eq!(m.get(&c(b"abcd")), None);
+        let mut seen = Vec::new();
+        m.for_each(|k, _| seen.push(k.to_vec()));
+        keys.sort();
+        assert_eq!(seen, keys);
+    }
+
+    #[test]
+    #[should_panic(expected = "end in a NUL")]
+    fn judysl_refuses_a_key_without_its_nul() {
+        JudySl::new().get(b"key");
+    }
+
+    /// JudySL's blocks come through the same hooks as JudyHS's.
+    #[test]
+    fn judysl_memory_is_counted() {
+        let probe = crate::alloc::MemProbe::start();
+        let mut m = JudySl::new();
+        for i in 0..10_000u32 {
+            m.insert(&c(format!("key-{i:08}-with-a-long-tail").as_bytes()), 1);
+        }
+        assert!(probe.held() >= 10_000 * 8, "JudySL holds {}", probe.held());
+        drop(m);
+        assert!(probe.held() < 1024, "{} left after the drop", probe.held());
     }
 }

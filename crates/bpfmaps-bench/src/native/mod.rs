@@ -4,6 +4,8 @@
 //! | peer | library | Debian package | compared in |
 //! |---|---|---|---|
 //! | `judy` | JudyHS ([`judy`], built in where `cfg(native_judy)`) | `libjudy-dev` | `hash-sweep` ([`crate::hash_impls`]) |
+//! | `judysl` | JudySL (the same library and module) | `libjudy-dev` | `strmap-real` ([`crate::str_tables`]) |
+//! | `hat-trie` | libhat-trie ([`hat_trie`], where `cfg(native_hat_trie)`) | `libhat-trie-dev` | `strmap-real` |
 //!
 //! ## The rule
 //! A native library comes only from Debian's packages, which `apt-get`
@@ -35,7 +37,8 @@
 //!
 //! ## Installing them
 //! ```sh
-//! apt-get install -y libjudy-dev   # judy
+//! apt-get install -y libjudy-dev       # judy, judysl
+//! apt-get install -y libhat-trie-dev   # hat-trie
 //! ```
 //! `.ci/run` does this when it runs as root with `apt-get` (or with
 //! password-less `sudo`), and prints a note and goes on otherwise.
@@ -57,14 +60,13 @@
 //!    from the header (no bindgen), with each `unsafe` block's `// SAFETY:`
 //!    comment, and a safe wrapper type that owns the C structure and frees
 //!    it in `Drop`. Give it a unit test.
-//! 3. One entry in the family's list (`hash_impls` for a hash map, a string
-//!    map list for JudySL or `libhat-trie-dev`, the LPM list for DPDK's
-//!    `rte_lpm`) and the trait impl there, both under `#[cfg(native_NAME)]`;
-//!    tests that count the list add `cfg!(native_NAME)`.
+//! 3. One entry in the family's list (`hash_impls` for a hash map,
+//!    `str_tables` for a string map, the LPM list for DPDK's `rte_lpm`)
+//!    and the trait impl there, both under `#[cfg(native_NAME)]`; tests
+//!    that count the list add `cfg!(native_NAME)`.
 //!
-//! The next ones planned: JudySL (also `libjudy-dev`, so only steps 2-3),
-//! libhat-trie (`libhat-trie-dev`) for a string map, DPDK's `rte_acl` and
-//! `rte_lpm` (`dpdk-dev`, pkg-config `libdpdk`).
+//! The next ones planned: DPDK's `rte_acl` and `rte_lpm` (`dpdk-dev`,
+//! pkg-config `libdpdk`).
 //!
 //! ## Caveats
 //! - Memory: a C library that calls `malloc` itself is not seen by the
@@ -74,10 +76,14 @@
 //!   global allocator and `build.rs` exports them from the binary
 //!   (`exports`), so Judy's memory is counted like a Rust map's, and a test
 //!   checks it. A library with no such hook needs another measure (or its
-//!   memory rows left out) before its memory is compared.
+//!   memory rows left out) before its memory is compared: libhat-trie has
+//!   none, so `strmap-real` reports its own account (`hattrie_sizeof`,
+//!   the bytes it asked `malloc` for) as `mem_reported_per_key`.
 //! - A native peer takes no Rust `BuildHasher`: it hashes (or not) its own
 //!   way, so a ratio against it compares the hash too.
 
+#[cfg(native_hat_trie)]
+pub mod hat_trie;
 #[cfg(native_judy)]
 pub mod judy;
 
@@ -191,5 +197,8 @@ mod tests {
         let judy = libs.iter().find(|l| l.name == "judy").expect("judy listed");
         assert_eq!(judy.state == State::Built, cfg!(native_judy));
         assert_eq!(judy.package, "libjudy-dev");
+        let hat = libs.iter().find(|l| l.name == "hat_trie").expect("listed");
+        assert_eq!(hat.state == State::Built, cfg!(native_hat_trie));
+        assert_eq!(hat.package, "libhat-trie-dev");
     }
 }

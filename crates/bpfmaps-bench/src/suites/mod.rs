@@ -22,6 +22,7 @@ mod lpm_real;
 mod lpm_scale;
 mod lpm_updates;
 mod stackmap;
+mod strmap_real;
 
 /// Every suite, in the order `report` runs them.
 pub const ALL: &[&dyn DynSuite] = &[
@@ -35,6 +36,7 @@ pub const ALL: &[&dyn DynSuite] = &[
     &lpm_real::LpmReal,
     &lpm_updates::LpmUpdates,
     &lpm_free::LpmFree,
+    &strmap_real::StrmapReal,
 ];
 
 /// The suite named `name`.

@@ -1,0 +1,621 @@
+//! `strmap-real`: string-key maps on real key sets: bytes per key (keys
+//! included), build time, lookups of every key in random order, misses,
+//! and whole ordered walks, for the fixed-key hash map BPF users have
+//! today, the std maps and the string-trie peers ([`crate::str_tables`]).
+//!
+//! Varies: the data set ([`crate::strings::DATA_SETS`]) and the
+//! implementation. Holds fixed per set: the keys (deduplicated, in one
+//! random build order; key `i` has value `i`), the hit lookups (every key
+//! once, in another random order) and the misses (each key with one byte
+//! changed), drawn once and shared by every implementation. All
+//! implementations are built first and kept; their lookups are then timed
+//! in turns (one repetition of each at a time, the first rotating), so
+//! that load drifting on the machine falls on all of them alike. Walks are
+//! timed the same way, one whole walk per batch.
+
+use clap::Args;
+
+use crate::measure::{rate_samples_interleaved, settle_reaper};
+use crate::plot::LinePlot;
+use crate::record::{
+    BUILD_NS_PER_KEY, ITER_NS_PER_KEY, MEM_BYTES_PER_KEY, MEM_REPORTED_PER_KEY, NS_PER_LOOKUP,
+    Record, STRMAP_DISAGREEMENTS, case, case_param, find, ratio,
+};
+use crate::stats::Stats;
+use crate::str_tables::{
+    AnyStr, BASELINE, StrStep, StrTable, build, each_str_table, str_table_names,
+};
+use crate::strings::{DATA_SETS, Keys, hit_order, misses, shuffled};
+use crate::suite::{Ctx, Suite};
+use crate::table::{Table, fmt_ratio};
+
+/// The suite.
+pub struct StrmapReal;
+
+/// `strmap-real` options.
+#[derive(Debug, Args)]
+pub struct Opts {
+    /// Data sets (comma-separated) [default: all: kallsyms, btf_strings,
+    /// linux_paths, domains_top100k, english_words, machine-kallsyms,
+    /// machine-btf].
+    #[arg(long, value_delimiter = ',')]
+    sets: Vec<String>,
+    /// At most this many keys per set, the first in file order (0: all).
+    #[arg(long, default_value_t = 0)]
+    max_keys: usize,
+    /// Timed builds per implementation [quick: 1; full: 3].
+    #[arg(long)]
+    builds: Option<usize>,
+}
+
+/// Seed of the build order, the hit order and the misses.
+const SEED: u64 = 0x7374_726d;
+
+/// The lookup sets.
+const LOOKUPS: [&str; 2] = ["hit", "miss"];
+
+/// Lookups checked per lookup set with `--quick` (all otherwise): checking
+/// every key of every set against every structure would take a fifth of a
+/// quick run.
+const QUICK_CHECKED: usize = 1 << 16;
+
+/// One implementation, built and kept for the timed loops.
+struct Kept {
+    table: Box<dyn AnyStr>,
+    /// Its records: build and memory now, lookups and walk appended.
+    recs: Vec<Record>,
+    /// Wrong answers per lookup set.
+    wrong: [usize; 2],
+}
+
+/// One data set: its keys, lookup sets and expected answers.
+struct Set<'a> {
+    ctx: &'a Ctx,
+    base: String,
+    keys: Keys,
+    /// Hits (every key once, in random order), then misses.
+    probes: [Keys; 2],
+    expect: [Vec<Option<u64>>; 2],
+    builds: usize,
+    /// Lookups checked per lookup set (the first ones).
+    checked: usize,
+}
+
+impl StrStep for Set<'_> {
+    type Out = Option<Kept>;
+
+    /// Builds `T` (`builds` times, keeping the last), records build time
+    /// and memory, and checks its answers; `None` (with a note) if it
+    /// refuses the keys.
+    fn step<T: StrTable + 'static>(&mut self) -> Option<Kept> {
+        let s = self.ctx.suite();
+        if let Some(why) = T::refuses(&self.keys) {
+            self.ctx.note(&format!(
+                "{s}: {} left out of {}: {why}",
+                T::NAME,
+                self.base
+            ));
+            self.ctx.step();
+            return None;
+        }
+        let mut times = Vec::new();
+        let mut built = None;
+        for _ in 0..self.builds {
+            drop(built.take());
+            // A bpfmaps map dropped just before is freed on the reaper
+            // thread: not while this build is timed.
+            settle_reaper();
+            let b = build::<T>(&self.keys);
+            times.push(b.ns_per_key);
+            built = Some(b);
+        }
+        let built = built.expect("at least one build");
+        let t = built.table;
+        let n = self.keys.len();
+        assert_eq!(StrTable::len(&t), n, "{}: keys lost", T::NAME);
+        let per_key = |bytes: usize| bytes as f64 / n as f64;
+        let mut recs = vec![Record::stats(
+            s,
+            &self.base,
+            T::NAME,
+            &BUILD_NS_PER_KEY,
+            Stats::from_samples(&times),
+        )];
+        if T::COUNTED {
+            recs.push(Record::single(
+                s,
+                &self.base,
+                T::NAME,
+                &MEM_BYTES_PER_KEY,
+                per_key(built.held),
+            ));
+        }
+        if let Some(bytes) = t.reported() {
+            recs.push(Record::single(
+                s,
+                &self.base,
+                T::NAME,
+                &MEM_REPORTED_PER_KEY,
+                per_key(bytes),
+            ));
+        }
+        let wrong = [0, 1].map(|i| {
+            let n = self.checked.min(self.probes[i].len());
+            t.wrong_answers(&self.probes[i], &self.expect[i][..n])
+        });
+        for (w, kind) in wrong.iter().zip(LOOKUPS) {
+            if *w > 0 {
+                self.ctx.note(&format!(
+                    "WARNING: {} answered {w} {kind} lookups wrongly ({})",
+                    T::NAME,
+                    self.base
+                ));
+            }
+        }
+        self.ctx.step();
+        self.ctx.print(&recs);
+        Some(Kept {
+            table: Box::new(t),
+            recs,
+            wrong,
+        })
+    }
+}
+
+impl Set<'_> {
+    /// Builds every implementation, then times their lookups in turns,
+    /// one lookup set at a time, then their walks.
+    fn run(&mut self) -> Vec<Record> {
+        let mut kept: Vec<Kept> = each_str_table(self).into_iter().flatten().collect();
+        settle_reaper();
+        let s = self.ctx.suite();
+        for (i, kind) in LOOKUPS.iter().enumerate() {
+            let c = format!("{},lookup={kind}", self.base);
+            let rates = {
+                let mut loops: Vec<_> = kept
+                    .iter()
+                    .map(|k| k.table.lookups(&self.probes[i]))
+                    .collect();
+                rate_samples_interleaved(self.ctx.plan(), &mut loops)
+            };
+            let mut printed = Vec::new();
+            for (k, samples) in kept.iter_mut().zip(rates) {
+                let name = k.table.name();
+                let recs = [
+                    Record::stats(
+                        s,
+                        &c,
+                        name,
+                        &NS_PER_LOOKUP,
+                        Stats::inverse_of(&samples, 1e9),
+                    ),
+                    Record::single(s, &c, name, &STRMAP_DISAGREEMENTS, k.wrong[i] as f64),
+                ];
+                k.recs.extend_from_slice(&recs);
+                printed.extend(recs);
+            }
+            self.ctx.step();
+            self.ctx.print(&printed);
+        }
+        let walks = self.walks(&kept);
+        kept.into_iter().flat_map(|k| k.recs).chain(walks).collect()
+    }
+
+    /// Times whole ordered walks of every ordered implementation in turns,
+    /// after checking that each gives the keys, values and order of the
+    /// first (`btreemap`).
+    fn walks(&self, kept: &[Kept]) -> Vec<Record> {
+        let s = self.ctx.suite();
+        let c = format!("{},walk=iter", self.base);
+        let ordered: Vec<&dyn AnyStr> = kept
+            .iter()
+            .map(|k| k.table.as_ref())
+            .filter(|t| t.walk().is_some())
+            .collect();
+        let digests: Vec<_> = ordered.iter().map(|t| t.walk_digest()).collect();
+        let bad: Vec<bool> = digests
+            .iter()
+            .map(|d| *d != digests[0] || d.is_none_or(|(n, _)| n != self.keys.len() as u64))
+            .collect();
+        for (t, &bad) in ordered.iter().zip(&bad) {
+            if bad {
+                self.ctx.note(&format!(
+                    "WARNING: {}'s ordered walk differs from {}'s ({})",
+                    t.name(),
+                    ordered[0].name(),
+                    self.base
+                ));
+            }
+        }
+        let rates = {
+            let mut loops: Vec<_> = ordered.iter().map(|t| t.walk().expect("ordered")).collect();
+            rate_samples_interleaved(self.ctx.plan(), &mut loops)
+        };
+        let mut recs = Vec::new();
+        for ((t, samples), bad) in ordered.iter().zip(rates).zip(bad) {
+            recs.push(Record::stats(
+                s,
+                &c,
+                t.name(),
+                &ITER_NS_PER_KEY,
+                Stats::inverse_of(&samples, 1e9),
+            ));
+            recs.push(Record::single(
+                s,
+                &c,
+                t.name(),
+                &STRMAP_DISAGREEMENTS,
+                f64::from(u8::from(bad)),
+            ));
+        }
+        self.ctx.step();
+        self.ctx.print(&recs);
+        recs
+    }
+}
+
+impl Suite for StrmapReal {
+    type Opts = Opts;
+    const NAME: &'static str = "strmap-real";
+    const ABOUT: &'static str = "string-key maps on real key sets: bytes per key (keys included), build ns/key, hit and miss lookups ns, ordered walks ns/key";
+
+    const DESCRIBE: &'static str = "Each data set is a list of byte-string keys, \
+         deduplicated, empty ones dropped: from the data directory \
+         `strings/kallsyms.txt.gz` (kernel symbol names), `btf_strings` (the \
+         kernel's BTF strings), `linux_paths` (file paths of a kernel tree), \
+         `domains_top100k`, `english_words` (one key per line), and this \
+         machine's own `machine-kallsyms` (the names in `/proc/kallsyms`) and \
+         `machine-btf` (the string section of `/sys/kernel/btf/vmlinux`); a \
+         set that cannot be read is skipped with a note. Keys are inserted in \
+         one random order (key `i` gets value `i`, a `u64`). \
+         `mem_bytes_per_key` is what the building thread holds afterwards \
+         (counting allocator) per key, the structure's copies of the keys \
+         included; libhat-trie calls `malloc` itself, so its figure is its \
+         own account (`hattrie_sizeof`, the bytes it asked for; \
+         `mem_reported_per_key`). `build_ns_per_key` is the time of the \
+         inserts per key (median of the builds). Lookups \
+         (`ns_per_lookup`): `lookup=hit` looks up every key once in another \
+         random order, `lookup=miss` each key with one byte changed (at a \
+         random position, to a byte of the set's alphabet, never giving a \
+         stored key), laid out back to back and cycled through in batches \
+         of 256; the answers are checked over the whole set, the first 65,536 \
+         with `--quick` (`strmap_disagreements`). `walk=iter` is whole walks in key order \
+         (`iter_ns_per_key`), for the structures that walk in byte order, \
+         whose keys, values and order must match `btreemap`'s (`qp-trie`'s \
+         iterator goes by low nibble first, so it has none). All implementations of a set are \
+         built first and kept; lookups, then walks, are timed in turns \
+         (interleaved): one repetition of each implementation at a time, \
+         the one going first rotating. The baseline `bpfmaps-hash` is \
+         bpfmaps' `HashMap` with `key_size` the set's longest key, each key \
+         copied into a zeroed buffer of that size (what BPF users do today), \
+         preallocated; `std-hashmap` hashes with std's SipHash. JudySL takes \
+         C strings (looked up in place, with the NUL laid after each key); \
+         libhat-trie's walk sorts each leaf table as it reaches it. `blart` \
+         (an adaptive radix tree; it builds on stable) is left out: it takes \
+         no key that is a proper prefix of another, and every set here has \
+         such keys (the run prints how many); changing the keys to suit it \
+         would measure other data.";
+
+    const BASELINE: &'static str = BASELINE;
+
+    fn run(&self, ctx: &Ctx, opts: Opts) -> Vec<Record> {
+        let sets: Vec<_> = DATA_SETS
+            .iter()
+            .filter(|d| opts.sets.is_empty() || opts.sets.iter().any(|s| s == d.name))
+            .collect();
+        for name in &opts.sets {
+            if !DATA_SETS.iter().any(|d| d.name == name) {
+                ctx.note(&format!("{}: no data set {name:?}", ctx.suite()));
+            }
+        }
+        let impls = str_table_names().len();
+        // Per set: each implementation's build, each lookup set, the walks.
+        ctx.set_steps((sets.len() * (impls + LOOKUPS.len() + 1)) as u64);
+        let builds = opts
+            .builds
+            .unwrap_or(if ctx.quick() { 1 } else { 3 })
+            .max(1);
+        let mut all = Vec::new();
+        for d in sets {
+            let mut keys = match d.load(ctx.data_dir()) {
+                Ok(keys) => keys,
+                Err(why) => {
+                    ctx.note(&format!("{}: skipping {}: {why}", ctx.suite(), d.name));
+                    for _ in 0..impls + LOOKUPS.len() + 1 {
+                        ctx.step();
+                    }
+                    continue;
+                }
+            };
+            if opts.max_keys > 0 {
+                keys.truncate(opts.max_keys);
+            }
+            let keys = shuffled(keys, SEED);
+            let order = hit_order(&keys, SEED + 1);
+            let miss = misses(&keys, SEED + 2);
+            let base = case(&[
+                ("set", &d.name),
+                ("n", &keys.len()),
+                ("mean_len", &format!("{:.1}", keys.mean_len())),
+            ]);
+            ctx.note(&format!(
+                "{}: {base}: longest key {} bytes, {} bytes of keys, {} keys a proper \
+                 prefix of another (blart takes none), {} misses",
+                ctx.suite(),
+                keys.max_len(),
+                keys.total_len(),
+                keys.prefix_keys(),
+                miss.len()
+            ));
+            let mut set = Set {
+                ctx,
+                base,
+                expect: [
+                    order.iter().map(|&i| Some(u64::from(i))).collect(),
+                    vec![None; miss.len()],
+                ],
+                probes: [keys.permuted(&order), miss],
+                keys,
+                builds,
+                checked: if ctx.quick() {
+                    QUICK_CHECKED
+                } else {
+                    usize::MAX
+                },
+            };
+            all.extend(set.run());
+        }
+        all
+    }
+
+    fn summaries(&self, records: &[Record]) -> Vec<Table> {
+        let bases = bases(records);
+        let names = str_table_names();
+        let mut tables = Vec::new();
+        for base in &bases {
+            let get = |c: &str, imp: &str, m: &str| find(records, c, imp, m);
+            let look = |kind: &str, imp: &str| {
+                get(&format!("{base},lookup={kind}"), imp, NS_PER_LOOKUP.name)
+            };
+            let mut t = Table::new(
+                format!("strmap-real {base}"),
+                &[
+                    "impl",
+                    "bytes/key",
+                    "build ns/key",
+                    "hit ns",
+                    "miss ns",
+                    "iter ns/key",
+                    &format!("memory vs {BASELINE}"),
+                    &format!("hit vs {BASELINE}"),
+                    &format!("miss vs {BASELINE}"),
+                ],
+            )
+            .with_note(
+                "Medians. Bytes per key include the keys (counting allocator; * = the \
+                 structure's own account, hattrie_sizeof). Memory ratios below 1 mean \
+                 smaller than the fixed-key hash map, speed ratios above 1 faster.",
+            );
+            for imp in &names {
+                let Some(build) = get(base, imp, BUILD_NS_PER_KEY.name) else {
+                    continue;
+                };
+                let mem = memory(records, base, imp);
+                let ns = |r: Option<&Record>| r.map_or("-".into(), |r| format!("{:.0}", r.value));
+                t.push(vec![
+                    imp.to_string(),
+                    mem.map_or("-".into(), |(r, own)| {
+                        format!("{:.1}{}", r.value, if own { "*" } else { "" })
+                    }),
+                    ns(Some(build)),
+                    ns(look("hit", imp)),
+                    ns(look("miss", imp)),
+                    ns(get(&format!("{base},walk=iter"), imp, ITER_NS_PER_KEY.name)),
+                    fmt_ratio(ratio(
+                        mem.map(|m| m.0),
+                        memory(records, base, BASELINE).map(|m| m.0),
+                    )),
+                    fmt_ratio(ratio(look("hit", BASELINE), look("hit", imp))),
+                    fmt_ratio(ratio(look("miss", BASELINE), look("miss", imp))),
+                ]);
+            }
+            tables.push(t);
+        }
+        if !bases.is_empty() {
+            tables.push(summary_2022(records, &bases, &names));
+        }
+        tables
+    }
+
+    fn plots(&self, records: &[Record]) -> Vec<LinePlot> {
+        let mut mem = LinePlot::new(
+            "strmap-real-memory",
+            "Bytes per key, keys included, by data set (x: its mean key length)",
+            "mean key length of the data set (bytes)",
+            "bytes per key",
+        );
+        let mut hit = LinePlot::new(
+            "strmap-real-lookup",
+            "Lookup of every key in random order, by data set (x: its mean key length)",
+            "mean key length of the data set (bytes)",
+            "ns per lookup",
+        );
+        let bases = bases(records);
+        let x = |base: &str| case_param(base, "mean_len")?.parse::<f64>().ok();
+        for imp in str_table_names() {
+            let points = |value: &dyn Fn(&str) -> Option<f64>| -> Vec<(f64, f64)> {
+                bases
+                    .iter()
+                    .filter_map(|b| Some((x(b)?, value(b)?)))
+                    .collect()
+            };
+            mem.add(imp, points(&|b| memory(records, b, imp).map(|m| m.0.value)));
+            hit.add(
+                imp,
+                points(&|b| {
+                    find(records, &format!("{b},lookup=hit"), imp, NS_PER_LOOKUP.name)
+                        .map(|r| r.value)
+                }),
+            );
+        }
+        let mut plots = vec![mem, hit];
+        plots.retain(|p| !p.is_empty());
+        plots
+    }
+}
+
+/// The sets' base cases, in run order.
+fn bases(records: &[Record]) -> Vec<&str> {
+    let mut bases: Vec<&str> = Vec::new();
+    for r in records.iter().filter(|r| r.metric == BUILD_NS_PER_KEY.name) {
+        if !bases.contains(&r.case.as_str()) {
+            bases.push(&r.case);
+        }
+    }
+    bases
+}
+
+/// An implementation's bytes per key: counted, or else its own account
+/// (`true`).
+fn memory<'a>(records: &'a [Record], base: &str, imp: &str) -> Option<(&'a Record, bool)> {
+    find(records, base, imp, MEM_BYTES_PER_KEY.name)
+        .map(|r| (r, false))
+        .or_else(|| find(records, base, imp, MEM_REPORTED_PER_KEY.name).map(|r| (r, true)))
+}
+
+/// The 2022 proposal's table: per data set and structure, the memory of
+/// the whole set, the time to insert it and the time to look every key
+/// up once.
+fn summary_2022(records: &[Record], bases: &[&str], names: &[&str]) -> Table {
+    let mut cols = vec!["data set".to_string(), "keys".into()];
+    cols.extend(names.iter().map(|n| n.to_string()));
+    let mut t = Table::new(
+        "strmap-real: memory / update / lookup per structure (the 2022 table's layout)",
+        &cols.iter().map(String::as_str).collect::<Vec<_>>(),
+    )
+    .with_note(
+        "Each cell: MiB held for the whole set (keys included; * = the structure's own \
+         account) / ms to insert every key / ms to look every key up once in random order \
+         (medians per key times the keys).",
+    );
+    for base in bases {
+        let n: f64 = case_param(base, "n")
+            .and_then(|n| n.parse().ok())
+            .unwrap_or(0.0);
+        let mut row = vec![
+            case_param(base, "set").unwrap_or(base).to_string(),
+            format!("{n:.0}"),
+        ];
+        for imp in names {
+            let build = find(records, base, imp, BUILD_NS_PER_KEY.name);
+            let hit = find(
+                records,
+                &format!("{base},lookup=hit"),
+                imp,
+                NS_PER_LOOKUP.name,
+            );
+            let cell = match (memory(records, base, imp), build, hit) {
+                (Some((m, own)), Some(b), Some(h)) => format!(
+                    "{:.1}{} / {:.0} / {:.1}",
+                    m.value * n / (1024.0 * 1024.0),
+                    if own { "*" } else { "" },
+                    b.value * n / 1e6,
+                    h.value * n / 1e6
+                ),
+                _ => "-".into(),
+            };
+            row.push(cell);
+        }
+        t.push(row);
+    }
+    t
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::suites::by_name;
+    use std::io::Write;
+
+    /// Writes `lines` as `strings/NAME.txt.gz` under `dir`.
+    fn write_set(dir: &std::path::Path, name: &str, lines: &[String]) {
+        let path = dir.join("strings").join(format!("{name}.txt.gz"));
+        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+        let mut gz = flate2::write::GzEncoder::new(
+            std::fs::File::create(path).unwrap(),
+            flate2::Compression::fast(),
+        );
+        for l in lines {
+            writeln!(gz, "{l}").unwrap();
+        }
+        gz.finish().unwrap();
+    }
+
+    /// Runs quick on two small sets written to a temporary data directory
+    /// (one absent, which is skipped): every implementation answers right,
+    /// and the summaries and plots have every implementation's row.
+    #[test]
+    fn runs_on_small_sets() {
+        let dir = std::env::temp_dir().join(format!("bpfmaps-strmap-{}", std::process::id()));
+        let paths: Vec<String> = (0..1500)
+            .map(|i| format!("drivers/net/dev{}/file{}.c", i % 31, i))
+            .collect();
+        write_set(&dir, "linux_paths", &paths);
+        let syms: Vec<String> = (0..1200).map(|i| format!("sym_{}", i * 7)).collect();
+        write_set(&dir, "kallsyms", &syms);
+
+        use clap::Command;
+        let suite = by_name("strmap-real").unwrap();
+        let args = [
+            "--sets",
+            "kallsyms,linux_paths,domains_top100k",
+            "--max-keys",
+            "1000",
+        ];
+        let matches = suite
+            .args(Command::new(suite.name()).no_binary_name(true))
+            .try_get_matches_from(args)
+            .unwrap();
+        let opts = crate::RunOptions {
+            quick: true,
+            reps: Some(1),
+            data_dir: dir.clone(),
+        };
+        let ctx = crate::Ctx::new(suite, opts, matches);
+        let records = suite.run(&ctx);
+        std::fs::remove_dir_all(&dir).unwrap();
+
+        for r in &records {
+            assert!(crate::record::metric(&r.metric).is_some(), "{}", r.metric);
+            if r.metric == STRMAP_DISAGREEMENTS.name {
+                assert_eq!(r.value, 0.0, "{} {}", r.case, r.impl_name);
+            }
+        }
+        let bases = bases(&records);
+        let sets: Vec<_> = bases
+            .iter()
+            .map(|b| (case_param(b, "set").unwrap(), case_param(b, "n").unwrap()))
+            .collect();
+        assert_eq!(sets, [("kallsyms", "1000"), ("linux_paths", "1000")]);
+        let names = str_table_names();
+        for base in &bases {
+            for imp in &names {
+                assert!(memory(&records, base, imp).is_some(), "{base} {imp}");
+                let hit = format!("{base},lookup=hit");
+                assert!(find(&records, &hit, imp, NS_PER_LOOKUP.name).is_some());
+            }
+            let walks = records
+                .iter()
+                .filter(|r| {
+                    r.case == format!("{base},walk=iter") && r.metric == ITER_NS_PER_KEY.name
+                })
+                .count();
+            assert_eq!(walks, names.len() - 3, "all but the hash maps and qp-trie");
+        }
+        let tables = suite.summaries(&records);
+        assert_eq!(tables.len(), 3);
+        assert_eq!(tables[2].rows.len(), 2);
+        assert!(tables[2].rows.iter().all(|r| r.iter().all(|c| c != "-")));
+        assert_eq!(suite.plots(&records).len(), 2);
+    }
+}
