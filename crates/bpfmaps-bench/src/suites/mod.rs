@@ -52,6 +52,28 @@ pub fn parse_policy(s: &str) -> Result<HashPolicy, String> {
         .ok_or_else(|| format!("unknown hash policy {s:?} (jhash, xxh3, hybrid)"))
 }
 
+/// Runs suite `name` with `args`, quick, one repetition, reading data
+/// from `data_dir`; returns its records (for the suites' tests).
+#[cfg(test)]
+pub(crate) fn run_quick(
+    name: &str,
+    args: &[&str],
+    data_dir: std::path::PathBuf,
+) -> Vec<crate::Record> {
+    use clap::Command;
+    let suite = by_name(name).unwrap();
+    let matches = suite
+        .args(Command::new(suite.name()).no_binary_name(true))
+        .try_get_matches_from(args)
+        .unwrap();
+    let opts = crate::RunOptions {
+        quick: true,
+        reps: Some(1),
+        data_dir,
+    };
+    suite.run(&crate::Ctx::new(suite, opts, matches))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -75,19 +97,8 @@ mod tests {
     /// Runs `name` with `args`, quick, one repetition, without data files
     /// (so on generated prefixes); returns its records.
     fn run_small(name: &str, args: &[&str]) -> Vec<crate::Record> {
-        use clap::Command;
-        let suite = by_name(name).unwrap();
-        let matches = suite
-            .args(Command::new(suite.name()).no_binary_name(true))
-            .try_get_matches_from(args)
-            .unwrap();
-        let opts = crate::RunOptions {
-            quick: true,
-            reps: Some(1),
-            data_dir: std::env::temp_dir().join("bpfmaps-bench-no-such-data"),
-        };
-        let ctx = crate::Ctx::new(suite, opts, matches);
-        let records = suite.run(&ctx);
+        let no_data = std::env::temp_dir().join("bpfmaps-bench-no-such-data");
+        let records = run_quick(name, args, no_data);
         assert!(!records.is_empty(), "{name} produced nothing");
         assert!(
             records
@@ -99,6 +110,7 @@ mod tests {
         for r in &records {
             assert!(crate::record::metric(&r.metric).is_some(), "{}", r.metric);
         }
+        let suite = by_name(name).unwrap();
         suite.summaries(&records);
         suite.plots(&records);
         records

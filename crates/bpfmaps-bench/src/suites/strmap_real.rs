@@ -564,7 +564,6 @@ mod tests {
         let syms: Vec<String> = (0..1200).map(|i| format!("sym_{}", i * 7)).collect();
         write_set(&dir, "kallsyms", &syms);
 
-        use clap::Command;
         let suite = by_name("strmap-real").unwrap();
         let args = [
             "--sets",
@@ -572,17 +571,7 @@ mod tests {
             "--max-keys",
             "1000",
         ];
-        let matches = suite
-            .args(Command::new(suite.name()).no_binary_name(true))
-            .try_get_matches_from(args)
-            .unwrap();
-        let opts = crate::RunOptions {
-            quick: true,
-            reps: Some(1),
-            data_dir: dir.clone(),
-        };
-        let ctx = crate::Ctx::new(suite, opts, matches);
-        let records = suite.run(&ctx);
+        let records = crate::suites::run_quick("strmap-real", &args, dir.clone());
         std::fs::remove_dir_all(&dir).unwrap();
 
         for r in &records {
