@@ -70,10 +70,14 @@ impl<'g> Node<'g> {
         self.base.as_ptr() as usize as u64
     }
 
+    /// A plain read, so that the several fields a lookup reads from one
+    /// node come from one load (atomic loads are never merged).
     #[inline(always)]
     fn header(self) -> u64 {
-        // SAFETY: every node has its header word; it never changes.
-        unsafe { self.base.as_ref() }.load(Ordering::Relaxed)
+        // SAFETY: every node has its header word, written before the node
+        // was published (the reader's acquire load of the pointer orders
+        // it) and never again: no write races this read.
+        unsafe { *(self.base.as_ptr() as *const u64) }
     }
 
     /// Number of children.

@@ -3,8 +3,6 @@
 //! (the kernel patch passed them as dynptrs); batches, which lay keys out
 //! at a fixed size, are not offered.
 
-use std::ops::{Bound, ControlFlow};
-
 use super::qptrie::{MAX_KEY_SIZE, QpTrieMap};
 use crate::core::contract::{Caps, MapInfo, MapOps, MapType};
 use crate::core::error::{Error, Result};
@@ -92,14 +90,12 @@ impl MapOps for QpTrieMap {
         next: &mut [u8],
         guard: &Guard,
     ) -> Result<usize> {
-        let lower = key.map_or(Bound::Unbounded, Bound::Excluded);
-        let mut len = None;
-        self.for_each_in((lower, Bound::Unbounded), guard, |k, _| {
+        let mut len = 0;
+        self.with_next_key(key, guard, |k| {
             next[..k.len()].copy_from_slice(k);
-            len = Some(k.len());
-            ControlFlow::Break(())
-        });
-        len.ok_or(Error::NotFound)
+            len = k.len();
+        })?;
+        Ok(len)
     }
 }
 

@@ -631,20 +631,35 @@ impl QpTrieMap {
         ControlFlow::Continue(())
     }
 
-    /// The key after `key` in order (`None`: the first) into `next`, and
-    /// its length; `ENOENT` after the last. `key` need not be stored (a
-    /// walk continues past a deleted key).
+    /// The key after `key` in order (`None`: the first) into `next`;
+    /// `ENOENT` after the last. `key` need not be stored (a walk continues
+    /// past a deleted key).
     pub fn next_key(&self, key: Option<&[u8]>, next: &mut Vec<u8>) -> Result<()> {
-        let guard = &pin();
-        let lower = key.map_or(Bound::Unbounded, Bound::Excluded);
-        let mut found = false;
-        self.for_each_in((lower, Bound::Unbounded), guard, |k, _| {
+        self.with_next_key(key, &pin(), |k| {
             next.clear();
             next.extend_from_slice(k);
-            found = true;
+        })
+    }
+
+    /// Calls `f` with the first stored key after `key` (`None`: the first
+    /// key); `ENOENT` if there is none.
+    pub(super) fn with_next_key(
+        &self,
+        key: Option<&[u8]>,
+        guard: &Guard,
+        f: impl FnOnce(&[u8]),
+    ) -> Result<()> {
+        let lower = key.map_or(Bound::Unbounded, Bound::Excluded);
+        let mut f = Some(f);
+        self.for_each_in((lower, Bound::Unbounded), guard, |k, _| {
+            f.take().expect("called once")(k);
             ControlFlow::Break(())
         });
-        if found { Ok(()) } else { Err(Error::NotFound) }
+        if f.is_none() {
+            Ok(())
+        } else {
+            Err(Error::NotFound)
+        }
     }
 
     /// Every key and value, in order (copied keys; [`for_each`](Self::for_each)
