@@ -9,5 +9,6 @@ pub mod error;
 pub mod family;
 pub mod flags;
 pub(crate) mod free_list;
+pub(crate) mod prefetch;
 pub mod reclaim;
 mod sync;

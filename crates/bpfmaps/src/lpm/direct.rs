@@ -30,6 +30,7 @@ use std::ptr::{self, NonNull};
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use super::node::{Answer, DataBlock, Hit, Leaf, NONE_BLOCK, Node};
+use crate::core::prefetch::prefetch;
 use crate::core::reclaim::Guard;
 
 /// Lookups `start_group` (and so `LpmTrie::get_many`) runs side by side.
@@ -344,18 +345,6 @@ fn block_of(word: u64, _guard: &Guard) -> &DataBlock {
 #[inline(always)]
 fn answer<R: FromSlot>(word: u64, from_block: R) -> R {
     std::hint::select_unpredictable(word & LEAF_TAG != 0, R::from_slot(word), from_block)
-}
-
-/// Asks for the cache line at `p` (no effect on other targets).
-#[inline(always)]
-fn prefetch<T>(p: *const T) {
-    #[cfg(target_arch = "x86_64")]
-    // SAFETY: a prefetch never faults, whatever the address.
-    unsafe {
-        std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(p.cast::<i8>())
-    };
-    #[cfg(not(target_arch = "x86_64"))]
-    let _ = p;
 }
 
 #[cfg(test)]

@@ -58,6 +58,17 @@ pub struct QpTrieMap {
     node_bytes: Arc<AtomicUsize>,
 }
 
+/// Lookups [`QpTrieMap::get_many`] runs side by side.
+pub const LOOKUP_GROUP: usize = 16;
+
+/// Where one node of a lookup leads.
+enum Step<'g, 'k> {
+    /// On to this node, with this much of the key left.
+    Down(Node<'g>, &'k [u8]),
+    /// The answer.
+    Done(Option<&'g [u8]>),
+}
+
 /// A subtree: the keys starting with one byte.
 struct Root {
     /// The subtree's top node, 0 when it is empty.
@@ -206,17 +217,110 @@ impl QpTrieMap {
         let (&first, mut rest) = key.split_first()?;
         let mut node = self.top(first, guard)?;
         loop {
-            rest = rest.strip_prefix(node.skip())?;
-            let Some((&label, after)) = rest.split_first() else {
-                return node.end_value(self.value_size);
-            };
-            match node.child(node.find(label)?, self.value_size) {
-                Child::Node(next) => {
-                    node = next;
-                    rest = after;
+            match self.step(node, rest) {
+                Step::Down(next, after) => {
+                    // Its second line too, while the first is on its way.
+                    next.prefetch();
+                    (node, rest) = (next, after)
                 }
-                Child::Leaf { tail, value } => return (tail == after).then_some(value),
+                Step::Done(value) => return value,
             }
+        }
+    }
+
+    /// The values of `keys`, into `out[i]` for `keys[i]`: lookups run
+    /// side by side in groups of [`LOOKUP_GROUP`], one node of each per round,
+    /// so that the cache misses of different keys overlap (a lone lookup
+    /// waits for one miss per node on its path). `EINVAL` if `out` is
+    /// shorter than `keys`.
+    ///
+    /// ```
+    /// use bpfmaps::strmap::QpTrieMap;
+    /// use bpfmaps::{BPF_ANY, pin};
+    ///
+    /// let m = QpTrieMap::new(16, 4, 100).unwrap();
+    /// m.insert(b"tcp", &6u32.to_ne_bytes(), BPF_ANY).unwrap();
+    /// m.insert(b"udp", &17u32.to_ne_bytes(), BPF_ANY).unwrap();
+    /// let guard = pin();
+    /// let mut out = [None; 3];
+    /// m.get_many(&[&b"udp"[..], b"icmp", b"tcp"], &guard, &mut out).unwrap();
+    /// assert_eq!(out, [Some(&17u32.to_ne_bytes()[..]), None, Some(&6u32.to_ne_bytes()[..])]);
+    /// ```
+    pub fn get_many<'g, K: AsRef<[u8]>>(
+        &'g self,
+        keys: &[K],
+        guard: &'g Guard,
+        out: &mut [Option<&'g [u8]>],
+    ) -> Result<()> {
+        if out.len() < keys.len() {
+            return Err(Error::invalid(format!(
+                "{} keys but room for {} answers",
+                keys.len(),
+                out.len()
+            )));
+        }
+        for (keys, out) in keys.chunks(LOOKUP_GROUP).zip(out.chunks_mut(LOOKUP_GROUP)) {
+            self.get_group(keys, guard, out);
+        }
+        Ok(())
+    }
+
+    /// Up to [`LOOKUP_GROUP`] lookups in rounds: each round takes every lookup
+    /// still going one node down and prefetches the node it reaches, which
+    /// the next round reads.
+    #[inline]
+    fn get_group<'g, K: AsRef<[u8]>>(
+        &'g self,
+        keys: &[K],
+        guard: &'g Guard,
+        out: &mut [Option<&'g [u8]>],
+    ) {
+        let mut at: [Option<(Node<'g>, &[u8])>; LOOKUP_GROUP] = [None; LOOKUP_GROUP];
+        for ((at, key), out) in at.iter_mut().zip(keys).zip(out.iter_mut()) {
+            *out = None;
+            if let Some((&first, rest)) = key.as_ref().split_first()
+                && let Some(top) = self.top(first, guard)
+            {
+                top.prefetch();
+                *at = Some((top, rest));
+            }
+        }
+        let mut going = true;
+        while going {
+            going = false;
+            for (at, out) in at.iter_mut().zip(out.iter_mut()) {
+                let Some((node, rest)) = *at else { continue };
+                match self.step(node, rest) {
+                    Step::Down(next, after) => {
+                        next.prefetch();
+                        *at = Some((next, after));
+                        going = true;
+                    }
+                    Step::Done(value) => {
+                        *out = value;
+                        *at = None;
+                    }
+                }
+            }
+        }
+    }
+
+    /// One node of a lookup: `rest` is what of the key is left to match at
+    /// `node`.
+    #[inline(always)]
+    fn step<'g, 'k>(&self, node: Node<'g>, rest: &'k [u8]) -> Step<'g, 'k> {
+        let Some(rest) = rest.strip_prefix(node.skip()) else {
+            return Step::Done(None);
+        };
+        let Some((&label, after)) = rest.split_first() else {
+            return Step::Done(node.end_value(self.value_size));
+        };
+        let Some(i) = node.find(label) else {
+            return Step::Done(None);
+        };
+        match node.child(i, self.value_size) {
+            Child::Node(next) => Step::Down(next, after),
+            Child::Leaf { tail, value } => Step::Done((tail == after).then_some(value)),
         }
     }
 
@@ -607,6 +711,7 @@ impl QpTrieMap {
             Side::Above => Bound::Unbounded,
             Side::Inside => lower,
         };
+        node.prefetch_children();
         if let Some(value) = node.end_value(self.value_size)
             && !below(key, lower)
         {

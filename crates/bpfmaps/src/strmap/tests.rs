@@ -52,6 +52,20 @@ fn keys_that_are_prefixes_of_each_other_and_nul_bytes() {
 }
 
 #[test]
+fn get_many_wants_room_for_every_answer() {
+    let m = QpTrieMap::new(8, 8, 10).unwrap();
+    m.insert(b"k", &v(1), BPF_ANY).unwrap();
+    let guard = pin();
+    let mut out = [None; 1];
+    assert!(matches!(
+        m.get_many(&[b"k", b"k"], &guard, &mut out),
+        Err(Error::Invalid(_))
+    ));
+    m.get_many(&[b"k"], &guard, &mut out).unwrap();
+    assert_eq!(out[0], Some(&v(1)[..]));
+}
+
+#[test]
 fn update_flags_follow_the_kernel() {
     let m = QpTrieMap::new(8, 8, 10).unwrap();
     assert_eq!(m.insert(b"k", &v(1), BPF_EXIST), Err(Error::NotFound));
@@ -272,6 +286,19 @@ proptest! {
             .collect();
         prop_assert_eq!(&all, &model.clone().into_iter().collect::<Vec<_>>());
         prop_assert_eq!(m.counted_keys(), model.len());
+        // get_many in groups (over LOOKUP_GROUP keys), with stored keys,
+        // missing and over-long ones, and an empty key.
+        let many: Vec<&[u8]> = probes
+            .iter()
+            .map(Vec::as_slice)
+            .chain(model.keys().map(Vec::as_slice))
+            .chain([&b""[..]])
+            .collect();
+        let mut out = vec![Some(&[0u8][..]); many.len()];
+        m.get_many(&many, &guard, &mut out).unwrap();
+        for (k, got) in many.iter().zip(&out) {
+            prop_assert_eq!(got.map(|v| u64::from_ne_bytes(v.try_into().unwrap())), model.get(*k).copied());
+        }
         for p in &probes {
             prop_assert_eq!(get(&m, p), model.get(p).copied());
             let want = model.keys().filter(|k| p.starts_with(k)).max_by_key(|k| k.len());
