@@ -56,7 +56,9 @@ pub mod registry;
 pub mod stackmap;
 pub mod strmap;
 
-pub use crate::core::contract::{BatchError, Caps, Map, MapInfo, MapOps, MapSpec, MapType};
+pub use crate::core::contract::{
+    BatchError, BatchKeys, Caps, Map, MapInfo, MapOps, MapSpec, MapType,
+};
 pub use crate::core::error::{Error, Result};
 pub use crate::core::flags::*;
 pub use crate::core::reclaim::{Guard, pin};

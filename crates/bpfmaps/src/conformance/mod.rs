@@ -37,7 +37,7 @@ use std::fmt;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
-use crate::core::contract::{Caps, Map, MapInfo, MapSpec};
+use crate::core::contract::{BatchKeys, Caps, Map, MapInfo, MapSpec};
 use crate::core::error::{Error, Result};
 use crate::core::family::{Family, KeyKind};
 use crate::core::flags::{BPF_ANY, BPF_EXIST, BPF_NOEXIST};
@@ -609,9 +609,22 @@ fn check_iteration(p: &Probe<'_>, family: &Family, info: &MapInfo) -> Result<(),
 /// that empties the map.
 fn check_batches(p: &Probe<'_>, family: &Family, info: &MapInfo) -> Result<(), Violation> {
     let map = p.map;
-    let (ks, vs) = (info.key_size as usize, info.value_size as usize);
+    let layout = BatchKeys::of(map);
+    let (ks, vs) = (layout.stride(), info.value_size as usize);
     let k = |i: u64| key(family.keys, info, i);
     let v = |i: u64| value(info, i);
+    let batch_of = |keys: &[Vec<u8>]| {
+        let keys: Vec<&[u8]> = keys.iter().map(Vec::as_slice).collect();
+        layout
+            .encode(&keys)
+            .map_err(|e| Violation(format!("encoding batch keys: {e}")))
+    };
+    let key_at = |keys: &[u8], i: usize| {
+        layout
+            .key(keys, i)
+            .map(<[u8]>::to_vec)
+            .map_err(|e| Violation(format!("batch key {i}: {e}")))
+    };
     let all = contents(map, &p.probes)?;
 
     // Lookups, three at a time, cover the map exactly.
@@ -623,27 +636,25 @@ fn check_batches(p: &Probe<'_>, family: &Family, info: &MapInfo) -> Result<(), V
             .lookup_batch(after.as_deref(), &mut keys, &mut values)
             .map_err(|e| Violation(format!("lookup_batch: {e}")))?;
         for i in 0..n {
-            seen.insert(
-                keys[i * ks..][..ks].to_vec(),
-                values[i * vs..][..vs].to_vec(),
-            );
+            seen.insert(key_at(&keys, i)?, values[i * vs..][..vs].to_vec());
         }
         if n < 3 {
             break;
         }
-        after = Some(keys[2 * ks..].to_vec());
+        after = Some(key_at(&keys, 2)?);
     }
     expect("entries from lookup_batch", seen, all.entries.clone())?;
     p.expect_batch("lookup_batch into mismatched buffers", 22, 0, |m| {
         m.lookup_batch(None, &mut vec![0; ks + 1], &mut vec![0; vs])
     })?;
+    let two = batch_of(&[k(0), k(1)])?;
     p.expect_batch("update_batch of mismatched counts", 22, 0, |m| {
-        m.update_batch(&[k(0), k(1)].concat(), &v(0), BPF_ANY)
+        m.update_batch(&two, &v(0), BPF_ANY)
     })?;
 
     // Update: two present keys rewritten, then a missing key stops a
     // BPF_EXIST batch; a BPF_NOEXIST conflict stops one at its start.
-    let keys = [k(0), k(1), k(100), k(2)].concat();
+    let keys = batch_of(&[k(0), k(1), k(100), k(2)])?;
     let values = [v(50), v(51), v(52), v(53)].concat();
     p.expect_batch("update_batch stopping at a missing key", 2, 2, |m| {
         m.update_batch(&keys, &values, BPF_EXIST)
@@ -656,13 +667,13 @@ fn check_batches(p: &Probe<'_>, family: &Family, info: &MapInfo) -> Result<(), V
     };
     expect("a value update_batch wrote", read(1)?, v(51))?;
     expect("a value after where update_batch stopped", read(2)?, v(2))?;
-    let keys = [k(4), k(5), k(6)].concat();
+    let keys = batch_of(&[k(4), k(5), k(6)])?;
     p.expect_batch("update_batch stopping at a present key", 17, 0, |m| {
         m.update_batch(&keys, &[v(1), v(2), v(3)].concat(), BPF_NOEXIST)
     })?;
 
     // Delete: two present keys, then a missing one stops the batch.
-    let keys = [k(0), k(1), k(100), k(2)].concat();
+    let keys = batch_of(&[k(0), k(1), k(100), k(2)])?;
     p.expect_batch("delete_batch stopping at a missing key", 2, 2, |m| {
         m.delete_batch(&keys)
     })?;
@@ -690,14 +701,9 @@ fn check_batches(p: &Probe<'_>, family: &Family, info: &MapInfo) -> Result<(), V
         let moved = map
             .lookup_and_delete_batch(&mut keys, &mut values)
             .map_err(|e| Violation(format!("lookup_and_delete_batch: {e}")))?;
-        let got: BTreeMap<_, _> = (0..moved)
-            .map(|i| {
-                (
-                    keys[i * ks..][..ks].to_vec(),
-                    values[i * vs..][..vs].to_vec(),
-                )
-            })
-            .collect();
+        let got = (0..moved)
+            .map(|i| Ok((key_at(&keys, i)?, values[i * vs..][..vs].to_vec())))
+            .collect::<Result<BTreeMap<_, _>, Violation>>()?;
         expect(
             "entries lookup_and_delete_batch moved",
             got,
@@ -931,6 +937,20 @@ impl Harness {
         b
     }
 
+    /// `key` as a batch lays it out: as it is for fixed-size keys; for
+    /// variable-length ones its length and the key, zero-padded (cut at
+    /// `key_size`, the length still telling how long it was).
+    fn batch_slot(&self, key: Vec<u8>) -> Vec<u8> {
+        if !self.map.caps().contains(Caps::VAR_KEYS) {
+            return key;
+        }
+        let size = self.info.key_size as usize;
+        let mut slot = (key.len() as u32).to_ne_bytes().to_vec();
+        slot.extend(key.iter().take(size));
+        slot.resize(4 + size, 0);
+        slot
+    }
+
     /// Applies `op` to the map and the model; a violation if their answers
     /// differ, or if an operation that failed changed the map.
     pub fn apply(&mut self, op: Op) -> Result<(), Violation> {
@@ -1012,7 +1032,7 @@ impl Harness {
                         index: key.index.wrapping_add(j),
                         ..key
                     };
-                    keys.extend(self.bytes(input));
+                    keys.extend(self.batch_slot(self.bytes(input)));
                     values.extend(value(&self.info, u64::from(j)));
                 }
                 let flags = update_flags(flags);
@@ -1023,10 +1043,10 @@ impl Harness {
             Op::DeleteBatch { key, n } => {
                 let mut keys = Vec::new();
                 for j in 0..n {
-                    keys.extend(self.bytes(Input {
+                    keys.extend(self.batch_slot(self.bytes(Input {
                         index: key.index.wrapping_add(j),
                         ..key
-                    }));
+                    })));
                 }
                 let want = self.model.delete_batch(&keys);
                 compare_batch(&format!("{op:?}"), map.delete_batch(&keys), want)

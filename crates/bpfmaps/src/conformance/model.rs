@@ -183,13 +183,36 @@ impl Model {
         self.entries.remove(&key).ok_or(Error::NotFound)
     }
 
+    /// Bytes per key in a batch: a variable-length key is preceded by its
+    /// length (`u32`) and padded to `key_size`.
+    fn batch_key_size(&self) -> usize {
+        self.info.key_size as usize
+            + if self.caps.contains(Caps::VAR_KEYS) {
+                4
+            } else {
+                0
+            }
+    }
+
+    /// The key a batch slot holds. A variable-length key's length past
+    /// the slot gives a key one byte too long (which `update` and
+    /// `delete` then refuse).
+    fn batch_key(&self, slot: &[u8]) -> Vec<u8> {
+        if !self.caps.contains(Caps::VAR_KEYS) {
+            return slot.to_vec();
+        }
+        let (len, key) = slot.split_at(4);
+        let len = u32::from_ne_bytes(len.try_into().expect("4 bytes")) as usize;
+        match key.get(..len) {
+            Some(key) => key.to_vec(),
+            None => vec![0; key.len() + 1],
+        }
+    }
+
     /// The batch checks before the first element.
     fn batch_room(&self, keys: usize, values: usize, caps: Caps) -> Result<usize> {
         self.require(Caps::BATCH | caps)?;
-        if self.caps.contains(Caps::VAR_KEYS) {
-            return Err(Error::Unsupported);
-        }
-        let (ks, vs) = (self.info.key_size as usize, self.info.value_size as usize);
+        let (ks, vs) = (self.batch_key_size(), self.info.value_size as usize);
         if !keys.is_multiple_of(ks) || !values.is_multiple_of(vs) {
             return Err(Error::invalid("batch buffers"));
         }
@@ -212,12 +235,13 @@ impl Model {
         let n = self
             .batch_room(keys.len(), values.len(), Caps::UPDATE)
             .map_err(at_start)?;
-        let (ks, vs) = (self.info.key_size as usize, self.info.value_size as usize);
+        let (ks, vs) = (self.batch_key_size(), self.info.value_size as usize);
         if keys.len() != n * ks || values.len() != n * vs {
             return Err(at_start(Error::invalid("counts")));
         }
         for i in 0..n {
-            self.update(&keys[i * ks..][..ks], &values[i * vs..][..vs], flags)
+            let key = self.batch_key(&keys[i * ks..][..ks]);
+            self.update(&key, &values[i * vs..][..vs], flags)
                 .map_err(|error| BatchError {
                     processed: i,
                     error,
@@ -233,18 +257,16 @@ impl Model {
             error,
         };
         self.require(Caps::BATCH | Caps::DELETE).map_err(at_start)?;
-        if self.caps.contains(Caps::VAR_KEYS) {
-            return Err(at_start(Error::Unsupported));
-        }
-        let ks = self.info.key_size as usize;
+        let ks = self.batch_key_size();
         if !keys.len().is_multiple_of(ks) {
             return Err(at_start(Error::invalid("batch keys")));
         }
-        for (i, key) in keys.chunks_exact(ks).enumerate() {
-            self.delete(key).map_err(|error| BatchError {
-                processed: i,
-                error,
-            })?;
+        for (i, slot) in keys.chunks_exact(ks).enumerate() {
+            self.delete(&self.batch_key(slot))
+                .map_err(|error| BatchError {
+                    processed: i,
+                    error,
+                })?;
         }
         Ok(keys.len() / ks)
     }

@@ -419,10 +419,115 @@ fn check_value(info: &MapInfo, value: &[u8]) -> Result<()> {
     check_len("value", value.len(), info.value_size as usize)
 }
 
+/// How a batch lays out its keys. Fixed-size keys sit back to back,
+/// `key_size` bytes each. A key of a map with variable-length keys
+/// ([`Caps::VAR_KEYS`]) takes a slot of `4 + key_size` bytes, laid out as
+/// the kernel lays out an LPM key (`struct bpf_lpm_trie_key`): its length
+/// as a native-endian `u32`, then the key, zero-padded.
+///
+/// ```
+/// use bpfmaps::{BatchKeys, Map, MapSpec, MapType, BPF_ANY};
+///
+/// let map = bpfmaps::create(&MapSpec::new(MapType::QP_TRIE, 8, 4, 16)).unwrap();
+/// let layout = BatchKeys::of(&*map);
+/// let keys = layout.encode(&[&b"vfs_read"[..], b"vfs"]).unwrap();
+/// map.update_batch(&keys, &[1u32.to_ne_bytes(), 2u32.to_ne_bytes()].concat(), BPF_ANY).unwrap();
+/// let (mut keys, mut values) = (vec![0; 2 * layout.stride()], vec![0; 8]);
+/// assert_eq!(map.lookup_batch(None, &mut keys, &mut values).unwrap(), 2);
+/// assert_eq!(layout.key(&keys, 0).unwrap(), b"vfs");
+/// assert_eq!(layout.key(&keys, 1).unwrap(), b"vfs_read");
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BatchKeys {
+    key_size: usize,
+    var: bool,
+}
+
+/// Bytes before a variable-length key in its batch slot: its length.
+const LEN_BYTES: usize = size_of::<u32>();
+
+impl BatchKeys {
+    /// The layout `map`'s batches use.
+    pub fn of(map: &(impl Map + ?Sized)) -> Self {
+        Self::for_info(&map.info(), map.caps())
+    }
+
+    fn for_info(info: &MapInfo, caps: Caps) -> Self {
+        BatchKeys {
+            key_size: info.key_size as usize,
+            var: caps.contains(Caps::VAR_KEYS),
+        }
+    }
+
+    /// Bytes per key in a batch's key buffer.
+    pub fn stride(self) -> usize {
+        self.key_size + if self.var { LEN_BYTES } else { 0 }
+    }
+
+    /// Key `i` of a batch's key buffer; `EINVAL` for a slot past the
+    /// buffer or a variable-length key whose length is 0 or past
+    /// `key_size`.
+    pub fn key(self, keys: &[u8], i: usize) -> Result<&[u8]> {
+        let stride = self.stride();
+        let slot = keys
+            .get(i * stride..(i + 1) * stride)
+            .ok_or_else(|| Error::invalid(format!("batch key {i} is past the buffer")))?;
+        if !self.var {
+            return Ok(slot);
+        }
+        let (len, key) = slot.split_at(LEN_BYTES);
+        let len = u32::from_ne_bytes(len.try_into().expect("4 bytes")) as usize;
+        if !(1..=self.key_size).contains(&len) {
+            return Err(var_key_error(len, self.key_size));
+        }
+        Ok(&key[..len])
+    }
+
+    /// A key buffer holding `keys` in this layout; `EINVAL` for a key
+    /// this map cannot take.
+    pub fn encode(self, keys: &[&[u8]]) -> Result<Vec<u8>> {
+        let mut buf = vec![0u8; keys.len() * self.stride()];
+        for (i, key) in keys.iter().enumerate() {
+            self.put(&mut buf, i, |out| {
+                let n = key.len().min(out.len());
+                out[..n].copy_from_slice(&key[..n]);
+                Ok(key.len())
+            })?;
+        }
+        Ok(buf)
+    }
+
+    /// Fills slot `i` of `keys`: `write` puts a key into the
+    /// `key_size`-byte buffer it is given and returns the key's length.
+    fn put(
+        self,
+        keys: &mut [u8],
+        i: usize,
+        write: impl FnOnce(&mut [u8]) -> Result<usize>,
+    ) -> Result<()> {
+        let stride = self.stride();
+        let slot = &mut keys[i * stride..(i + 1) * stride];
+        if !self.var {
+            return write(slot).map(drop);
+        }
+        let (head, key) = slot.split_at_mut(LEN_BYTES);
+        let len = write(key)?;
+        if !(1..=self.key_size).contains(&len) {
+            return Err(var_key_error(len, self.key_size));
+        }
+        key[len..].fill(0);
+        head.copy_from_slice(&(len as u32).to_ne_bytes());
+        Ok(())
+    }
+}
+
 /// How many entries fit in both batch buffers; checks they hold whole
 /// keys and values.
-fn batch_room(info: &MapInfo, keys_len: usize, values_len: usize) -> Result<usize> {
-    let (ks, vs) = (info.key_size as usize, info.value_size as usize);
+fn batch_room(info: &MapInfo, caps: Caps, keys_len: usize, values_len: usize) -> Result<usize> {
+    let (ks, vs) = (
+        BatchKeys::for_info(info, caps).stride(),
+        info.value_size as usize,
+    );
     if ks == 0 || vs == 0 {
         return Err(Error::Unsupported);
     }
@@ -434,17 +539,9 @@ fn batch_room(info: &MapInfo, keys_len: usize, values_len: usize) -> Result<usiz
     Ok((keys_len / ks).min(values_len / vs))
 }
 
-/// The batch capability check: batches need fixed-size keys to lay out.
+/// The batch capability check.
 fn require_batch<T: MapOps>(more: Caps) -> Result<(), BatchError> {
-    require(T::CAPS, Caps::BATCH | more)
-        .and_then(|()| {
-            if T::CAPS.contains(Caps::VAR_KEYS) {
-                Err(Error::Unsupported)
-            } else {
-                Ok(())
-            }
-        })
-        .map_err(BatchError::at_start)
+    require(T::CAPS, Caps::BATCH | more).map_err(BatchError::at_start)
 }
 
 /// Runs `op` on elements `0..n` in order under a guard re-pinned every
@@ -460,9 +557,10 @@ pub fn update_each<T: MapOps + ?Sized>(
     n: usize,
     flag: UpdateFlag,
 ) -> Result<usize, BatchError> {
-    let (ks, vs) = (keys.len() / n.max(1), values.len() / n.max(1));
+    let layout = BatchKeys::for_info(&map.map_info(), T::CAPS);
+    let vs = values.len() / n.max(1);
     each_pinned(n, |i, guard| {
-        map.map_update_elem(&keys[i * ks..][..ks], &values[i * vs..][..vs], flag, guard)
+        map.map_update_elem(layout.key(keys, i)?, &values[i * vs..][..vs], flag, guard)
     })
 }
 
@@ -572,8 +670,12 @@ impl<T: MapOps> Map for T {
     ) -> Result<usize, BatchError> {
         require_batch::<T>(Caps::NEXT_KEY | Caps::LOOKUP)?;
         let info = self.map_info();
-        let (ks, vs) = (info.key_size as usize, info.value_size as usize);
-        let room = batch_room(&info, keys.len(), values.len()).map_err(BatchError::at_start)?;
+        let (layout, vs) = (
+            BatchKeys::for_info(&info, T::CAPS),
+            info.value_size as usize,
+        );
+        let room =
+            batch_room(&info, T::CAPS, keys.len(), values.len()).map_err(BatchError::at_start)?;
         if let Some(after) = after {
             check_key(&info, T::CAPS, after).map_err(BatchError::at_start)?;
         }
@@ -591,12 +693,15 @@ impl<T: MapOps> Map for T {
                 processed: copied,
                 error,
             };
-            let next = &mut keys[copied * ks..(copied + 1) * ks];
-            match self.map_get_next_key(prev.as_deref(), next, &guard) {
-                Ok(_) => {}
+            let next = layout.put(keys, copied, |next| {
+                self.map_get_next_key(prev.as_deref(), next, &guard)
+            });
+            match next {
+                Ok(()) => {}
                 Err(Error::NotFound) => break,
                 Err(e) => return Err(stop(e)),
             }
+            let next = layout.key(keys, copied).map_err(stop)?;
             prev = Some(next.to_vec());
             // A key deleted between get_next_key and lookup is skipped.
             match self.map_lookup_elem(next, &mut values[copied * vs..(copied + 1) * vs], &guard) {
@@ -615,8 +720,12 @@ impl<T: MapOps> Map for T {
     ) -> Result<usize, BatchError> {
         require_batch::<T>(Caps::NEXT_KEY | Caps::LOOKUP_AND_DELETE)?;
         let info = self.map_info();
-        let (ks, vs) = (info.key_size as usize, info.value_size as usize);
-        let room = batch_room(&info, keys.len(), values.len()).map_err(BatchError::at_start)?;
+        let (layout, vs) = (
+            BatchKeys::for_info(&info, T::CAPS),
+            info.value_size as usize,
+        );
+        let room =
+            batch_room(&info, T::CAPS, keys.len(), values.len()).map_err(BatchError::at_start)?;
         let mut moved = 0;
         let mut guard = pin();
         while moved < room {
@@ -627,12 +736,12 @@ impl<T: MapOps> Map for T {
                 processed: moved,
                 error,
             };
-            let key = &mut keys[moved * ks..(moved + 1) * ks];
-            match self.map_get_next_key(None, key, &guard) {
-                Ok(_) => {}
+            match layout.put(keys, moved, |key| self.map_get_next_key(None, key, &guard)) {
+                Ok(()) => {}
                 Err(Error::NotFound) => break,
                 Err(e) => return Err(stop(e)),
             }
+            let key = layout.key(keys, moved).map_err(stop)?;
             let value = &mut values[moved * vs..(moved + 1) * vs];
             match self.map_lookup_and_delete_elem(key, value, &guard) {
                 Ok(()) => moved += 1,
@@ -647,8 +756,12 @@ impl<T: MapOps> Map for T {
         require_batch::<T>(Caps::UPDATE)?;
         let flag = UpdateFlag::from_bits(flags).map_err(BatchError::at_start)?;
         let info = self.map_info();
-        let (ks, vs) = (info.key_size as usize, info.value_size as usize);
-        let n = batch_room(&info, keys.len(), values.len()).map_err(BatchError::at_start)?;
+        let (ks, vs) = (
+            BatchKeys::for_info(&info, T::CAPS).stride(),
+            info.value_size as usize,
+        );
+        let n =
+            batch_room(&info, T::CAPS, keys.len(), values.len()).map_err(BatchError::at_start)?;
         if keys.len() != n * ks || values.len() != n * vs {
             return Err(BatchError::at_start(Error::invalid(
                 "batch keys and values hold different counts",
@@ -659,14 +772,15 @@ impl<T: MapOps> Map for T {
 
     fn delete_batch(&self, keys: &[u8]) -> Result<usize, BatchError> {
         require_batch::<T>(Caps::DELETE)?;
-        let ks = self.map_info().key_size as usize;
+        let layout = BatchKeys::for_info(&self.map_info(), T::CAPS);
+        let ks = layout.stride();
         if ks == 0 || !keys.len().is_multiple_of(ks) {
             return Err(BatchError::at_start(Error::invalid(
                 "batch keys are not a whole number of keys",
             )));
         }
         each_pinned(keys.len() / ks, |i, guard| {
-            self.map_delete_elem(&keys[i * ks..][..ks], guard)
+            self.map_delete_elem(layout.key(keys, i)?, guard)
         })
     }
 }

@@ -1,7 +1,7 @@
 //! The qp-trie map's byte contract: its family entry and `bpf_map_ops`.
 //! Keys are 1 to `key_size` bytes, the slice's length being the key's
-//! (the kernel patch passed them as dynptrs); batches, which lay keys out
-//! at a fixed size, are not offered.
+//! (the kernel patch passed them as dynptrs); batches lay each key out
+//! as its length and the key, zero-padded ([`crate::BatchKeys`]).
 
 use super::qptrie::{MAX_KEY_SIZE, QpTrieMap};
 use crate::core::contract::{Caps, MapInfo, MapOps, MapType};
@@ -43,6 +43,7 @@ impl MapOps for QpTrieMap {
         .union(Caps::DELETE)
         .union(Caps::LOOKUP_AND_DELETE)
         .union(Caps::NEXT_KEY)
+        .union(Caps::BATCH)
         .union(Caps::VAR_KEYS);
 
     fn map_info(&self) -> MapInfo {
@@ -103,7 +104,67 @@ impl MapOps for QpTrieMap {
 /// (`conformance::tests`); here, what is particular to variable keys.
 #[cfg(test)]
 mod tests {
-    use crate::core::contract::{MapSpec, MapType};
+    use crate::core::contract::{BatchKeys, MapSpec, MapType};
+    use crate::{BPF_ANY, Error};
+
+    /// Batches of keys of every length, `ab` beside `ab\0`: in order, in
+    /// pages, and a bad length stopping a batch where it stands.
+    #[test]
+    fn batches_of_variable_length_keys() {
+        let map = crate::create(&MapSpec::new(MapType::QP_TRIE, 4, 1, 16)).unwrap();
+        let layout = BatchKeys::of(&*map);
+        assert_eq!(layout.stride(), 8);
+        let keys: [&[u8]; 5] = [b"ab\0", b"b", b"ab", b"abcd", b"\xff"];
+        let slots = layout.encode(&keys).unwrap();
+        assert_eq!(
+            &slots[..8],
+            &[&3u32.to_ne_bytes()[..], b"ab\0\0"].concat()[..]
+        );
+        assert_eq!(map.update_batch(&slots, &[1, 2, 3, 4, 5], BPF_ANY), Ok(5));
+        let mut walked = Vec::new();
+        let mut after: Option<Vec<u8>> = None;
+        loop {
+            let (mut keys, mut values) = (vec![0; 2 * 8], vec![0; 2]);
+            let n = map
+                .lookup_batch(after.as_deref(), &mut keys, &mut values)
+                .unwrap();
+            for (i, &value) in values.iter().enumerate().take(n) {
+                walked.push((layout.key(&keys, i).unwrap().to_vec(), value));
+            }
+            if n < 2 {
+                break;
+            }
+            after = Some(layout.key(&keys, 1).unwrap().to_vec());
+        }
+        let want: Vec<(Vec<u8>, u8)> = vec![
+            (b"ab".to_vec(), 3),
+            (b"ab\0".to_vec(), 1),
+            (b"abcd".to_vec(), 4),
+            (b"b".to_vec(), 2),
+            (b"\xff".to_vec(), 5),
+        ];
+        assert_eq!(walked, want);
+        // A slot whose length is 0 or past key_size stops the batch there.
+        for bad in [0u32, 5] {
+            let mut slots = layout.encode(&[b"zz", b"zy"]).unwrap();
+            slots[8..12].copy_from_slice(&bad.to_ne_bytes());
+            let err = map.update_batch(&slots, &[7, 7], BPF_ANY).unwrap_err();
+            assert_eq!(
+                (err.processed, matches!(err.error, Error::Invalid(_))),
+                (1, true)
+            );
+            let err = map.delete_batch(&slots).unwrap_err();
+            assert_eq!(
+                (err.processed, matches!(err.error, Error::Invalid(_))),
+                (1, true)
+            );
+        }
+        assert!(layout.encode(&[b"abcde"]).is_err());
+        let (mut keys, mut values) = (vec![0; 16 * 8], vec![0; 16]);
+        assert_eq!(map.lookup_and_delete_batch(&mut keys, &mut values), Ok(5));
+        assert_eq!(layout.key(&keys, 1).unwrap(), b"ab\0");
+        assert_eq!(map.len(), 0);
+    }
 
     #[test]
     fn keys_of_every_length_through_the_contract() {
