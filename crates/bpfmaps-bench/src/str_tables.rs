@@ -6,6 +6,7 @@
 //! | name | type | lookup | ordered walk |
 //! |---|---|---|---|
 //! | `bpfmaps-qp-trie` | [`bpfmaps::strmap::QpTrieMap`], `key_size` = the longest key | `get(key, &guard)`, one guard per batch | `for_each` |
+//! | `bpfmaps-qp-trie-many` | the same map | `get_many`, groups of 16 keys side by side | - (the walk is `bpfmaps-qp-trie`'s) |
 //! | `btreemap` | `BTreeMap<Box<[u8]>, u64>` | `get` | `iter` |
 //! | `std-hashmap` | `std::collections::HashMap<Box<[u8]>, u64>` (SipHash, `RandomState`) | `get` | - |
 //! | `bpfmaps-hash` | `bpfmaps::hashtab::HashMap`, `key_size` = the longest key, keys zero-padded | `get(padded, &guard)`, one guard per batch | - |
@@ -34,7 +35,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::hint::black_box;
 use std::ops::Range;
 
-use bpfmaps::strmap::QpTrieMap;
+use bpfmaps::strmap::{LOOKUP_GROUP, QpTrieMap};
 use bpfmaps::{BPF_ANY, Map};
 use radix_trie::TrieCommon;
 
@@ -232,6 +233,7 @@ trait Visit {
 /// iterates. Adding one is an impl of [`StrTable`] and one line here.
 fn visit_all(v: &mut impl Visit) {
     v.visit::<QpTrieMap>();
+    v.visit::<QpTrieGroups>();
     v.visit::<BTreeMap<Box<[u8]>, u64>>();
     v.visit::<HashMap<Box<[u8]>, u64>>();
     v.visit::<FixedKeyHash>();
@@ -363,6 +365,51 @@ impl StrTable for QpTrieMap {
             f(k, read_u64(v));
             std::ops::ControlFlow::Continue(())
         });
+    }
+}
+
+/// The same map looked up through `get_many`: a caller with many keys at
+/// once (a batch of packets, of stack addresses' symbols) gives them in
+/// groups of [`LOOKUP_GROUP`], whose cache misses overlap.
+pub struct QpTrieGroups(QpTrieMap);
+
+impl StrTable for QpTrieGroups {
+    const NAME: &'static str = "bpfmaps-qp-trie-many";
+    fn refuses(keys: &Keys) -> Option<String> {
+        <QpTrieMap as StrTable>::refuses(keys)
+    }
+    fn build(keys: &Keys) -> Self {
+        QpTrieGroups(<QpTrieMap as StrTable>::build(keys))
+    }
+    fn get(&self, key: &[u8]) -> Option<u64> {
+        <QpTrieMap as StrTable>::get(&self.0, key)
+    }
+    #[inline]
+    fn sum_batch(&self, probes: &Keys, range: Range<usize>) -> u64 {
+        let guard = bpfmaps::pin();
+        let mut acc = 0u64;
+        let (mut keys, mut out) = ([&[][..]; LOOKUP_GROUP], [None; LOOKUP_GROUP]);
+        let mut at = range.start;
+        while at < range.end {
+            let n = LOOKUP_GROUP.min(range.end - at);
+            for (j, key) in keys[..n].iter_mut().enumerate() {
+                *key = black_box(probes.key(at + j));
+            }
+            self.0
+                .get_many(&keys[..n], &guard, &mut out)
+                .expect("room for every answer");
+            for v in &out[..n] {
+                acc = acc.wrapping_add(v.map_or(0, read_u64));
+            }
+            at += n;
+        }
+        acc
+    }
+    fn len(&self) -> usize {
+        self.0.len()
+    }
+    fn reported(&self) -> Option<usize> {
+        Some(self.0.memory_usage())
     }
 }
 
