@@ -124,6 +124,11 @@ pub struct Probes {
 pub trait SharedStrMap: Send + Sync + Sized {
     /// Implementation name in records.
     const NAME: &'static str;
+    /// Why it cannot hold `keys`, if it cannot (the suite then leaves it
+    /// out with a note).
+    fn refuses(_keys: &Keys) -> Option<String> {
+        None
+    }
     /// An empty map for keys of 1 to `max_len` bytes, room for `capacity`.
     fn with_capacity(max_len: usize, capacity: usize) -> Self;
     /// Looks up the probes of `range`, noting each answer in the result
@@ -144,6 +149,11 @@ macro_rules! bpfmaps_string_maps {
         $(
             impl SharedStrMap for $ty {
                 const NAME: &'static str = $name;
+                fn refuses(keys: &Keys) -> Option<String> {
+                    let max = bpfmaps::strmap::MAX_KEY_SIZE;
+                    (keys.max_len() > max)
+                        .then(|| format!("a key is longer than its {max}-byte limit"))
+                }
                 fn with_capacity(max_len: usize, capacity: usize) -> Self {
                     let entries = u32::try_from(capacity).expect("entries fit u32");
                     <$ty>::new(max_len, 8, entries).expect("creating the map")
@@ -224,6 +234,9 @@ impl SharedStrMap for RwLock<BTreeMap<Box<[u8]>, u64>> {
 /// grace period never run it out).
 impl SharedStrMap for FixedKeyHash {
     const NAME: &'static str = BASELINE;
+    fn refuses(keys: &Keys) -> Option<String> {
+        <FixedKeyHash as crate::str_tables::StrTable>::refuses(keys)
+    }
     fn with_capacity(max_len: usize, capacity: usize) -> Self {
         let entries = u32::try_from(capacity * 2).expect("entries fit u32");
         FixedKeyHash::with_capacity(max_len, entries)
@@ -491,21 +504,27 @@ impl<M: SharedStrMap> Running for Kept<M> {
     }
 }
 
-/// Builds every map for `layout`, in report order.
-fn build_all(layout: &Layout) -> Vec<Box<dyn Running + '_>> {
-    struct Build<'a>(&'a Layout, Vec<Box<dyn Running + 'a>>);
-    impl<'a> Visit for Build<'a> {
+/// Builds every map for `layout` that takes its keys, in report order;
+/// one that refuses them is left out with a note.
+fn build_all<'a>(ctx: &Ctx, layout: &'a Layout) -> Vec<Box<dyn Running + 'a>> {
+    struct Build<'a, 'c>(&'c Ctx, &'a Layout, Vec<Box<dyn Running + 'a>>);
+    impl<'a> Visit for Build<'a, '_> {
         fn visit<M: SharedStrMap + 'static>(&mut self) {
+            if let Some(why) = M::refuses(&self.1.keys) {
+                let s = self.0.suite();
+                self.0.note(&format!("{s}: {} left out: {why}", M::NAME));
+                return;
+            }
             let kept = Kept {
-                map: self.0.build::<M>(),
-                windows: self.0.groups.to_vec(),
+                map: self.1.build::<M>(),
+                windows: self.1.groups.to_vec(),
             };
-            self.1.push(Box::new(kept));
+            self.2.push(Box::new(kept));
         }
     }
-    let mut b = Build(layout, Vec::new());
+    let mut b = Build(ctx, layout, Vec::new());
     visit_all(&mut b);
-    b.1
+    b.2
 }
 
 /// Measures one thread configuration: every map built afresh, then timed
@@ -519,7 +538,7 @@ fn measure(
     base: &str,
 ) -> Vec<Record> {
     let c = format!("readers={readers},writers={writers},{base}");
-    let mut maps = build_all(layout);
+    let mut maps = build_all(ctx, layout);
     settle_reaper();
     let n = maps.len();
     let mut onces: Vec<Vec<Once>> = vec![Vec::new(); n];
@@ -871,6 +890,9 @@ mod tests {
         let (na, nb) = (layout.groups[0].ids.len(), layout.groups[1].ids.len());
         assert_eq!(na + nb, 1000);
         assert!(na.abs_diff(nb) < 100, "{na} {nb}");
+        let nul = Keys::new([&b"a\0"[..], b"a"]);
+        assert!(<FixedKeyHash as SharedStrMap>::refuses(&nul).is_some());
+        assert!(<QpTrieMap as SharedStrMap>::refuses(&nul).is_none());
         let map: QpTrieMap = layout.build();
         assert_eq!(map.len(), layout.stored());
         let mut w = layout.groups[0].clone();
