@@ -16,9 +16,10 @@
 //! - [`prefixes`], [`lpm_tables`]: IP prefix sets (real tables, the BGP
 //!   trace, generated fallbacks, lookup addresses) and the LPM
 //!   implementations compared, behind one trait.
-//! - [`strings`], [`str_tables`]: string key sets (the shared files and
-//!   this machine's kernel symbols and BTF strings, lookup and miss sets)
-//!   and the string-key maps compared, behind one trait.
+//! - [`strings`], [`str_tables`]: string key sets (the shared files,
+//!   this machine's kernel symbols and BTF strings, the generated sets of
+//!   the 2022 BPF benchmarks, lookup and miss sets) and the string-key
+//!   maps compared, behind one trait.
 //! - [`native`]: C peers from Debian packages (Judy, libhat-trie).
 //! - [`table`], [`plot`], [`report`], [`machine`]: output.
 //!

@@ -82,6 +82,15 @@ pub const WRITER_OPS_PER_SEC: Metric = Metric {
     doc: "update + delete + insert operations per second of the one writer",
 };
 
+/// Inserts and removes per second, summed over writer threads.
+pub const WRITES_PER_SEC: Metric = Metric {
+    name: "writes_per_sec",
+    unit: "ops/s",
+    label: "writes",
+    higher_is_better: true,
+    doc: "inserts and removes completed per second, summed over writer threads",
+};
+
 /// Bytes the building thread holds after building the structure.
 pub const MEM_BYTES_HELD: Metric = Metric {
     name: "mem_bytes_held",
@@ -116,6 +125,15 @@ pub const READ_MISSES: Metric = Metric {
     label: "misses",
     higher_is_better: false,
     doc: "reads that found no entry (the key was between delete and reinsert)",
+};
+
+/// Reads that found no entry for a key no writer touches (must be 0).
+pub const LOST_READS: Metric = Metric {
+    name: "lost_reads",
+    unit: "count",
+    label: "lost",
+    higher_is_better: false,
+    doc: "reads that found no entry for a key no writer touches; must be 0",
 };
 
 /// Absent keys a bloom filter called maybe-present, per absent key tested.
@@ -324,10 +342,12 @@ pub const METRICS: &[Metric] = &[
     LOOKUPS_PER_SEC,
     LOOKUPS_PER_CPU_SEC,
     WRITER_OPS_PER_SEC,
+    WRITES_PER_SEC,
     MEM_BYTES_HELD,
     MEM_REPORTED,
     MISMATCHES,
     READ_MISSES,
+    LOST_READS,
     FALSE_POSITIVE_RATE,
     COLLISION_RATE,
     STACK_COLLISIONS,

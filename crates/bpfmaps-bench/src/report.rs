@@ -58,7 +58,9 @@ pub fn write(dir: &Path, input: &ReportInput<'_>) -> io::Result<()> {
          - Data directory: `{}` ({}). The hash suites use generated data (kernel-bench keys, synthetic \
          stacks); the LPM suites read the real tables there and say in their output when they fall back to \
          generated prefixes; `strmap-real` reads `strings/` there and this machine's `/proc/kallsyms` and \
-         `/sys/kernel/btf/vmlinux`, and skips a set it cannot read.\n\n",
+         `/sys/kernel/btf/vmlinux`, and skips a set it cannot read; `strmap-threads` reads \
+         `strings/kallsyms.txt.gz` there, else this machine's `/proc/kallsyms`; `strmap-synthetic` \
+         generates its keys.\n\n",
         input.machine.date,
         if input.quick { " --quick" } else { "" },
         input.elapsed.as_secs_f64(),

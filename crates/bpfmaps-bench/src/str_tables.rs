@@ -424,8 +424,9 @@ pub struct FixedKeyHash {
 /// `MAX_BPF_STACK`).
 const MAX_KEY_SIZE: usize = 512;
 
+/// A `u64` value as the maps store it (native byte order).
 #[inline(always)]
-fn read_u64(v: &[u8]) -> u64 {
+pub fn read_u64(v: &[u8]) -> u64 {
     u64::from_ne_bytes(v.try_into().expect("8-byte values"))
 }
 
@@ -435,6 +436,56 @@ fn padded<'a>(buf: &'a mut [u8], key: &[u8]) -> &'a [u8] {
     buf[..key.len()].copy_from_slice(key);
     buf[key.len()..].fill(0);
     buf
+}
+
+/// The same map through `&self`, for the concurrent suite
+/// (`strmap-threads`).
+impl FixedKeyHash {
+    /// An empty, preallocated map for keys of up to `key_size` bytes (1 to
+    /// 512), `max_entries` of them.
+    pub fn with_capacity(key_size: usize, max_entries: u32) -> Self {
+        let map =
+            bpfmaps::hashtab::HashMap::new(key_size, 8, max_entries).expect("creating the map");
+        FixedKeyHash { map, key_size }
+    }
+
+    /// Stores `value` under `key` (zero-padded), as `Map::update` with
+    /// `flags`.
+    pub fn insert(&self, key: &[u8], value: u64, flags: u64) -> bpfmaps::Result<()> {
+        let mut buf = [0u8; MAX_KEY_SIZE];
+        let key = padded(&mut buf[..self.key_size], key);
+        self.map.update(key, &value.to_ne_bytes(), flags)
+    }
+
+    /// Removes `key` (zero-padded), as `Map::delete`.
+    pub fn remove(&self, key: &[u8]) -> bpfmaps::Result<()> {
+        let mut buf = [0u8; MAX_KEY_SIZE];
+        self.map.delete(padded(&mut buf[..self.key_size], key))
+    }
+
+    /// Calls `f(i, value)` for each key `i` of `range` of `probes`, under
+    /// one guard and with one padding buffer, as [`StrTable::sum_batch`]
+    /// does.
+    #[inline]
+    pub fn get_each(
+        &self,
+        probes: &Keys,
+        range: Range<usize>,
+        mut f: impl FnMut(usize, Option<u64>),
+    ) {
+        let guard = bpfmaps::pin();
+        let mut buf = [0u8; MAX_KEY_SIZE];
+        let buf = &mut buf[..self.key_size];
+        for i in range {
+            let key = probes.key(i);
+            let v = if key.len() > buf.len() {
+                None // longer than any stored key: a miss
+            } else {
+                self.map.get(padded(buf, key), &guard).map(read_u64)
+            };
+            f(i, v);
+        }
+    }
 }
 
 impl StrTable for FixedKeyHash {
@@ -452,15 +503,12 @@ impl StrTable for FixedKeyHash {
         }
     }
     fn build(keys: &Keys) -> Self {
-        let key_size = keys.max_len();
         let entries = u32::try_from(keys.len()).expect("entries fit u32");
-        let map = bpfmaps::hashtab::HashMap::new(key_size, 8, entries).expect("creating the map");
-        let mut buf = vec![0u8; key_size];
+        let t = FixedKeyHash::with_capacity(keys.max_len(), entries);
         for (i, k) in keys.iter().enumerate() {
-            map.update(padded(&mut buf, k), &(i as u64).to_ne_bytes(), BPF_ANY)
-                .expect("update");
+            t.insert(k, i as u64, BPF_ANY).expect("update");
         }
-        FixedKeyHash { map, key_size }
+        t
     }
     fn get(&self, key: &[u8]) -> Option<u64> {
         let mut buf = vec![0u8; self.key_size];

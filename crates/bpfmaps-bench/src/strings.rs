@@ -3,7 +3,8 @@
 //! machine's kernel symbol names (`/proc/kallsyms`) and BTF strings
 //! (`/sys/kernel/btf/vmlinux`), laid out as [`Keys`]; and the lookup sets
 //! drawn from them (present keys in random order, and misses: each key
-//! with one byte changed).
+//! with one byte changed); and the generated sets of `strmap-synthetic`
+//! ([`Synthetic`]).
 //!
 //! Keys are byte strings, deduplicated, empty ones dropped. Everything
 //! random is drawn from a [`StdRng`] with a fixed seed, so every
@@ -324,6 +325,201 @@ pub fn misses(keys: &Keys, seed: u64) -> Keys {
     out
 }
 
+/// The shape of a synthetic key set (`strmap-synthetic`), after the sets
+/// of the 2022 BPF ternary-search-tree and qp-trie benchmarks: path-like
+/// keys whose long prefixes are shared by many keys, or flat random ones.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Shape {
+    /// `dir/dir/dir/dir/name`: a prefix of up to [`PREFIX_MAX`] bytes made
+    /// of [`LEVELS`] directory components (each ending in `/`) from a
+    /// tree of directories, then a base name of up to [`NAME_MAX`] bytes.
+    Hierarchical,
+    /// Random printable bytes (`!` to `~`), up to [`SYNTH_MAX`] bytes.
+    Flat,
+}
+
+/// A synthetic key set: a shape, and whether every key has the longest
+/// length ([`SYNTH_MAX`] bytes) or lengths vary.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Synthetic {
+    /// Path-like or flat.
+    pub shape: Shape,
+    /// Every key [`SYNTH_MAX`] bytes long (every directory component and
+    /// base name at its longest), or each length drawn uniformly.
+    pub equal: bool,
+}
+
+/// Longest directory prefix of a hierarchical key, slashes included.
+pub const PREFIX_MAX: usize = 191;
+/// Longest base name of a hierarchical key.
+pub const NAME_MAX: usize = 64;
+/// Longest synthetic key (every key of an equal-length set).
+pub const SYNTH_MAX: usize = PREFIX_MAX + NAME_MAX;
+/// Directory levels of a hierarchical key.
+pub const LEVELS: usize = 4;
+/// Longest component per level, without its `/`: they add up to
+/// [`PREFIX_MAX`] with the slashes.
+const COMPONENT_MAX: [usize; LEVELS] = [47, 47, 47, 46];
+/// Mean keys per directory of the last level: the tree has the smallest
+/// branching factor that gives at least `n / KEYS_PER_DIR` of them.
+const KEYS_PER_DIR: usize = 32;
+/// The bytes of directory components and base names.
+const PATH_BYTES: &[u8] = b"abcdefghijklmnopqrstuvwxyz0123456789_-.";
+
+impl Synthetic {
+    /// The four sets, in run order.
+    pub const ALL: [Synthetic; 4] = [
+        Synthetic {
+            shape: Shape::Hierarchical,
+            equal: false,
+        },
+        Synthetic {
+            shape: Shape::Hierarchical,
+            equal: true,
+        },
+        Synthetic {
+            shape: Shape::Flat,
+            equal: false,
+        },
+        Synthetic {
+            shape: Shape::Flat,
+            equal: true,
+        },
+    ];
+
+    /// `hier` or `flat`.
+    pub fn shape_name(&self) -> &'static str {
+        match self.shape {
+            Shape::Hierarchical => "hier",
+            Shape::Flat => "flat",
+        }
+    }
+
+    /// `equal` or `varied`.
+    pub fn len_name(&self) -> &'static str {
+        if self.equal { "equal" } else { "varied" }
+    }
+
+    /// `hier-varied`, `flat-equal`, ...: the set's name in options.
+    pub fn name(&self) -> String {
+        format!("{}-{}", self.shape_name(), self.len_name())
+    }
+
+    /// `n` distinct keys drawn from `seed`, in the order drawn (a random
+    /// order: each key's directory and name are drawn independently).
+    pub fn generate(&self, n: usize, seed: u64) -> Keys {
+        let mut rng = StdRng::seed_from_u64(seed);
+        let dirs = match self.shape {
+            Shape::Hierarchical => Some(DirTree::new(n, self.equal, &mut rng)),
+            Shape::Flat => None,
+        };
+        // Distinct keys by a 64-bit hash: a collision between two
+        // different keys only redraws one of them.
+        let mut seen = HashSet::with_capacity(n);
+        let mut keys = Keys::default();
+        let mut buf = Vec::with_capacity(SYNTH_MAX);
+        while keys.len() < n {
+            buf.clear();
+            match &dirs {
+                Some(tree) => {
+                    tree.push_prefix(&mut buf, &mut rng);
+                    let len = if self.equal {
+                        NAME_MAX
+                    } else {
+                        rng.random_range(1..=NAME_MAX)
+                    };
+                    push_random(&mut buf, len, PATH_BYTES, &mut rng);
+                }
+                None => {
+                    let len = if self.equal {
+                        SYNTH_MAX
+                    } else {
+                        rng.random_range(1..=SYNTH_MAX)
+                    };
+                    push_random(&mut buf, len, PRINTABLE, &mut rng);
+                }
+            }
+            if seen.insert(hash64(&buf)) {
+                keys.push(&buf);
+            }
+        }
+        keys
+    }
+}
+
+/// Printable ASCII without the space.
+const PRINTABLE: &[u8] = b"!\"#$%&'()*+,-./0123456789:;<=>?@ABCDEFGHIJKLMNOPQRSTUVWXYZ[\\]^_`abcdefghijklmnopqrstuvwxyz{|}~";
+
+/// Appends `len` bytes drawn from `alphabet` (with the small bias of a
+/// byte taken modulo its length).
+fn push_random(buf: &mut Vec<u8>, len: usize, alphabet: &[u8], rng: &mut StdRng) {
+    let start = buf.len();
+    buf.resize(start + len, 0);
+    rng.fill(&mut buf[start..]);
+    for b in &mut buf[start..] {
+        *b = alphabet[*b as usize % alphabet.len()];
+    }
+}
+
+/// A 64-bit hash of `key`, the same in every run (SipHash with zero keys).
+fn hash64(key: &[u8]) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let mut h = std::hash::DefaultHasher::new();
+    key.hash(&mut h);
+    h.finish()
+}
+
+/// The directories of a hierarchical set: a complete tree of [`LEVELS`]
+/// levels and `branch` children per directory, each directory's name drawn
+/// once.
+struct DirTree {
+    branch: usize,
+    /// `names[l][i]`: the name of directory `i` of level `l` (`branch^(l+1)`
+    /// of them), without its `/`.
+    names: Vec<Vec<Vec<u8>>>,
+}
+
+impl DirTree {
+    fn new(n: usize, equal: bool, rng: &mut StdRng) -> DirTree {
+        let leaves = n.div_ceil(KEYS_PER_DIR).max(1);
+        let mut branch = 2usize;
+        while branch.pow(LEVELS as u32) < leaves {
+            branch += 1;
+        }
+        let mut names = Vec::with_capacity(LEVELS);
+        let mut count = 1;
+        for max in COMPONENT_MAX {
+            count *= branch;
+            let level = (0..count)
+                .map(|_| {
+                    let len = if equal {
+                        max
+                    } else {
+                        rng.random_range(1..=max)
+                    };
+                    let mut name = Vec::with_capacity(len);
+                    push_random(&mut name, len, PATH_BYTES, rng);
+                    name
+                })
+                .collect();
+            names.push(level);
+        }
+        DirTree { branch, names }
+    }
+
+    /// Appends the path of a random directory of the last level, each
+    /// component followed by `/`.
+    fn push_prefix(&self, buf: &mut Vec<u8>, rng: &mut StdRng) {
+        let leaf = rng.random_range(0..self.names[LEVELS - 1].len());
+        let mut div = self.names[LEVELS - 1].len();
+        for level in &self.names {
+            div /= self.branch;
+            buf.extend_from_slice(&level[leaf / div]);
+            buf.push(b'/');
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -434,5 +630,52 @@ mod tests {
                 && k.iter().zip(miss).filter(|(a, b)| a != b).count() == 1));
         }
         assert_eq!(m, misses(&keys, 2), "a fixed seed gives the same misses");
+    }
+
+    #[test]
+    fn synthetic_sets_have_their_shape() {
+        for set in Synthetic::ALL {
+            let keys = set.generate(3000, 7);
+            assert_eq!(keys.len(), 3000, "{}", set.name());
+            assert_eq!(
+                keys,
+                set.generate(3000, 7),
+                "a fixed seed gives the same keys"
+            );
+            let distinct: HashSet<&[u8]> = keys.iter().collect();
+            assert_eq!(distinct.len(), keys.len(), "{}", set.name());
+            assert!(keys.max_len() <= SYNTH_MAX);
+            if set.equal {
+                assert!(keys.iter().all(|k| k.len() == SYNTH_MAX), "{}", set.name());
+            } else {
+                assert!(
+                    keys.iter().any(|k| k.len() < SYNTH_MAX / 2),
+                    "{}",
+                    set.name()
+                );
+            }
+            assert!(!keys.has_nul());
+            for k in keys.iter() {
+                match set.shape {
+                    Shape::Hierarchical => {
+                        let slash = k.iter().rposition(|&b| b == b'/').unwrap();
+                        assert!(slash < PREFIX_MAX && k.len() - slash - 1 <= NAME_MAX);
+                        assert_eq!(k.iter().filter(|&&b| b == b'/').count(), LEVELS);
+                        if set.equal {
+                            assert_eq!(slash + 1, PREFIX_MAX);
+                        }
+                    }
+                    Shape::Flat => assert!(k.iter().all(|b| (b'!'..=b'~').contains(b))),
+                }
+            }
+        }
+        // Hierarchical keys share their directories: far fewer distinct
+        // prefixes than keys.
+        let keys = Synthetic::ALL[0].generate(3000, 7);
+        let dirs: HashSet<&[u8]> = keys
+            .iter()
+            .map(|k| &k[..=k.iter().rposition(|&b| b == b'/').unwrap()])
+            .collect();
+        assert!(dirs.len() < 3000 / 8, "{}", dirs.len());
     }
 }

@@ -22,7 +22,10 @@ mod lpm_real;
 mod lpm_scale;
 mod lpm_updates;
 mod stackmap;
+mod strmap_common;
 mod strmap_real;
+mod strmap_synthetic;
+mod strmap_threads;
 
 /// Every suite, in the order `report` runs them.
 pub const ALL: &[&dyn DynSuite] = &[
@@ -37,6 +40,8 @@ pub const ALL: &[&dyn DynSuite] = &[
     &lpm_updates::LpmUpdates,
     &lpm_free::LpmFree,
     &strmap_real::StrmapReal,
+    &strmap_synthetic::StrmapSynthetic,
+    &strmap_threads::StrmapThreads,
 ];
 
 /// The suite named `name`.

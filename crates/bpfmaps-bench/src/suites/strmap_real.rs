@@ -15,18 +15,17 @@
 
 use clap::Args;
 
-use crate::measure::{rate_samples_interleaved, settle_reaper};
+use crate::measure::rate_samples_interleaved;
 use crate::plot::LinePlot;
 use crate::record::{
-    BUILD_NS_PER_KEY, ITER_NS_PER_KEY, MEM_BYTES_PER_KEY, MEM_REPORTED_PER_KEY, NS_PER_LOOKUP,
-    Record, STRMAP_DISAGREEMENTS, case, case_param, find, ratio,
+    BUILD_NS_PER_KEY, ITER_NS_PER_KEY, NS_PER_LOOKUP, Record, STRMAP_DISAGREEMENTS, case,
+    case_param, find, ratio,
 };
 use crate::stats::Stats;
-use crate::str_tables::{
-    AnyStr, BASELINE, StrStep, StrTable, build, each_str_table, str_table_names,
-};
-use crate::strings::{DATA_SETS, Keys, hit_order, misses, shuffled};
+use crate::str_tables::{AnyStr, BASELINE, str_table_names};
+use crate::strings::{DATA_SETS, hit_order, misses, shuffled};
 use crate::suite::{Ctx, Suite};
+use crate::suites::strmap_common::{Kept, KeySetRun, LookupSet, bases, memory};
 use crate::table::{Table, fmt_ratio};
 
 /// The suite.
@@ -59,199 +58,56 @@ const LOOKUPS: [&str; 2] = ["hit", "miss"];
 /// quick run.
 const QUICK_CHECKED: usize = 1 << 16;
 
-/// One implementation, built and kept for the timed loops.
-struct Kept {
-    table: Box<dyn AnyStr>,
-    /// Its records: build and memory now, lookups and walk appended.
-    recs: Vec<Record>,
-    /// Wrong answers per lookup set.
-    wrong: [usize; 2],
-}
-
-/// One data set: its keys, lookup sets and expected answers.
-struct Set<'a> {
-    ctx: &'a Ctx,
-    base: String,
-    keys: Keys,
-    /// Hits (every key once, in random order), then misses.
-    probes: [Keys; 2],
-    expect: [Vec<Option<u64>>; 2],
-    builds: usize,
-    /// Lookups checked per lookup set (the first ones).
-    checked: usize,
-}
-
-impl StrStep for Set<'_> {
-    type Out = Option<Kept>;
-
-    /// Builds `T` (`builds` times, keeping the last), records build time
-    /// and memory, and checks its answers; `None` (with a note) if it
-    /// refuses the keys.
-    fn step<T: StrTable + 'static>(&mut self) -> Option<Kept> {
-        let s = self.ctx.suite();
-        if let Some(why) = T::refuses(&self.keys) {
-            self.ctx.note(&format!(
-                "{s}: {} left out of {}: {why}",
-                T::NAME,
-                self.base
+/// Times whole ordered walks of every ordered implementation in turns,
+/// after checking that each gives the keys, values and order of the first
+/// (`btreemap`).
+fn walks(set: &KeySetRun, kept: &[Kept]) -> Vec<Record> {
+    let s = set.ctx.suite();
+    let c = format!("{},walk=iter", set.base);
+    let ordered: Vec<&dyn AnyStr> = kept
+        .iter()
+        .map(|k| k.table.as_ref())
+        .filter(|t| t.walk().is_some())
+        .collect();
+    let digests: Vec<_> = ordered.iter().map(|t| t.walk_digest()).collect();
+    let bad: Vec<bool> = digests
+        .iter()
+        .map(|d| *d != digests[0] || d.is_none_or(|(n, _)| n != set.keys.len() as u64))
+        .collect();
+    for (t, &bad) in ordered.iter().zip(&bad) {
+        if bad {
+            set.ctx.note(&format!(
+                "WARNING: {}'s ordered walk differs from {}'s ({})",
+                t.name(),
+                ordered[0].name(),
+                set.base
             ));
-            self.ctx.step();
-            return None;
         }
-        let mut times = Vec::new();
-        let mut built = None;
-        for _ in 0..self.builds {
-            drop(built.take());
-            // A bpfmaps map dropped just before is freed on the reaper
-            // thread: not while this build is timed.
-            settle_reaper();
-            let b = build::<T>(&self.keys);
-            times.push(b.ns_per_key);
-            built = Some(b);
-        }
-        let built = built.expect("at least one build");
-        let t = built.table;
-        let n = self.keys.len();
-        assert_eq!(StrTable::len(&t), n, "{}: keys lost", T::NAME);
-        let per_key = |bytes: usize| bytes as f64 / n as f64;
-        let mut recs = vec![Record::stats(
+    }
+    let rates = {
+        let mut loops: Vec<_> = ordered.iter().map(|t| t.walk().expect("ordered")).collect();
+        rate_samples_interleaved(set.ctx.plan(), &mut loops)
+    };
+    let mut recs = Vec::new();
+    for ((t, samples), bad) in ordered.iter().zip(rates).zip(bad) {
+        recs.push(Record::stats(
             s,
-            &self.base,
-            T::NAME,
-            &BUILD_NS_PER_KEY,
-            Stats::from_samples(&times),
-        )];
-        if T::COUNTED {
-            recs.push(Record::single(
-                s,
-                &self.base,
-                T::NAME,
-                &MEM_BYTES_PER_KEY,
-                per_key(built.held),
-            ));
-        }
-        if let Some(bytes) = t.reported() {
-            recs.push(Record::single(
-                s,
-                &self.base,
-                T::NAME,
-                &MEM_REPORTED_PER_KEY,
-                per_key(bytes),
-            ));
-        }
-        let wrong = [0, 1].map(|i| {
-            let n = self.checked.min(self.probes[i].len());
-            t.wrong_answers(&self.probes[i], &self.expect[i][..n])
-        });
-        for (w, kind) in wrong.iter().zip(LOOKUPS) {
-            if *w > 0 {
-                self.ctx.note(&format!(
-                    "WARNING: {} answered {w} {kind} lookups wrongly ({})",
-                    T::NAME,
-                    self.base
-                ));
-            }
-        }
-        self.ctx.step();
-        self.ctx.print(&recs);
-        Some(Kept {
-            table: Box::new(t),
-            recs,
-            wrong,
-        })
+            &c,
+            t.name(),
+            &ITER_NS_PER_KEY,
+            Stats::inverse_of(&samples, 1e9),
+        ));
+        recs.push(Record::single(
+            s,
+            &c,
+            t.name(),
+            &STRMAP_DISAGREEMENTS,
+            f64::from(u8::from(bad)),
+        ));
     }
-}
-
-impl Set<'_> {
-    /// Builds every implementation, then times their lookups in turns,
-    /// one lookup set at a time, then their walks.
-    fn run(&mut self) -> Vec<Record> {
-        let mut kept: Vec<Kept> = each_str_table(self).into_iter().flatten().collect();
-        settle_reaper();
-        let s = self.ctx.suite();
-        for (i, kind) in LOOKUPS.iter().enumerate() {
-            let c = format!("{},lookup={kind}", self.base);
-            let rates = {
-                let mut loops: Vec<_> = kept
-                    .iter()
-                    .map(|k| k.table.lookups(&self.probes[i]))
-                    .collect();
-                rate_samples_interleaved(self.ctx.plan(), &mut loops)
-            };
-            let mut printed = Vec::new();
-            for (k, samples) in kept.iter_mut().zip(rates) {
-                let name = k.table.name();
-                let recs = [
-                    Record::stats(
-                        s,
-                        &c,
-                        name,
-                        &NS_PER_LOOKUP,
-                        Stats::inverse_of(&samples, 1e9),
-                    ),
-                    Record::single(s, &c, name, &STRMAP_DISAGREEMENTS, k.wrong[i] as f64),
-                ];
-                k.recs.extend_from_slice(&recs);
-                printed.extend(recs);
-            }
-            self.ctx.step();
-            self.ctx.print(&printed);
-        }
-        let walks = self.walks(&kept);
-        kept.into_iter().flat_map(|k| k.recs).chain(walks).collect()
-    }
-
-    /// Times whole ordered walks of every ordered implementation in turns,
-    /// after checking that each gives the keys, values and order of the
-    /// first (`btreemap`).
-    fn walks(&self, kept: &[Kept]) -> Vec<Record> {
-        let s = self.ctx.suite();
-        let c = format!("{},walk=iter", self.base);
-        let ordered: Vec<&dyn AnyStr> = kept
-            .iter()
-            .map(|k| k.table.as_ref())
-            .filter(|t| t.walk().is_some())
-            .collect();
-        let digests: Vec<_> = ordered.iter().map(|t| t.walk_digest()).collect();
-        let bad: Vec<bool> = digests
-            .iter()
-            .map(|d| *d != digests[0] || d.is_none_or(|(n, _)| n != self.keys.len() as u64))
-            .collect();
-        for (t, &bad) in ordered.iter().zip(&bad) {
-            if bad {
-                self.ctx.note(&format!(
-                    "WARNING: {}'s ordered walk differs from {}'s ({})",
-                    t.name(),
-                    ordered[0].name(),
-                    self.base
-                ));
-            }
-        }
-        let rates = {
-            let mut loops: Vec<_> = ordered.iter().map(|t| t.walk().expect("ordered")).collect();
-            rate_samples_interleaved(self.ctx.plan(), &mut loops)
-        };
-        let mut recs = Vec::new();
-        for ((t, samples), bad) in ordered.iter().zip(rates).zip(bad) {
-            recs.push(Record::stats(
-                s,
-                &c,
-                t.name(),
-                &ITER_NS_PER_KEY,
-                Stats::inverse_of(&samples, 1e9),
-            ));
-            recs.push(Record::single(
-                s,
-                &c,
-                t.name(),
-                &STRMAP_DISAGREEMENTS,
-                f64::from(u8::from(bad)),
-            ));
-        }
-        self.ctx.step();
-        self.ctx.print(&recs);
-        recs
-    }
+    set.ctx.step();
+    set.ctx.print(&recs);
+    recs
 }
 
 impl Suite for StrmapReal {
@@ -347,14 +203,22 @@ impl Suite for StrmapReal {
                 keys.prefix_keys(),
                 miss.len()
             ));
-            let mut set = Set {
+            let leave_out = |_: &'static str| None;
+            let mut set = KeySetRun {
                 ctx,
                 base,
-                expect: [
-                    order.iter().map(|&i| Some(u64::from(i))).collect(),
-                    vec![None; miss.len()],
+                lookups: vec![
+                    LookupSet {
+                        kind: LOOKUPS[0],
+                        expect: order.iter().map(|&i| Some(u64::from(i))).collect(),
+                        probes: keys.permuted(&order),
+                    },
+                    LookupSet {
+                        kind: LOOKUPS[1],
+                        expect: vec![None; miss.len()],
+                        probes: miss,
+                    },
                 ],
-                probes: [keys.permuted(&order), miss],
                 keys,
                 builds,
                 checked: if ctx.quick() {
@@ -362,8 +226,13 @@ impl Suite for StrmapReal {
                 } else {
                     usize::MAX
                 },
+                leave_out: &leave_out,
+                lookups_per_sec: false,
             };
-            all.extend(set.run());
+            let mut kept = set.build_all();
+            set.time_lookups(&mut kept, ctx.plan());
+            let walk_recs = walks(&set, &kept);
+            all.extend(kept.into_iter().flat_map(|k| k.recs).chain(walk_recs));
         }
         all
     }
@@ -462,25 +331,6 @@ impl Suite for StrmapReal {
         plots.retain(|p| !p.is_empty());
         plots
     }
-}
-
-/// The sets' base cases, in run order.
-fn bases(records: &[Record]) -> Vec<&str> {
-    let mut bases: Vec<&str> = Vec::new();
-    for r in records.iter().filter(|r| r.metric == BUILD_NS_PER_KEY.name) {
-        if !bases.contains(&r.case.as_str()) {
-            bases.push(&r.case);
-        }
-    }
-    bases
-}
-
-/// An implementation's bytes per key: counted, or else its own account
-/// (`true`).
-fn memory<'a>(records: &'a [Record], base: &str, imp: &str) -> Option<(&'a Record, bool)> {
-    find(records, base, imp, MEM_BYTES_PER_KEY.name)
-        .map(|r| (r, false))
-        .or_else(|| find(records, base, imp, MEM_REPORTED_PER_KEY.name).map(|r| (r, true)))
 }
 
 /// The 2022 proposal's table: per data set and structure, the memory of
