@@ -12,4 +12,4 @@ mod qptrie;
 mod tests;
 
 pub use contract::QP_TRIE_FAMILY;
-pub use qptrie::{LOOKUP_GROUP, MAX_KEY_SIZE, QpTrieMap};
+pub use qptrie::{LOOKUP_GROUP, MAX_INLINE_TAIL, MAX_KEY_SIZE, QpTrieMap};

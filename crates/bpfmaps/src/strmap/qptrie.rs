@@ -28,6 +28,13 @@ use crate::core::error::{Error, Result, check_len};
 use crate::core::flags::UpdateFlag;
 use crate::core::reclaim::{Guard, drop_in_background, pin};
 
+/// Longest tail a leaf keeps inside its parent node; a longer one gets a
+/// node of its own. Every write copies the node it changes, inline leaves
+/// included, so without a bound a node above many long keys costs all
+/// their bytes to copy on each insert. No leaf of the real key sets
+/// (symbols, BTF strings, paths, domains, words) has a tail this long.
+pub const MAX_INLINE_TAIL: usize = 64;
+
 /// Longest key a map may be created for.
 pub const MAX_KEY_SIZE: usize = 4096;
 
@@ -97,6 +104,24 @@ struct Write<'a> {
 }
 
 impl Write<'_> {
+    /// A key's leaf below its parent: inline when its tail is at most
+    /// [`MAX_INLINE_TAIL`] bytes, else a node of its own that holds just
+    /// that key (its skip the tail, its end the value), so that a node
+    /// with many long keys below it stays small to copy on every write.
+    fn leaf(&mut self, tail: &[u8], value: &[u8]) -> ChildSpec {
+        if tail.len() <= MAX_INLINE_TAIL {
+            return ChildSpec::Leaf {
+                tail: tail.to_vec(),
+                value: value.to_vec(),
+            };
+        }
+        ChildSpec::Node(self.build(&Spec {
+            skip: tail.to_vec(),
+            end: Some(value.to_vec()),
+            children: Vec::new(),
+        }))
+    }
+
     fn build(&mut self, spec: &Spec) -> u64 {
         let (word, size) = spec.build();
         self.map.node_bytes.fetch_add(size, Ordering::Relaxed);
@@ -432,7 +457,7 @@ impl QpTrieMap {
             self.reserve()?;
             // A top node holding one key goes down as a leaf.
             let lower = match node.end_value(self.value_size) {
-                Some(end) if node.len() == 0 => leaf(&skip[common + 1..], end),
+                Some(end) if node.len() == 0 => write.leaf(&skip[common + 1..], end),
                 _ => {
                     let mut lower = Spec::of(node, self.value_size);
                     lower.skip.drain(..=common);
@@ -446,7 +471,7 @@ impl QpTrieMap {
             };
             match rest.get(common) {
                 None => split.end = Some(value.to_vec()),
-                Some(&label) => split.set_child(label, leaf(&rest[common + 1..], value)),
+                Some(&label) => split.set_child(label, write.leaf(&rest[common + 1..], value)),
             }
             return Ok(Change::Swap(write.build(&split)));
         }
@@ -464,7 +489,7 @@ impl QpTrieMap {
             flag.check(false)?;
             self.reserve()?;
             let mut spec = Spec::of(node, self.value_size);
-            spec.set_child(label, leaf(after, value));
+            spec.set_child(label, write.leaf(after, value));
             return Ok(self.replaced(write, &spec));
         };
         match node.child(i, self.value_size) {
@@ -478,7 +503,7 @@ impl QpTrieMap {
             Child::Leaf { tail, .. } if tail == after => {
                 flag.check(true)?;
                 let mut spec = Spec::of(node, self.value_size);
-                spec.set_child(label, leaf(after, value));
+                spec.set_child(label, write.leaf(after, value));
                 Ok(self.replaced(write, &spec))
             }
             Child::Leaf { tail, value: old } => {
@@ -494,7 +519,7 @@ impl QpTrieMap {
                 for (rest, v) in [(tail, old), (after, value)] {
                     match rest.get(common) {
                         None => split.end = Some(v.to_vec()),
-                        Some(&l) => split.set_child(l, leaf(&rest[common + 1..], v)),
+                        Some(&l) => split.set_child(l, write.leaf(&rest[common + 1..], v)),
                     }
                 }
                 let mut spec = Spec::of(node, self.value_size);
@@ -587,7 +612,7 @@ impl QpTrieMap {
                         Change::Leaf { tail, value } => {
                             write.retired.push(child.word());
                             let mut spec = Spec::of(node, self.value_size);
-                            spec.set_child(label, ChildSpec::Leaf { tail, value });
+                            spec.set_child(label, write.leaf(&tail, &value));
                             return Ok(self.replaced(write, &spec));
                         }
                     },
@@ -960,13 +985,6 @@ fn count_keys(node: Node<'_>, value_size: usize) -> usize {
                 Child::Leaf { .. } => 1,
             })
             .sum::<usize>()
-}
-
-fn leaf(tail: &[u8], value: &[u8]) -> ChildSpec {
-    ChildSpec::Leaf {
-        tail: tail.to_vec(),
-        value: value.to_vec(),
-    }
 }
 
 fn common_prefix(a: &[u8], b: &[u8]) -> usize {

@@ -5,7 +5,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
 use proptest::prelude::*;
 
-use super::QpTrieMap;
+use super::{MAX_INLINE_TAIL, QpTrieMap};
 use crate::core::flags::{BPF_ANY, BPF_EXIST, BPF_NOEXIST};
 use crate::{Error, pin};
 
@@ -221,19 +221,43 @@ enum Op {
 
 /// Keys from a small alphabet, with the bytes that order specially (0,
 /// 0xff), so that keys share prefixes and are prefixes of each other.
-fn arb_key(max: usize) -> impl Strategy<Value = Vec<u8>> {
+fn arb_key(max: usize) -> impl Strategy<Value = Vec<u8>> + Clone {
     prop::collection::vec(
         prop::sample::select(vec![0u8, 1, b'a', b'b', 0x7f, 0xff]),
         1..=max,
     )
 }
 
-fn arb_ops(max_key: usize) -> impl Strategy<Value = Vec<Op>> {
+/// Keys of up to four pieces, each a byte or a run of `MAX_INLINE_TAIL + 1`
+/// bytes: long keys sharing prefixes, so that long leaves (nodes of their
+/// own) split, merge and go back inline.
+fn arb_long_key() -> impl Strategy<Value = Vec<u8>> + Clone {
+    prop::collection::vec(
+        prop::sample::select(vec![0u8, b'a', b'b', b'r', 0xff]),
+        1..=4,
+    )
+    .prop_map(|pieces| {
+        let mut key = Vec::new();
+        for p in pieces {
+            match p {
+                b'r' => key.extend(std::iter::repeat_n(b'r', MAX_INLINE_TAIL + 1)),
+                b => key.push(b),
+            }
+        }
+        key
+    })
+}
+
+fn arb_ops_of(key: impl Strategy<Value = Vec<u8>> + Clone) -> impl Strategy<Value = Vec<Op>> {
     let op = prop_oneof![
-        3 => (arb_key(max_key), any::<u64>(), 0..3u64).prop_map(|(k, v, f)| Op::Insert(k, v, f)),
-        2 => arb_key(max_key).prop_map(Op::Remove),
+        3 => (key.clone(), any::<u64>(), 0..3u64).prop_map(|(k, v, f)| Op::Insert(k, v, f)),
+        2 => key.prop_map(Op::Remove),
     ];
     prop::collection::vec(op, 1..crate::scaled(200, 24))
+}
+
+fn arb_ops(max_key: usize) -> impl Strategy<Value = Vec<Op>> {
+    arb_ops_of(arb_key(max_key))
 }
 
 fn bound(b: Bound<&Vec<u8>>) -> Bound<&[u8]> {
@@ -252,9 +276,33 @@ proptest! {
         probes in prop::collection::vec(arb_key(7), 1..crate::scaled(24, 4)),
         cap in 4..64usize,
     ) {
-        let m = QpTrieMap::new(6, 8, cap as u32).unwrap();
+        matches_the_model(&ops, &probes, cap, 6)?;
+    }
+
+    /// The same with long keys: leaves past `MAX_INLINE_TAIL` bytes.
+    #[test]
+    fn matches_a_btreemap_with_long_keys(
+        ops in arb_ops_of(arb_long_key()),
+        probes in prop::collection::vec(arb_long_key(), 1..crate::scaled(24, 4)),
+        cap in 4..64usize,
+    ) {
+        matches_the_model(&ops, &probes, cap, 4 * (MAX_INLINE_TAIL + 1))?;
+    }
+}
+
+/// Every operation's result and every query against a `BTreeMap` (see
+/// `matches_a_btreemap`), for keys of at most `max_key` bytes (`probes`
+/// may be longer).
+fn matches_the_model(
+    ops: &[Op],
+    probes: &[Vec<u8>],
+    cap: usize,
+    max_key: usize,
+) -> Result<(), TestCaseError> {
+    {
+        let m = QpTrieMap::new(max_key, 8, cap as u32).unwrap();
         let mut model: BTreeMap<Vec<u8>, u64> = BTreeMap::new();
-        for op in &ops {
+        for op in ops {
             match op {
                 Op::Insert(k, val, f) => {
                     let want = match (*f, model.contains_key(k)) {
@@ -297,16 +345,31 @@ proptest! {
         let mut out = vec![Some(&[0u8][..]); many.len()];
         m.get_many(&many, &guard, &mut out).unwrap();
         for (k, got) in many.iter().zip(&out) {
-            prop_assert_eq!(got.map(|v| u64::from_ne_bytes(v.try_into().unwrap())), model.get(*k).copied());
+            prop_assert_eq!(
+                got.map(|v| u64::from_ne_bytes(v.try_into().unwrap())),
+                model.get(*k).copied()
+            );
         }
-        for p in &probes {
+        for p in probes {
             prop_assert_eq!(get(&m, p), model.get(p).copied());
-            let want = model.keys().filter(|k| p.starts_with(k)).max_by_key(|k| k.len());
-            prop_assert_eq!(m.longest_prefix_of(p, &guard).map(|(k, _)| k.to_vec()), want.cloned());
+            let want = model
+                .keys()
+                .filter(|k| p.starts_with(k))
+                .max_by_key(|k| k.len());
+            prop_assert_eq!(
+                m.longest_prefix_of(p, &guard).map(|(k, _)| k.to_vec()),
+                want.cloned()
+            );
             let want: Vec<_> = model.keys().filter(|k| k.starts_with(p)).cloned().collect();
-            prop_assert_eq!(m.prefix(p, &guard).map(|(k, _)| k).collect::<Vec<_>>(), want);
+            prop_assert_eq!(
+                m.prefix(p, &guard).map(|(k, _)| k).collect::<Vec<_>>(),
+                want
+            );
             let mut next = Vec::new();
-            match model.range::<Vec<u8>, _>((Bound::Excluded(p), Bound::Unbounded)).next() {
+            match model
+                .range::<Vec<u8>, _>((Bound::Excluded(p), Bound::Unbounded))
+                .next()
+            {
                 Some((k, _)) => {
                     prop_assert_eq!(m.next_key(Some(p), &mut next), Ok(()));
                     prop_assert_eq!(&next, k);
@@ -325,8 +388,14 @@ proptest! {
                 if lo > hi && !matches!((l, h), (_, Bound::Unbounded) | (Bound::Unbounded, _)) {
                     continue;
                 }
-                let want: Vec<_> = model.range::<Vec<u8>, _>((l, h)).map(|(k, _)| k.clone()).collect();
-                let got: Vec<_> = m.range::<Vec<u8>>((l.cloned(), h.cloned()), &guard).map(|(k, _)| k).collect();
+                let want: Vec<_> = model
+                    .range::<Vec<u8>, _>((l, h))
+                    .map(|(k, _)| k.clone())
+                    .collect();
+                let got: Vec<_> = m
+                    .range::<Vec<u8>>((l.cloned(), h.cloned()), &guard)
+                    .map(|(k, _)| k)
+                    .collect();
                 prop_assert_eq!(&got, &want);
                 let mut walked = Vec::new();
                 m.for_each_in((bound(l), bound(h)), &guard, |k, _| {
@@ -336,12 +405,13 @@ proptest! {
                 prop_assert_eq!(walked, want);
             }
         }
-        let fresh = QpTrieMap::new(6, 8, cap as u32).unwrap();
+        let fresh = QpTrieMap::new(max_key, 8, cap as u32).unwrap();
         for (k, val) in &model {
             fresh.insert(k, &v(*val), BPF_NOEXIST).unwrap();
         }
         prop_assert_eq!(m.live_bytes(), fresh.live_bytes());
     }
+    Ok(())
 }
 
 /// Writers insert and remove keys in their own subtrees and in a shared
