@@ -263,6 +263,7 @@ impl<'g> Node<'g> {
     }
 
     /// Bytes of its allocation (rounded up to its alignment).
+    #[cfg(test)]
     fn size(self, value_size: usize) -> usize {
         let value = if self.has_value() { value_size } else { 0 };
         layout(self.frag().len(), value).pad_to_align().size()
