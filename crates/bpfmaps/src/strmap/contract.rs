@@ -128,7 +128,13 @@ pub const TST_FAMILY: Family = Family {
 };
 
 impl MapOps for TstMap {
-    const CAPS: Caps = QpTrieMap::CAPS;
+    /// The qp-trie's: no batches.
+    const CAPS: Caps = Caps::LOOKUP
+        .union(Caps::UPDATE)
+        .union(Caps::DELETE)
+        .union(Caps::LOOKUP_AND_DELETE)
+        .union(Caps::NEXT_KEY)
+        .union(Caps::VAR_KEYS);
 
     fn map_info(&self) -> MapInfo {
         MapInfo {
@@ -211,6 +217,8 @@ mod tests {
     fn the_tst_through_the_contract() {
         let map = crate::create(&MapSpec::new(MapType::TST, 8, 4, 16)).unwrap();
         assert_eq!(map.map_type().name(), Some("tst"));
+        let qp = crate::create(&MapSpec::new(MapType::QP_TRIE, 8, 4, 16)).unwrap();
+        assert_eq!(map.caps(), qp.caps());
         for len in (1..=8).rev() {
             map.update(&b"abcdefgh"[..len], &(len as u32).to_ne_bytes(), 0)
                 .unwrap();

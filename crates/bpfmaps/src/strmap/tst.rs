@@ -20,17 +20,12 @@
 //! The patch's own example: "hello", "he", "test", "tea", "team":
 //!
 //! ```text
-//!            [he]                 eq: |    lo / hi: - (siblings)
-//!             |
-//!           [llo]* ------------- [te]      * = holds a value
-//!                                 |
-//!                                [st]*
-//!                                 |   (lo)
-//!                                [a]*    <- "tea": 'a' < 's'
-//!                                 |
-//!                                [m]*    <- "team"
+//!   [he]* -----hi-----> [te]        * = holds a value
+//!     | eq               | eq
+//!   [llo]*  [a]* <-lo-  [st]*   "tea": 'a' < 's'
+//!             | eq
+//!           [m]*                     "team"
 //! ```
-//! ("he" holds a value too: its node is `[he]*`.)
 //!
 //! Layout: one allocation per node, 8-aligned:
 //!
@@ -58,7 +53,7 @@
 //!   (its `eq` child) keeps the rest of the fragment, the `eq` subtree and
 //!   the value, and the new key hangs below the bottom as a `lo` or `hi`
 //!   sibling, or ends at the top. A key ending exactly at a node copies
-//!   the node with the value. Each write publishes once, with a release
+//!   the node with the value. Each insert publishes once, with a release
 //!   store into one slot.
 //!
 //! # Invariants
@@ -81,11 +76,15 @@
 //! loaded with acquire. One writer at a time, under one map-wide mutex
 //! (the patch's one spinlock). A node's fragment and value never change
 //! once it is published; a change builds new nodes and publishes them
-//! with one release store into a child slot (or the root), and the nodes
+//! with a release store into a child slot (or the root), and the nodes
 //! it replaced are freed after the epoch's grace period
-//! ([`crate::core::reclaim`]). A reader therefore sees every node whole,
-//! old or new, and a key no write touches is always found; a new value
-//! replaces a node, so no reader sees a torn value.
+//! ([`crate::core::reclaim`]). An insert is one store. A removal is one
+//! store, or two when it unlinks a node and then merges the node above
+//! with its remaining child: between the two the tree holds every other
+//! key once, with a node that is not yet merged. A reader therefore sees
+//! every node whole, old or new, a key no write touches is always found,
+//! and a walk never meets a key twice; a new value replaces a node, so no
+//! reader sees a torn value.
 //!
 //! # What is faithful, what was added
 //!
