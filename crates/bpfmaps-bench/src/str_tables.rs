@@ -7,6 +7,7 @@
 //! |---|---|---|---|
 //! | `bpfmaps-qp-trie` | [`bpfmaps::strmap::QpTrieMap`], `key_size` = the longest key | `get(key, &guard)`, one guard per batch | `for_each` |
 //! | `bpfmaps-qp-trie-many` | the same map | `get_many`, groups of 16 keys side by side | - (the walk is `bpfmaps-qp-trie`'s) |
+//! | `bpfmaps-tst` | [`bpfmaps::strmap::TstMap`] (the 2022 ternary search tree, the baseline), `key_size` = the longest key | `get(key, &guard)`, one guard per batch | `for_each` |
 //! | `btreemap` | `BTreeMap<Box<[u8]>, u64>` | `get` | `iter` |
 //! | `std-hashmap` | `std::collections::HashMap<Box<[u8]>, u64>` (SipHash, `RandomState`) | `get` | - |
 //! | `bpfmaps-hash` | `bpfmaps::hashtab::HashMap`, `key_size` = the longest key, keys zero-padded | `get(padded, &guard)`, one guard per batch | - |
@@ -28,14 +29,14 @@
 //! that is a proper prefix of another (`try_insert` refuses it), and every
 //! real set has such keys (`strmap-real` prints how many).
 //!
-//! Adding a structure (the planned `TstMap`): an impl of [`StrTable`] and
-//! one line in [`visit_all`].
+//! Adding a structure: an impl of [`StrTable`] and one line in
+//! [`visit_all`].
 
 use std::collections::{BTreeMap, HashMap};
 use std::hint::black_box;
 use std::ops::Range;
 
-use bpfmaps::strmap::{LOOKUP_GROUP, QpTrieMap};
+use bpfmaps::strmap::{LOOKUP_GROUP, QpTrieMap, TstMap};
 use bpfmaps::{BPF_ANY, Map};
 use radix_trie::TrieCommon;
 
@@ -234,6 +235,7 @@ trait Visit {
 fn visit_all(v: &mut impl Visit) {
     v.visit::<QpTrieMap>();
     v.visit::<QpTrieGroups>();
+    v.visit::<TstMap>();
     v.visit::<BTreeMap<Box<[u8]>, u64>>();
     v.visit::<HashMap<Box<[u8]>, u64>>();
     v.visit::<FixedKeyHash>();
@@ -410,6 +412,51 @@ impl StrTable for QpTrieGroups {
     }
     fn reported(&self) -> Option<usize> {
         Some(self.0.memory_usage())
+    }
+}
+
+/// The ternary search tree map of 2022, bpfmaps' baseline for the qp-trie:
+/// keys of any length up to the set's longest.
+impl StrTable for TstMap {
+    const NAME: &'static str = "bpfmaps-tst";
+    const ORDERED: bool = true;
+    fn refuses(keys: &Keys) -> Option<String> {
+        QpTrieMap::refuses(keys)
+    }
+    fn build(keys: &Keys) -> Self {
+        let entries = u32::try_from(keys.len()).expect("entries fit u32");
+        let map = TstMap::new(keys.max_len().max(1), 8, entries.max(1)).expect("creating the map");
+        for (i, k) in keys.iter().enumerate() {
+            map.insert(k, &(i as u64).to_ne_bytes(), BPF_ANY)
+                .expect("insert");
+        }
+        map
+    }
+    fn get(&self, key: &[u8]) -> Option<u64> {
+        TstMap::get(self, key, &bpfmaps::pin()).map(read_u64)
+    }
+    #[inline]
+    fn sum_batch(&self, probes: &Keys, range: Range<usize>) -> u64 {
+        let guard = bpfmaps::pin();
+        let mut acc = 0u64;
+        for i in range {
+            let v = TstMap::get(self, black_box(probes.key(i)), &guard);
+            acc = acc.wrapping_add(v.map_or(0, read_u64));
+        }
+        acc
+    }
+    fn len(&self) -> usize {
+        TstMap::len(self)
+    }
+    fn reported(&self) -> Option<usize> {
+        Some(self.memory_usage())
+    }
+    fn for_each_ordered(&self, mut f: impl FnMut(&[u8], u64)) {
+        let guard = bpfmaps::pin();
+        self.for_each(&guard, |k, v| {
+            f(k, read_u64(v));
+            std::ops::ControlFlow::Continue(())
+        });
     }
 }
 

@@ -28,6 +28,7 @@ pub static FAMILIES: &[&Family] = &[
     &crate::bloom::BLOOM_FILTER_FAMILY,
     &crate::lpm::KERNEL_LPM_TRIE_FAMILY,
     &crate::strmap::QP_TRIE_FAMILY,
+    &crate::strmap::TST_FAMILY,
     #[cfg(test)]
     &crate::conformance::toy::TOY_FAMILY,
 ];

@@ -17,9 +17,8 @@
 //! The maps are behind one small trait, [`SharedStrMap`]. bpfmaps' string
 //! maps share one API (`new(max_key, value_size, max_entries)`,
 //! `get(key, &guard)`, `insert(key, value, flags)`, `remove(key, out)`),
-//! so each is one line of [`bpfmaps_string_maps!`]: adding the ternary
-//! search tree map (`TstMap`, which has that API and one global writer
-//! lock) is one line there.
+//! so each is one line of [`bpfmaps_string_maps!`] (the qp-trie, and the
+//! ternary search tree map with its one global writer lock).
 
 use std::collections::BTreeMap;
 use std::ops::{AddAssign, Range};
@@ -27,7 +26,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Barrier, RwLock};
 use std::time::{Duration, Instant};
 
-use bpfmaps::strmap::QpTrieMap;
+use bpfmaps::strmap::{QpTrieMap, TstMap};
 use bpfmaps::{BPF_NOEXIST, Error};
 use clap::Args;
 
@@ -187,10 +186,10 @@ macro_rules! bpfmaps_string_maps {
     };
 }
 
-// One line per map with `QpTrieMap`'s API; `TstMap` goes here when it lands:
-// `bpfmaps::strmap::TstMap => "bpfmaps-tst",`.
+// One line per map with `QpTrieMap`'s API.
 bpfmaps_string_maps! {
     QpTrieMap => "bpfmaps-qp-trie",
+    TstMap => "bpfmaps-tst",
 }
 
 /// `std`'s ordered map behind `std`'s reader-writer lock: a read lock per

@@ -1,9 +1,11 @@
-//! The qp-trie map's byte contract: its family entry and `bpf_map_ops`.
-//! Keys are 1 to `key_size` bytes, the slice's length being the key's
-//! (the kernel patch passed them as dynptrs); batches lay each key out
-//! as its length and the key, zero-padded ([`crate::BatchKeys`]).
+//! The string maps' byte contract: their family entries and
+//! `bpf_map_ops`. Keys are 1 to `key_size` bytes, the slice's length being
+//! the key's (the kernel qp-trie patch passed them as dynptrs; the TST
+//! patch took NUL-terminated strings, see [`TstMap`]); batches lay each
+//! key out as its length and the key, zero-padded ([`crate::BatchKeys`]).
 
 use super::qptrie::{MAX_KEY_SIZE, QpTrieMap};
+use super::tst::TstMap;
 use crate::core::contract::{Caps, MapInfo, MapOps, MapType};
 use crate::core::error::{Error, Result};
 use crate::core::family::{Family, KeyKind, SizeRule};
@@ -13,6 +15,9 @@ use crate::core::reclaim::Guard;
 impl MapType {
     /// The qp-trie string map (not in the kernel: a private number).
     pub const QP_TRIE: MapType = MapType(MapType::PRIVATE + 1);
+    /// The ternary search tree string map (the 2022 `BPF_MAP_TYPE_TST`
+    /// patch was never merged: a private number).
+    pub const TST: MapType = MapType(MapType::PRIVATE + 2);
 }
 
 /// The qp-trie map, for the registry: keys of 1 to `key_size` bytes
@@ -85,6 +90,93 @@ impl MapOps for QpTrieMap {
     /// Byte order, a key before its extensions. A key that is not stored
     /// gives the first stored key after it (the kernel patch restarted
     /// from the first key), so a walk survives deletes of its cursor.
+    fn map_get_next_key(
+        &self,
+        key: Option<&[u8]>,
+        next: &mut [u8],
+        guard: &Guard,
+    ) -> Result<usize> {
+        let mut len = 0;
+        self.with_next_key(key, guard, |k| {
+            next[..k.len()].copy_from_slice(k);
+            len = k.len();
+        })?;
+        Ok(len)
+    }
+}
+
+/// The ternary search tree map, for the registry: keys of 1 to
+/// `key_size` bytes (`key_size` up to 4096), flags 0 or
+/// `BPF_F_NO_PREALLOC` (the patch required the flag; nodes are always
+/// allocated as keys come, so here it changes nothing).
+pub const TST_FAMILY: Family = Family {
+    map_type: MapType::TST,
+    name: "tst",
+    map_flags: BPF_F_NO_PREALLOC,
+    map_extra: 0,
+    key_size: SizeRule::between(1, MAX_KEY_SIZE as u32),
+    value_size: SizeRule::between(1, u16::MAX as u32),
+    keys: KeyKind::Bytes,
+    build: |spec| {
+        let mut map = TstMap::new(
+            spec.key_size as usize,
+            spec.value_size as usize,
+            spec.max_entries,
+        )?;
+        map.map_flags = spec.flags;
+        Ok(Box::new(map))
+    },
+};
+
+impl MapOps for TstMap {
+    /// The qp-trie's.
+    const CAPS: Caps = Caps::LOOKUP
+        .union(Caps::UPDATE)
+        .union(Caps::DELETE)
+        .union(Caps::LOOKUP_AND_DELETE)
+        .union(Caps::NEXT_KEY)
+        .union(Caps::BATCH)
+        .union(Caps::VAR_KEYS);
+
+    fn map_info(&self) -> MapInfo {
+        MapInfo {
+            map_type: MapType::TST,
+            key_size: self.max_key_size() as u32,
+            value_size: self.value_size() as u32,
+            max_entries: self.max_entries(),
+            map_flags: self.map_flags,
+            map_extra: 0,
+        }
+    }
+
+    fn map_len(&self) -> usize {
+        self.len()
+    }
+
+    fn map_mem_usage(&self) -> usize {
+        self.memory_usage()
+    }
+
+    fn map_lookup_elem(&self, key: &[u8], value: &mut [u8], guard: &Guard) -> Result<()> {
+        value.copy_from_slice(self.get(key, guard).ok_or(Error::NotFound)?);
+        Ok(())
+    }
+
+    fn map_update_elem(&self, key: &[u8], value: &[u8], flag: UpdateFlag, _: &Guard) -> Result<()> {
+        self.insert(key, value, flag.bits())
+    }
+
+    fn map_delete_elem(&self, key: &[u8], _: &Guard) -> Result<()> {
+        self.remove(key, None)
+    }
+
+    fn map_lookup_and_delete_elem(&self, key: &[u8], value: &mut [u8], _: &Guard) -> Result<()> {
+        self.remove(key, Some(value))
+    }
+
+    /// Byte order, a key before its extensions; a key that is not stored
+    /// gives the first stored key after it (the patch had no
+    /// `get_next_key`).
     fn map_get_next_key(
         &self,
         key: Option<&[u8]>,
@@ -179,6 +271,29 @@ mod tests {
         let mut value = [0u8; 4];
         map.lookup(b"abcdef", &mut value).unwrap();
         assert_eq!(u32::from_ne_bytes(value), 6);
+        assert!(map.lookup(b"", &mut value).is_err());
+        assert!(map.lookup(b"abcdefghi", &mut value).is_err());
+    }
+
+    #[test]
+    fn the_tst_through_the_contract() {
+        let map = crate::create(&MapSpec::new(MapType::TST, 8, 4, 16)).unwrap();
+        assert_eq!(map.map_type().name(), Some("tst"));
+        let qp = crate::create(&MapSpec::new(MapType::QP_TRIE, 8, 4, 16)).unwrap();
+        assert_eq!(map.caps(), qp.caps());
+        for len in (1..=8).rev() {
+            map.update(&b"abcdefgh"[..len], &(len as u32).to_ne_bytes(), 0)
+                .unwrap();
+        }
+        let mut next = [0u8; 8];
+        let n = map.get_next_key(Some(b"abc"), &mut next).unwrap();
+        assert_eq!(&next[..n], b"abcd");
+        map.delete(b"abcd").unwrap();
+        let n = map.get_next_key(Some(b"abcd"), &mut next).unwrap();
+        assert_eq!(&next[..n], b"abcde");
+        let mut value = [0u8; 4];
+        map.lookup_and_delete(b"abcdef", &mut value).unwrap();
+        assert_eq!((u32::from_ne_bytes(value), map.len()), (6, 6));
         assert!(map.lookup(b"", &mut value).is_err());
         assert!(map.lookup(b"abcdefghi", &mut value).is_err());
     }

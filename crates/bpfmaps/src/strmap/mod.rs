@@ -4,12 +4,20 @@
 //!
 //! - [`QpTrieMap`]: a path-compressed byte trie, one writer lock per
 //!   first byte, lock-free readers.
+//! - [`TstMap`]: the ternary search tree map proposed for BPF in 2022
+//!   (path-compressed fragments, `lo`/`eq`/`hi` children, one writer
+//!   lock), completed with delete and `get_next_key` and given lock-free
+//!   readers: the baseline `QpTrieMap` is measured against.
 
 mod block;
 mod contract;
 mod qptrie;
 #[cfg(test)]
 mod tests;
+mod tst;
+#[cfg(test)]
+mod tst_tests;
 
-pub use contract::QP_TRIE_FAMILY;
+pub use contract::{QP_TRIE_FAMILY, TST_FAMILY};
 pub use qptrie::{LOOKUP_GROUP, MAX_INLINE_TAIL, MAX_KEY_SIZE, QpTrieMap};
+pub use tst::TstMap;
