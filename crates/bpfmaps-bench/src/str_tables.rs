@@ -823,9 +823,17 @@ mod tests {
         let names: Vec<_> = out.iter().map(|(n, _)| *n).collect();
         assert_eq!(names, str_table_names());
         let native = usize::from(cfg!(native_judy)) + usize::from(cfg!(native_hat_trie));
-        assert_eq!(names.len(), 7 + native);
+        assert_eq!(names.len(), 9 + native);
         let unordered: Vec<_> = out.iter().filter(|(_, o)| !o).map(|(n, _)| *n).collect();
-        assert_eq!(unordered, ["std-hashmap", "bpfmaps-hash", "qp-trie"]);
+        assert_eq!(
+            unordered,
+            [
+                "bpfmaps-qp-trie-many",
+                "std-hashmap",
+                "bpfmaps-hash",
+                "qp-trie"
+            ]
+        );
     }
 
     #[test]

@@ -449,7 +449,11 @@ mod tests {
                     r.case == format!("{base},walk=iter") && r.metric == ITER_NS_PER_KEY.name
                 })
                 .count();
-            assert_eq!(walks, names.len() - 3, "all but the hash maps and qp-trie");
+            assert_eq!(
+                walks,
+                names.len() - 4,
+                "all but the hash maps, qp-trie and the get_many view"
+            );
         }
         let tables = suite.summaries(&records);
         assert_eq!(tables.len(), 3);

@@ -858,7 +858,12 @@ mod tests {
         let names = names();
         assert_eq!(
             names,
-            ["bpfmaps-qp-trie", "rwlock-btreemap", "bpfmaps-hash"]
+            [
+                "bpfmaps-qp-trie",
+                "bpfmaps-tst",
+                "rwlock-btreemap",
+                "bpfmaps-hash"
+            ]
         );
         let lookups = records.iter().filter(|r| r.metric == LOOKUPS_PER_SEC.name);
         assert_eq!(lookups.count(), 2 * names.len());
