@@ -320,54 +320,69 @@ impl StrTable for HashMap<Box<[u8]>, u64> {
     }
 }
 
-/// bpfmaps' own string map: keys of any length up to the set's longest.
-impl StrTable for QpTrieMap {
-    const NAME: &'static str = "bpfmaps-qp-trie";
-    const ORDERED: bool = true;
-    fn refuses(keys: &Keys) -> Option<String> {
-        (keys.max_len() > bpfmaps::strmap::MAX_KEY_SIZE).then(|| {
-            format!(
-                "its longest key ({} bytes) is past the map's limit",
-                keys.max_len()
-            )
-        })
-    }
-    fn build(keys: &Keys) -> Self {
-        let entries = u32::try_from(keys.len()).expect("entries fit u32");
-        let map =
-            QpTrieMap::new(keys.max_len().max(1), 8, entries.max(1)).expect("creating the map");
-        for (i, k) in keys.iter().enumerate() {
-            map.insert(k, &(i as u64).to_ne_bytes(), BPF_ANY)
-                .expect("insert");
+/// bpfmaps' string maps: keys of any length up to the set's longest, one
+/// guard per batch of lookups, walks by `for_each`. They share this API,
+/// so one definition serves them.
+macro_rules! bpfmaps_str_table {
+    ($($(#[$doc:meta])* $map:ident => $name:literal,)*) => {$(
+        $(#[$doc])*
+        impl StrTable for $map {
+            const NAME: &'static str = $name;
+            const ORDERED: bool = true;
+            fn refuses(keys: &Keys) -> Option<String> {
+                (keys.max_len() > bpfmaps::strmap::MAX_KEY_SIZE).then(|| {
+                    format!(
+                        "its longest key ({} bytes) is past the map's limit",
+                        keys.max_len()
+                    )
+                })
+            }
+            fn build(keys: &Keys) -> Self {
+                let entries = u32::try_from(keys.len()).expect("entries fit u32");
+                let map =
+                    $map::new(keys.max_len().max(1), 8, entries.max(1)).expect("creating the map");
+                for (i, k) in keys.iter().enumerate() {
+                    map.insert(k, &(i as u64).to_ne_bytes(), BPF_ANY)
+                        .expect("insert");
+                }
+                map
+            }
+            fn get(&self, key: &[u8]) -> Option<u64> {
+                $map::get(self, key, &bpfmaps::pin()).map(read_u64)
+            }
+            #[inline]
+            fn sum_batch(&self, probes: &Keys, range: Range<usize>) -> u64 {
+                let guard = bpfmaps::pin();
+                let mut acc = 0u64;
+                for i in range {
+                    let v = $map::get(self, black_box(probes.key(i)), &guard);
+                    acc = acc.wrapping_add(v.map_or(0, read_u64));
+                }
+                acc
+            }
+            fn len(&self) -> usize {
+                $map::len(self)
+            }
+            fn reported(&self) -> Option<usize> {
+                Some(self.memory_usage())
+            }
+            fn for_each_ordered(&self, mut f: impl FnMut(&[u8], u64)) {
+                let guard = bpfmaps::pin();
+                self.for_each(&guard, |k, v| {
+                    f(k, read_u64(v));
+                    std::ops::ControlFlow::Continue(())
+                });
+            }
         }
-        map
-    }
-    fn get(&self, key: &[u8]) -> Option<u64> {
-        QpTrieMap::get(self, key, &bpfmaps::pin()).map(read_u64)
-    }
-    #[inline]
-    fn sum_batch(&self, probes: &Keys, range: Range<usize>) -> u64 {
-        let guard = bpfmaps::pin();
-        let mut acc = 0u64;
-        for i in range {
-            let v = QpTrieMap::get(self, black_box(probes.key(i)), &guard);
-            acc = acc.wrapping_add(v.map_or(0, read_u64));
-        }
-        acc
-    }
-    fn len(&self) -> usize {
-        QpTrieMap::len(self)
-    }
-    fn reported(&self) -> Option<usize> {
-        Some(self.memory_usage())
-    }
-    fn for_each_ordered(&self, mut f: impl FnMut(&[u8], u64)) {
-        let guard = bpfmaps::pin();
-        self.for_each(&guard, |k, v| {
-            f(k, read_u64(v));
-            std::ops::ControlFlow::Continue(())
-        });
-    }
+    )*};
+}
+
+bpfmaps_str_table! {
+    /// The qp-trie map.
+    QpTrieMap => "bpfmaps-qp-trie",
+    /// The ternary search tree map of 2022, bpfmaps' baseline for the
+    /// qp-trie.
+    TstMap => "bpfmaps-tst",
 }
 
 /// The same map looked up through `get_many`: a caller with many keys at
@@ -412,51 +427,6 @@ impl StrTable for QpTrieGroups {
     }
     fn reported(&self) -> Option<usize> {
         Some(self.0.memory_usage())
-    }
-}
-
-/// The ternary search tree map of 2022, bpfmaps' baseline for the qp-trie:
-/// keys of any length up to the set's longest.
-impl StrTable for TstMap {
-    const NAME: &'static str = "bpfmaps-tst";
-    const ORDERED: bool = true;
-    fn refuses(keys: &Keys) -> Option<String> {
-        QpTrieMap::refuses(keys)
-    }
-    fn build(keys: &Keys) -> Self {
-        let entries = u32::try_from(keys.len()).expect("entries fit u32");
-        let map = TstMap::new(keys.max_len().max(1), 8, entries.max(1)).expect("creating the map");
-        for (i, k) in keys.iter().enumerate() {
-            map.insert(k, &(i as u64).to_ne_bytes(), BPF_ANY)
-                .expect("insert");
-        }
-        map
-    }
-    fn get(&self, key: &[u8]) -> Option<u64> {
-        TstMap::get(self, key, &bpfmaps::pin()).map(read_u64)
-    }
-    #[inline]
-    fn sum_batch(&self, probes: &Keys, range: Range<usize>) -> u64 {
-        let guard = bpfmaps::pin();
-        let mut acc = 0u64;
-        for i in range {
-            let v = TstMap::get(self, black_box(probes.key(i)), &guard);
-            acc = acc.wrapping_add(v.map_or(0, read_u64));
-        }
-        acc
-    }
-    fn len(&self) -> usize {
-        TstMap::len(self)
-    }
-    fn reported(&self) -> Option<usize> {
-        Some(self.memory_usage())
-    }
-    fn for_each_ordered(&self, mut f: impl FnMut(&[u8], u64)) {
-        let guard = bpfmaps::pin();
-        self.for_each(&guard, |k, v| {
-            f(k, read_u64(v));
-            std::ops::ControlFlow::Continue(())
-        });
     }
 }
 

@@ -20,176 +20,121 @@ impl MapType {
     pub const TST: MapType = MapType(MapType::PRIVATE + 2);
 }
 
-/// The qp-trie map, for the registry: keys of 1 to `key_size` bytes
-/// (`key_size` up to 4096), flags 0 or `BPF_F_NO_PREALLOC` (nodes are
-/// always allocated as keys come; the flag changes nothing).
-pub const QP_TRIE_FAMILY: Family = Family {
-    map_type: MapType::QP_TRIE,
-    name: "qp_trie",
-    map_flags: BPF_F_NO_PREALLOC,
-    map_extra: 0,
-    key_size: SizeRule::between(1, MAX_KEY_SIZE as u32),
-    value_size: SizeRule::between(1, u16::MAX as u32),
-    keys: KeyKind::Bytes,
-    build: |spec| {
-        let mut map = QpTrieMap::new(
-            spec.key_size as usize,
-            spec.value_size as usize,
-            spec.max_entries,
-        )?;
-        map.map_flags = spec.flags;
-        Ok(Box::new(map))
-    },
-};
-
-impl MapOps for QpTrieMap {
-    const CAPS: Caps = Caps::LOOKUP
-        .union(Caps::UPDATE)
-        .union(Caps::DELETE)
-        .union(Caps::LOOKUP_AND_DELETE)
-        .union(Caps::NEXT_KEY)
-        .union(Caps::BATCH)
-        .union(Caps::VAR_KEYS);
-
-    fn map_info(&self) -> MapInfo {
-        MapInfo {
-            map_type: MapType::QP_TRIE,
-            key_size: self.max_key_size() as u32,
-            value_size: self.value_size() as u32,
-            max_entries: self.max_entries(),
-            map_flags: self.map_flags,
+/// A string map's family entry and its `bpf_map_ops`: both maps have the
+/// API the contract needs (`new`, `get`, `insert`, `remove`,
+/// `with_next_key`, `len`, `memory_usage`), so one definition serves them.
+macro_rules! string_map_family {
+    ($(#[$doc:meta])* $family:ident: $map:ident, $map_type:expr, $name:literal) => {
+        $(#[$doc])*
+        pub const $family: Family = Family {
+            map_type: $map_type,
+            name: $name,
+            map_flags: BPF_F_NO_PREALLOC,
             map_extra: 0,
+            key_size: SizeRule::between(1, MAX_KEY_SIZE as u32),
+            value_size: SizeRule::between(1, u16::MAX as u32),
+            keys: KeyKind::Bytes,
+            build: |spec| {
+                let mut map = $map::new(
+                    spec.key_size as usize,
+                    spec.value_size as usize,
+                    spec.max_entries,
+                )?;
+                map.map_flags = spec.flags;
+                Ok(Box::new(map))
+            },
+        };
+
+        impl MapOps for $map {
+            const CAPS: Caps = Caps::LOOKUP
+                .union(Caps::UPDATE)
+                .union(Caps::DELETE)
+                .union(Caps::LOOKUP_AND_DELETE)
+                .union(Caps::NEXT_KEY)
+                .union(Caps::BATCH)
+                .union(Caps::VAR_KEYS);
+
+            fn map_info(&self) -> MapInfo {
+                MapInfo {
+                    map_type: $map_type,
+                    key_size: self.max_key_size() as u32,
+                    value_size: self.value_size() as u32,
+                    max_entries: self.max_entries(),
+                    map_flags: self.map_flags,
+                    map_extra: 0,
+                }
+            }
+
+            fn map_len(&self) -> usize {
+                self.len()
+            }
+
+            fn map_mem_usage(&self) -> usize {
+                self.memory_usage()
+            }
+
+            fn map_lookup_elem(&self, key: &[u8], value: &mut [u8], guard: &Guard) -> Result<()> {
+                value.copy_from_slice(self.get(key, guard).ok_or(Error::NotFound)?);
+                Ok(())
+            }
+
+            fn map_update_elem(
+                &self,
+                key: &[u8],
+                value: &[u8],
+                flag: UpdateFlag,
+                _: &Guard,
+            ) -> Result<()> {
+                self.insert(key, value, flag.bits())
+            }
+
+            fn map_delete_elem(&self, key: &[u8], _: &Guard) -> Result<()> {
+                self.remove(key, None)
+            }
+
+            fn map_lookup_and_delete_elem(
+                &self,
+                key: &[u8],
+                value: &mut [u8],
+                _: &Guard,
+            ) -> Result<()> {
+                self.remove(key, Some(value))
+            }
+
+            /// Byte order, a key before its extensions. A key that is not
+            /// stored gives the first stored key after it (the qp-trie
+            /// patch restarted from the first key; the TST patch had no
+            /// `get_next_key`), so a walk survives deletes of its cursor.
+            fn map_get_next_key(
+                &self,
+                key: Option<&[u8]>,
+                next: &mut [u8],
+                guard: &Guard,
+            ) -> Result<usize> {
+                let mut len = 0;
+                self.with_next_key(key, guard, |k| {
+                    next[..k.len()].copy_from_slice(k);
+                    len = k.len();
+                })?;
+                Ok(len)
+            }
         }
-    }
-
-    fn map_len(&self) -> usize {
-        self.len()
-    }
-
-    fn map_mem_usage(&self) -> usize {
-        self.memory_usage()
-    }
-
-    fn map_lookup_elem(&self, key: &[u8], value: &mut [u8], guard: &Guard) -> Result<()> {
-        value.copy_from_slice(self.get(key, guard).ok_or(Error::NotFound)?);
-        Ok(())
-    }
-
-    fn map_update_elem(&self, key: &[u8], value: &[u8], flag: UpdateFlag, _: &Guard) -> Result<()> {
-        self.insert(key, value, flag.bits())
-    }
-
-    fn map_delete_elem(&self, key: &[u8], _: &Guard) -> Result<()> {
-        self.remove(key, None)
-    }
-
-    fn map_lookup_and_delete_elem(&self, key: &[u8], value: &mut [u8], _: &Guard) -> Result<()> {
-        self.remove(key, Some(value))
-    }
-
-    /// Byte order, a key before its extensions. A key that is not stored
-    /// gives the first stored key after it (the kernel patch restarted
-    /// from the first key), so a walk survives deletes of its cursor.
-    fn map_get_next_key(
-        &self,
-        key: Option<&[u8]>,
-        next: &mut [u8],
-        guard: &Guard,
-    ) -> Result<usize> {
-        let mut len = 0;
-        self.with_next_key(key, guard, |k| {
-            next[..k.len()].copy_from_slice(k);
-            len = k.len();
-        })?;
-        Ok(len)
-    }
+    };
 }
 
-/// The ternary search tree map, for the registry: keys of 1 to
-/// `key_size` bytes (`key_size` up to 4096), flags 0 or
-/// `BPF_F_NO_PREALLOC` (the patch required the flag; nodes are always
-/// allocated as keys come, so here it changes nothing).
-pub const TST_FAMILY: Family = Family {
-    map_type: MapType::TST,
-    name: "tst",
-    map_flags: BPF_F_NO_PREALLOC,
-    map_extra: 0,
-    key_size: SizeRule::between(1, MAX_KEY_SIZE as u32),
-    value_size: SizeRule::between(1, u16::MAX as u32),
-    keys: KeyKind::Bytes,
-    build: |spec| {
-        let mut map = TstMap::new(
-            spec.key_size as usize,
-            spec.value_size as usize,
-            spec.max_entries,
-        )?;
-        map.map_flags = spec.flags;
-        Ok(Box::new(map))
-    },
-};
+string_map_family! {
+    /// The qp-trie map, for the registry: keys of 1 to `key_size` bytes
+    /// (`key_size` up to 4096), flags 0 or `BPF_F_NO_PREALLOC` (nodes are
+    /// always allocated as keys come; the flag changes nothing).
+    QP_TRIE_FAMILY: QpTrieMap, MapType::QP_TRIE, "qp_trie"
+}
 
-impl MapOps for TstMap {
-    /// The qp-trie's.
-    const CAPS: Caps = Caps::LOOKUP
-        .union(Caps::UPDATE)
-        .union(Caps::DELETE)
-        .union(Caps::LOOKUP_AND_DELETE)
-        .union(Caps::NEXT_KEY)
-        .union(Caps::BATCH)
-        .union(Caps::VAR_KEYS);
-
-    fn map_info(&self) -> MapInfo {
-        MapInfo {
-            map_type: MapType::TST,
-            key_size: self.max_key_size() as u32,
-            value_size: self.value_size() as u32,
-            max_entries: self.max_entries(),
-            map_flags: self.map_flags,
-            map_extra: 0,
-        }
-    }
-
-    fn map_len(&self) -> usize {
-        self.len()
-    }
-
-    fn map_mem_usage(&self) -> usize {
-        self.memory_usage()
-    }
-
-    fn map_lookup_elem(&self, key: &[u8], value: &mut [u8], guard: &Guard) -> Result<()> {
-        value.copy_from_slice(self.get(key, guard).ok_or(Error::NotFound)?);
-        Ok(())
-    }
-
-    fn map_update_elem(&self, key: &[u8], value: &[u8], flag: UpdateFlag, _: &Guard) -> Result<()> {
-        self.insert(key, value, flag.bits())
-    }
-
-    fn map_delete_elem(&self, key: &[u8], _: &Guard) -> Result<()> {
-        self.remove(key, None)
-    }
-
-    fn map_lookup_and_delete_elem(&self, key: &[u8], value: &mut [u8], _: &Guard) -> Result<()> {
-        self.remove(key, Some(value))
-    }
-
-    /// Byte order, a key before its extensions; a key that is not stored
-    /// gives the first stored key after it (the patch had no
-    /// `get_next_key`).
-    fn map_get_next_key(
-        &self,
-        key: Option<&[u8]>,
-        next: &mut [u8],
-        guard: &Guard,
-    ) -> Result<usize> {
-        let mut len = 0;
-        self.with_next_key(key, guard, |k| {
-            next[..k.len()].copy_from_slice(k);
-            len = k.len();
-        })?;
-        Ok(len)
-    }
+string_map_family! {
+    /// The ternary search tree map, for the registry: keys of 1 to
+    /// `key_size` bytes (`key_size` up to 4096), flags 0 or
+    /// `BPF_F_NO_PREALLOC` (the patch required the flag; nodes are always
+    /// allocated as keys come, so here it changes nothing).
+    TST_FAMILY: TstMap, MapType::TST, "tst"
 }
 
 /// The conformance suite runs over this family with every other

@@ -11,6 +11,7 @@
 
 mod block;
 mod contract;
+mod limits;
 mod qptrie;
 #[cfg(test)]
 mod tests;

@@ -24,6 +24,7 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use parking_lot::Mutex;
 
 use super::block::{self, Child, ChildSpec, Node, Spec};
+use super::limits::Limits;
 use crate::core::error::{Error, Result, check_len};
 use crate::core::flags::UpdateFlag;
 use crate::core::reclaim::{Guard, drop_in_background, pin};
@@ -55,9 +56,7 @@ pub const MAX_KEY_SIZE: usize = 4096;
 /// ```
 pub struct QpTrieMap {
     roots: Box<[Root]>,
-    max_key_size: usize,
-    value_size: usize,
-    max_entries: u32,
+    limits: Limits,
     /// Creation flags, for `MapInfo`.
     pub(super) map_flags: u32,
     len: AtomicUsize,
@@ -156,19 +155,7 @@ impl QpTrieMap {
     /// A map of keys up to `max_key_size` bytes (1 to 4096) and values of
     /// `value_size` bytes (at least 1), holding at most `max_entries`.
     pub fn new(max_key_size: usize, value_size: usize, max_entries: u32) -> Result<Self> {
-        if !(1..=MAX_KEY_SIZE).contains(&max_key_size) {
-            return Err(Error::invalid(format!(
-                "key_size {max_key_size}: a string map's keys are 1 to {MAX_KEY_SIZE} bytes"
-            )));
-        }
-        if value_size == 0 || value_size > u16::MAX as usize {
-            return Err(Error::invalid(format!(
-                "value_size {value_size}: 1 to 65535 bytes"
-            )));
-        }
-        if max_entries == 0 {
-            return Err(Error::invalid("max_entries 0"));
-        }
+        let limits = Limits::new(max_key_size, value_size, max_entries)?;
         Ok(QpTrieMap {
             roots: (0..256)
                 .map(|_| Root {
@@ -176,9 +163,7 @@ impl QpTrieMap {
                     writer: Mutex::new(()),
                 })
                 .collect(),
-            max_key_size,
-            value_size,
-            max_entries,
+            limits,
             map_flags: 0,
             len: AtomicUsize::new(0),
             node_bytes: Arc::new(AtomicUsize::new(0)),
@@ -187,17 +172,17 @@ impl QpTrieMap {
 
     /// Longest key.
     pub fn max_key_size(&self) -> usize {
-        self.max_key_size
+        self.limits.max_key_size
     }
 
     /// Value size in bytes.
     pub fn value_size(&self) -> usize {
-        self.value_size
+        self.limits.value_size
     }
 
     /// Capacity.
     pub fn max_entries(&self) -> u32 {
-        self.max_entries
+        self.limits.max_entries
     }
 
     /// Number of keys.
@@ -219,14 +204,7 @@ impl QpTrieMap {
     }
 
     fn check_key(&self, key: &[u8]) -> Result<()> {
-        if key.is_empty() || key.len() > self.max_key_size {
-            return Err(Error::invalid(format!(
-                "key of {} bytes: this map takes 1 to {} bytes",
-                key.len(),
-                self.max_key_size
-            )));
-        }
-        Ok(())
+        self.limits.check_key(key)
     }
 
     #[inline]
@@ -338,12 +316,12 @@ impl QpTrieMap {
             return Step::Done(None);
         };
         let Some((&label, after)) = rest.split_first() else {
-            return Step::Done(node.end_value(self.value_size));
+            return Step::Done(node.end_value(self.limits.value_size));
         };
         let Some(i) = node.find(label) else {
             return Step::Done(None);
         };
-        match node.child(i, self.value_size) {
+        match node.child(i, self.limits.value_size) {
             Child::Node(next) => Step::Down(next, after),
             Child::Leaf { tail, value } => Step::Done((tail == after).then_some(value)),
         }
@@ -365,7 +343,7 @@ impl QpTrieMap {
             };
             rest = after_skip;
             let done = key.len() - rest.len();
-            if let Some(value) = node.end_value(self.value_size) {
+            if let Some(value) = node.end_value(self.limits.value_size) {
                 best = Some((&key[..done], value));
             }
             let Some((&label, after)) = rest.split_first() else {
@@ -374,7 +352,7 @@ impl QpTrieMap {
             let Some(i) = node.find(label) else {
                 return best;
             };
-            match node.child(i, self.value_size) {
+            match node.child(i, self.limits.value_size) {
                 Child::Node(next) => {
                     node = next;
                     rest = after;
@@ -395,7 +373,7 @@ impl QpTrieMap {
     pub fn insert(&self, key: &[u8], value: &[u8], flags: u64) -> Result<()> {
         let flag = UpdateFlag::from_bits(flags)?;
         self.check_key(key)?;
-        check_len("value", value.len(), self.value_size)?;
+        check_len("value", value.len(), self.limits.value_size)?;
         let root = &self.roots[key[0] as usize];
         let _writer = root.writer.lock();
         let guard = &pin();
@@ -430,7 +408,7 @@ impl QpTrieMap {
 
     /// Takes one of the `max_entries` places for a new key.
     fn reserve(&self) -> Result<()> {
-        let max = self.max_entries as usize;
+        let max = self.limits.max_entries as usize;
         self.len
             .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| {
                 (n < max).then_some(n + 1)
@@ -456,10 +434,10 @@ impl QpTrieMap {
             flag.check(false)?;
             self.reserve()?;
             // A top node holding one key goes down as a leaf.
-            let lower = match node.end_value(self.value_size) {
+            let lower = match node.end_value(self.limits.value_size) {
                 Some(end) if node.len() == 0 => write.leaf(&skip[common + 1..], end),
                 _ => {
-                    let mut lower = Spec::of(node, self.value_size);
+                    let mut lower = Spec::of(node, self.limits.value_size);
                     lower.skip.drain(..=common);
                     ChildSpec::Node(write.build(&lower))
                 }
@@ -481,18 +459,18 @@ impl QpTrieMap {
             if !node.has_end() {
                 self.reserve()?;
             }
-            let mut spec = Spec::of(node, self.value_size);
+            let mut spec = Spec::of(node, self.limits.value_size);
             spec.end = Some(value.to_vec());
             return Ok(self.replaced(write, &spec));
         };
         let Some(i) = node.find(label) else {
             flag.check(false)?;
             self.reserve()?;
-            let mut spec = Spec::of(node, self.value_size);
+            let mut spec = Spec::of(node, self.limits.value_size);
             spec.set_child(label, write.leaf(after, value));
             return Ok(self.replaced(write, &spec));
         };
-        match node.child(i, self.value_size) {
+        match node.child(i, self.limits.value_size) {
             Child::Node(child) => {
                 if let Change::Swap(word) = self.insert_at(write, child, after, value, flag)? {
                     node.slot(i).store(word, Ordering::Release);
@@ -502,7 +480,7 @@ impl QpTrieMap {
             }
             Child::Leaf { tail, .. } if tail == after => {
                 flag.check(true)?;
-                let mut spec = Spec::of(node, self.value_size);
+                let mut spec = Spec::of(node, self.limits.value_size);
                 spec.set_child(label, write.leaf(after, value));
                 Ok(self.replaced(write, &spec))
             }
@@ -522,7 +500,7 @@ impl QpTrieMap {
                         Some(&l) => split.set_child(l, write.leaf(&rest[common + 1..], v)),
                     }
                 }
-                let mut spec = Spec::of(node, self.value_size);
+                let mut spec = Spec::of(node, self.limits.value_size);
                 spec.set_child(label, ChildSpec::Node(write.build(&split)));
                 Ok(self.replaced(write, &spec))
             }
@@ -540,7 +518,7 @@ impl QpTrieMap {
     pub fn remove(&self, key: &[u8], out: Option<&mut [u8]>) -> Result<()> {
         self.check_key(key)?;
         if let Some(out) = &out {
-            check_len("value", out.len(), self.value_size)?;
+            check_len("value", out.len(), self.limits.value_size)?;
         }
         let root = &self.roots[key[0] as usize];
         let _writer = root.writer.lock();
@@ -585,17 +563,19 @@ impl QpTrieMap {
         let rest = rest.strip_prefix(node.skip()).ok_or(Error::NotFound)?;
         let spec = match rest.split_first() {
             None => {
-                let value = node.end_value(self.value_size).ok_or(Error::NotFound)?;
+                let value = node
+                    .end_value(self.limits.value_size)
+                    .ok_or(Error::NotFound)?;
                 if let Some(out) = out {
                     out.copy_from_slice(value);
                 }
-                let mut spec = Spec::of(node, self.value_size);
+                let mut spec = Spec::of(node, self.limits.value_size);
                 spec.end = None;
                 spec
             }
             Some((&label, after)) => {
                 let i = node.find(label).ok_or(Error::NotFound)?;
-                match node.child(i, self.value_size) {
+                match node.child(i, self.limits.value_size) {
                     Child::Node(child) => match self.remove_at(write, child, after, out)? {
                         Change::Keep => return Ok(Change::Keep),
                         Change::Swap(word) => {
@@ -605,13 +585,13 @@ impl QpTrieMap {
                         }
                         Change::Gone => {
                             write.retired.push(child.word());
-                            let mut spec = Spec::of(node, self.value_size);
+                            let mut spec = Spec::of(node, self.limits.value_size);
                             spec.remove_child(label);
                             spec
                         }
                         Change::Leaf { tail, value } => {
                             write.retired.push(child.word());
-                            let mut spec = Spec::of(node, self.value_size);
+                            let mut spec = Spec::of(node, self.limits.value_size);
                             spec.set_child(label, write.leaf(&tail, &value));
                             return Ok(self.replaced(write, &spec));
                         }
@@ -623,7 +603,7 @@ impl QpTrieMap {
                         if let Some(out) = out {
                             out.copy_from_slice(value);
                         }
-                        let mut spec = Spec::of(node, self.value_size);
+                        let mut spec = Spec::of(node, self.limits.value_size);
                         spec.remove_child(label);
                         spec
                     }
@@ -658,7 +638,7 @@ impl QpTrieMap {
                     ChildSpec::Node(word) => {
                         // SAFETY: a live child of the node being replaced.
                         let child = unsafe { Node::from_word(word) };
-                        let mut merged = Spec::of(child, self.value_size);
+                        let mut merged = Spec::of(child, self.limits.value_size);
                         joined.extend_from_slice(&merged.skip);
                         merged.skip = joined;
                         write.retired.push(word);
@@ -737,14 +717,14 @@ impl QpTrieMap {
             Side::Inside => lower,
         };
         node.prefetch_children();
-        if let Some(value) = node.end_value(self.value_size)
+        if let Some(value) = node.end_value(self.limits.value_size)
             && !below(key, lower)
         {
             f(key, value)?;
         }
         for i in 0..node.len() {
             key.push(node.labels()[i]);
-            match node.child(i, self.value_size) {
+            match node.child(i, self.limits.value_size) {
                 Child::Node(child) => self.walk(child, key, lower, f)?,
                 Child::Leaf { tail, value } => {
                     let before = key.len();
@@ -845,11 +825,11 @@ impl QpTrieMap {
                 continue;
             }
             // SAFETY: just unlinked.
-            let n = unsafe { count_keys(Node::from_word(top), self.value_size) };
+            let n = unsafe { count_keys(Node::from_word(top), self.limits.value_size) };
             self.len.fetch_sub(n, Ordering::Relaxed);
             let job = SubtreeFree {
                 top,
-                value_size: self.value_size,
+                value_size: self.limits.value_size,
                 bytes: Arc::clone(&self.node_bytes),
             };
             guard.defer(move || drop_in_background(job));
@@ -873,7 +853,7 @@ impl QpTrieMap {
         let guard = &pin();
         (0..=255u8)
             .filter_map(|b| self.top(b, guard))
-            .map(|top| sum(top, self.value_size))
+            .map(|top| sum(top, self.limits.value_size))
             .sum()
     }
 
@@ -882,7 +862,7 @@ impl QpTrieMap {
         let guard = &pin();
         (0..=255u8)
             .filter_map(|b| self.top(b, guard))
-            .map(|top| count_keys(top, self.value_size))
+            .map(|top| count_keys(top, self.limits.value_size))
             .sum()
     }
 }
@@ -950,7 +930,7 @@ impl Drop for QpTrieMap {
             if top != 0 {
                 drop_in_background(SubtreeFree {
                     top,
-                    value_size: self.value_size,
+                    value_size: self.limits.value_size,
                     bytes: Arc::clone(&self.node_bytes),
                 });
             }

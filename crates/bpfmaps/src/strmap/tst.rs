@@ -134,7 +134,7 @@ use std::sync::atomic::{AtomicPtr, AtomicUsize, Ordering};
 
 use parking_lot::Mutex;
 
-use super::qptrie::MAX_KEY_SIZE;
+use super::limits::Limits;
 use crate::core::error::{Error, Result, check_len};
 use crate::core::flags::UpdateFlag;
 use crate::core::reclaim::{Guard, drop_in_background, pin};
@@ -293,9 +293,7 @@ impl<'g> Node<'g> {
 pub struct TstMap {
     root: AtomicPtr<Header>,
     writer: Mutex<()>,
-    max_key_size: usize,
-    value_size: usize,
-    max_entries: u32,
+    limits: Limits,
     /// Creation flags, for `MapInfo`.
     pub(super) map_flags: u32,
     len: AtomicUsize,
@@ -365,7 +363,7 @@ impl Write<'_> {
     fn merge(&mut self, node: Node<'_>, below: Node<'_>) -> *mut Header {
         let [lo, _, hi] = node.children();
         let eq = below.children()[EQ];
-        let value = below.value(self.map.value_size);
+        let value = below.value(self.map.limits.value_size);
         self.retire(below.ptr());
         self.build(node.frag(), below.frag(), value, [lo, eq, hi])
     }
@@ -381,7 +379,7 @@ impl Write<'_> {
         for node in self.retired {
             let bytes = Arc::clone(&self.map.node_bytes);
             let node = SendPtr(node);
-            let value_size = self.map.value_size;
+            let value_size = self.map.limits.value_size;
             guard.defer(move || {
                 let node = node;
                 // SAFETY: unlinked before this was deferred, past its
@@ -416,25 +414,11 @@ impl TstMap {
     /// A map of keys up to `max_key_size` bytes (1 to 4096) and values of
     /// `value_size` bytes (1 to 65535), holding at most `max_entries`.
     pub fn new(max_key_size: usize, value_size: usize, max_entries: u32) -> Result<Self> {
-        if !(1..=MAX_KEY_SIZE).contains(&max_key_size) {
-            return Err(Error::invalid(format!(
-                "key_size {max_key_size}: a string map's keys are 1 to {MAX_KEY_SIZE} bytes"
-            )));
-        }
-        if value_size == 0 || value_size > u16::MAX as usize {
-            return Err(Error::invalid(format!(
-                "value_size {value_size}: 1 to 65535 bytes"
-            )));
-        }
-        if max_entries == 0 {
-            return Err(Error::invalid("max_entries 0"));
-        }
+        let limits = Limits::new(max_key_size, value_size, max_entries)?;
         Ok(TstMap {
             root: AtomicPtr::new(ptr::null_mut()),
             writer: Mutex::new(()),
-            max_key_size,
-            value_size,
-            max_entries,
+            limits,
             map_flags: 0,
             len: AtomicUsize::new(0),
             node_bytes: Arc::new(AtomicUsize::new(0)),
@@ -443,17 +427,17 @@ impl TstMap {
 
     /// Longest key.
     pub fn max_key_size(&self) -> usize {
-        self.max_key_size
+        self.limits.max_key_size
     }
 
     /// Value size in bytes.
     pub fn value_size(&self) -> usize {
-        self.value_size
+        self.limits.value_size
     }
 
     /// Capacity.
     pub fn max_entries(&self) -> u32 {
-        self.max_entries
+        self.limits.max_entries
     }
 
     /// Number of keys.
@@ -473,14 +457,7 @@ impl TstMap {
     }
 
     fn check_key(&self, key: &[u8]) -> Result<()> {
-        if key.is_empty() || key.len() > self.max_key_size {
-            return Err(Error::invalid(format!(
-                "key of {} bytes: this map takes 1 to {} bytes",
-                key.len(),
-                self.max_key_size
-            )));
-        }
-        Ok(())
+        self.limits.check_key(key)
     }
 
     #[inline(always)]
@@ -505,7 +482,7 @@ impl TstMap {
             // A partial match of a fragment is a miss.
             rest = rest.strip_prefix(frag)?;
             let Some(&next) = rest.first() else {
-                return node.value(self.value_size);
+                return node.value(self.limits.value_size);
             };
             c = next;
             node = node.child(EQ)?;
@@ -514,7 +491,7 @@ impl TstMap {
 
     /// Takes one of the `max_entries` places for a new key.
     fn reserve(&self) -> Result<()> {
-        let max = self.max_entries as usize;
+        let max = self.limits.max_entries as usize;
         self.len
             .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| {
                 (n < max).then_some(n + 1)
@@ -530,7 +507,7 @@ impl TstMap {
     pub fn insert(&self, key: &[u8], value: &[u8], flags: u64) -> Result<()> {
         let flag = UpdateFlag::from_bits(flags)?;
         self.check_key(key)?;
-        check_len("value", value.len(), self.value_size)?;
+        check_len("value", value.len(), self.limits.value_size)?;
         let _writer = self.writer.lock();
         let guard = &pin();
         let mut write = Write {
@@ -572,7 +549,12 @@ impl TstMap {
                         None
                     }
                 };
-                let bot = write.build(&frag[common..], &[], node.value(self.value_size), bot_child);
+                let bot = write.build(
+                    &frag[common..],
+                    &[],
+                    node.value(self.limits.value_size),
+                    bot_child,
+                );
                 let top = write.build(&frag[..common], &[], top_value, [lo, bot, hi]);
                 slot.store(top, Ordering::Release);
                 write.retire(old);
@@ -601,7 +583,7 @@ impl TstMap {
     pub fn remove(&self, key: &[u8], out: Option<&mut [u8]>) -> Result<()> {
         self.check_key(key)?;
         if let Some(out) = &out {
-            check_len("value", out.len(), self.value_size)?;
+            check_len("value", out.len(), self.limits.value_size)?;
         }
         let _writer = self.writer.lock();
         let guard = &pin();
@@ -646,7 +628,7 @@ impl TstMap {
         // What takes the node's place in its sibling tree, if anything
         // does (`None`: the change is published below it).
         let replacement = if after.is_empty() {
-            let value = node.value(self.value_size).ok_or(Error::NotFound)?;
+            let value = node.value(self.limits.value_size).ok_or(Error::NotFound)?;
             if let Some(out) = out {
                 out.copy_from_slice(value);
             }
@@ -710,11 +692,15 @@ impl TstMap {
         let [_, succ_eq, mut below] = succ.children();
         for p in path.iter().rev() {
             let [_, eq, hi] = p.children();
-            below = write.copy(*p, p.value(self.value_size), [below, eq, hi]);
+            below = write.copy(*p, p.value(self.limits.value_size), [below, eq, hi]);
             write.retire(p.ptr());
         }
         write.retire(succ.ptr());
-        write.copy(succ, succ.value(self.value_size), [lo, succ_eq, below])
+        write.copy(
+            succ,
+            succ.value(self.limits.value_size),
+            [lo, succ_eq, below],
+        )
     }
 
     /// Calls `f` with every key and value in order, until it breaks.
@@ -843,7 +829,7 @@ impl TstMap {
                     key.truncate(at);
                     key.extend_from_slice(node.frag());
                     if emit
-                        && let Some(value) = node.value(self.value_size)
+                        && let Some(value) = node.value(self.limits.value_size)
                         && f(&key, value).is_break()
                     {
                         return;
@@ -897,7 +883,7 @@ impl TstMap {
         }
         let job = SubtreeFree {
             root: SendPtr(root),
-            value_size: self.value_size,
+            value_size: self.limits.value_size,
             bytes: Arc::clone(&self.node_bytes),
         };
         guard.defer(move || drop_in_background(job));
@@ -912,7 +898,7 @@ impl TstMap {
         let mut stack: Vec<Node<'_>> = self.root(guard).into_iter().collect();
         let (mut bytes, mut nodes) = (0, 0);
         while let Some(node) = stack.pop() {
-            bytes += node.size(self.value_size);
+            bytes += node.size(self.limits.value_size);
             nodes += 1;
             stack.extend([LO, EQ, HI].into_iter().filter_map(|i| node.child(i)));
         }
@@ -987,7 +973,7 @@ impl Drop for TstMap {
         if !root.is_null() {
             drop_in_background(SubtreeFree {
                 root: SendPtr(root),
-                value_size: self.value_size,
+                value_size: self.limits.value_size,
                 bytes: Arc::clone(&self.node_bytes),
             });
         }
