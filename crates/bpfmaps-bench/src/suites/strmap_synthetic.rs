@@ -193,13 +193,7 @@ impl Suite for StrmapSynthetic {
         let names = str_table_names();
         let mut tables = Vec::new();
         for (shape, len) in set_names(&bases) {
-            let of_set: Vec<&str> = bases
-                .iter()
-                .copied()
-                .filter(|b| {
-                    case_param(b, "keys") == Some(shape) && case_param(b, "len") == Some(len)
-                })
-                .collect();
+            let of_set = of_set(&bases, shape, len);
             let mut cols = vec!["impl".to_string()];
             for b in &of_set {
                 let n = case_param(b, "n").and_then(|n| n.parse().ok()).unwrap_or(0);
@@ -245,13 +239,7 @@ impl Suite for StrmapSynthetic {
         let bases = bases(records);
         let mut plots = Vec::new();
         for (shape, len) in set_names(&bases) {
-            let of_set: Vec<&str> = bases
-                .iter()
-                .copied()
-                .filter(|b| {
-                    case_param(b, "keys") == Some(shape) && case_param(b, "len") == Some(len)
-                })
-                .collect();
+            let of_set = of_set(&bases, shape, len);
             let x = |b: &str| case_param(b, "n")?.parse::<f64>().ok();
             let mut mem = LinePlot::new(
                 format!("strmap-synthetic-{shape}-{len}-memory"),
@@ -302,6 +290,15 @@ fn set_names<'a>(bases: &[&'a str]) -> Vec<(&'a str, &'a str)> {
         }
     }
     out
+}
+
+/// The cases of one key set (`keys=shape,len=len`), every size.
+fn of_set<'a>(bases: &[&'a str], shape: &str, len: &str) -> Vec<&'a str> {
+    bases
+        .iter()
+        .copied()
+        .filter(|b| case_param(b, "keys") == Some(shape) && case_param(b, "len") == Some(len))
+        .collect()
 }
 
 #[cfg(test)]

@@ -488,6 +488,10 @@ impl BatchKeys {
     pub fn encode(self, keys: &[&[u8]]) -> Result<Vec<u8>> {
         let mut buf = vec![0u8; keys.len() * self.stride()];
         for (i, key) in keys.iter().enumerate() {
+            if !self.var {
+                // A fixed-size key is the whole slot: never padded or cut.
+                check_len("key", key.len(), self.key_size)?;
+            }
             self.put(&mut buf, i, |out| {
                 let n = key.len().min(out.len());
                 out[..n].copy_from_slice(&key[..n]);

@@ -197,6 +197,11 @@ mod tests {
             );
         }
         assert!(layout.encode(&[b"abcde"]).is_err());
+        // A fixed-size layout takes only keys of exactly key_size bytes.
+        let hash = crate::create(&MapSpec::new(MapType::HASH, 4, 1, 4)).unwrap();
+        let fixed = BatchKeys::of(&*hash);
+        assert_eq!(fixed.encode(&[b"abcd"]).unwrap(), b"abcd");
+        assert!(fixed.encode(&[b"abc"]).is_err() && fixed.encode(&[b"abcde"]).is_err());
         let (mut keys, mut values) = (vec![0; 16 * 8], vec![0; 16]);
         assert_eq!(map.lookup_and_delete_batch(&mut keys, &mut values), Ok(5));
         assert_eq!(layout.key(&keys, 1).unwrap(), b"ab\0");
