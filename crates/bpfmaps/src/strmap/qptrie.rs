@@ -24,7 +24,7 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use parking_lot::Mutex;
 
 use super::block::{self, Child, ChildSpec, Node, Spec};
-use super::limits::Limits;
+use super::limits::{Limits, string_map_methods};
 use crate::core::error::{Error, Result, check_len};
 use crate::core::flags::UpdateFlag;
 use crate::core::reclaim::{Guard, drop_in_background, pin};
@@ -170,30 +170,7 @@ impl QpTrieMap {
         })
     }
 
-    /// Longest key.
-    pub fn max_key_size(&self) -> usize {
-        self.limits.max_key_size
-    }
-
-    /// Value size in bytes.
-    pub fn value_size(&self) -> usize {
-        self.limits.value_size
-    }
-
-    /// Capacity.
-    pub fn max_entries(&self) -> u32 {
-        self.limits.max_entries
-    }
-
-    /// Number of keys.
-    pub fn len(&self) -> usize {
-        self.len.load(Ordering::Relaxed)
-    }
-
-    /// Whether the map holds no key.
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
+    string_map_methods!();
 
     /// Bytes held: the map itself and its nodes (with those waiting out a
     /// grace period).
@@ -201,10 +178,6 @@ impl QpTrieMap {
         size_of::<Self>()
             + self.roots.len() * size_of::<Root>()
             + self.node_bytes.load(Ordering::Relaxed)
-    }
-
-    fn check_key(&self, key: &[u8]) -> Result<()> {
-        self.limits.check_key(key)
     }
 
     #[inline]
@@ -404,17 +377,6 @@ impl QpTrieMap {
         }
         write.finish(guard);
         Ok(())
-    }
-
-    /// Takes one of the `max_entries` places for a new key.
-    fn reserve(&self) -> Result<()> {
-        let max = self.limits.max_entries as usize;
-        self.len
-            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| {
-                (n < max).then_some(n + 1)
-            })
-            .map(drop)
-            .map_err(|_| Error::Full)
     }
 
     /// Stores `rest` (the key after `node`'s place) in `node`'s subtree.
@@ -653,15 +615,6 @@ impl QpTrieMap {
         }
     }
 
-    /// Calls `f` with every key and value in order, until it breaks.
-    pub fn for_each<'g>(
-        &'g self,
-        guard: &'g Guard,
-        mut f: impl FnMut(&[u8], &'g [u8]) -> ControlFlow<()>,
-    ) {
-        self.for_each_in((Bound::Unbounded, Bound::Unbounded), guard, &mut f);
-    }
-
     /// Calls `f` with every key in `range` (byte order) and its value, in
     /// order, until it breaks.
     pub fn for_each_in<'g>(
@@ -739,37 +692,6 @@ impl QpTrieMap {
         }
         key.truncate(at);
         ControlFlow::Continue(())
-    }
-
-    /// The key after `key` in order (`None`: the first) into `next`;
-    /// `ENOENT` after the last. `key` need not be stored (a walk continues
-    /// past a deleted key).
-    pub fn next_key(&self, key: Option<&[u8]>, next: &mut Vec<u8>) -> Result<()> {
-        self.with_next_key(key, &pin(), |k| {
-            next.clear();
-            next.extend_from_slice(k);
-        })
-    }
-
-    /// Calls `f` with the first stored key after `key` (`None`: the first
-    /// key); `ENOENT` if there is none.
-    pub(super) fn with_next_key(
-        &self,
-        key: Option<&[u8]>,
-        guard: &Guard,
-        f: impl FnOnce(&[u8]),
-    ) -> Result<()> {
-        let lower = key.map_or(Bound::Unbounded, Bound::Excluded);
-        let mut f = Some(f);
-        self.for_each_in((lower, Bound::Unbounded), guard, |k, _| {
-            f.take().expect("called once")(k);
-            ControlFlow::Break(())
-        });
-        if f.is_none() {
-            Ok(())
-        } else {
-            Err(Error::NotFound)
-        }
     }
 
     /// Every key and value, in order (copied keys; [`for_each`](Self::for_each)
