@@ -1,7 +1,11 @@
 //! What a string map is created for, checked once for every string map:
-//! its longest key, its value size and its capacity ([`Limits`]); and the
-//! methods both maps have over those sizes, their key count and their
-//! ordered walk, written once ([`string_map_methods!`]).
+//! its longest key, its value size and its capacity ([`Limits`]); what it
+//! counts as it changes ([`Counts`]); and the methods both maps have over
+//! those and over their ordered walk, written once
+//! ([`string_map_methods!`]).
+
+use std::sync::Arc;
+use std::sync::atomic::AtomicUsize;
 
 use super::qptrie::MAX_KEY_SIZE;
 use crate::core::error::{Error, Result};
@@ -53,9 +57,19 @@ impl Limits {
     }
 }
 
+/// What a string map counts as it changes.
+#[derive(Debug, Default)]
+pub(super) struct Counts {
+    /// Keys held, at most `max_entries`.
+    pub keys: AtomicUsize,
+    /// Bytes of nodes allocated and not yet freed (retired ones included);
+    /// shared with the deferred frees, which take off what they free.
+    pub node_bytes: Arc<AtomicUsize>,
+}
+
 /// The methods both string maps have alike, expanded inside each map's
 /// `impl`: the creation sizes, the key count and the capacity check over
-/// the map's fields `limits: Limits` and `len: AtomicUsize`, and
+/// the map's fields `limits: Limits` and `counts: Counts`, and
 /// `for_each`, `next_key` and `with_next_key` over its `for_each_in`.
 macro_rules! string_map_methods {
     () => {
@@ -76,7 +90,9 @@ macro_rules! string_map_methods {
 
         /// Number of keys.
         pub fn len(&self) -> usize {
-            self.len.load(::std::sync::atomic::Ordering::Relaxed)
+            self.counts
+                .keys
+                .load(::std::sync::atomic::Ordering::Relaxed)
         }
 
         /// Whether the map holds no key.
@@ -92,7 +108,8 @@ macro_rules! string_map_methods {
         fn reserve(&self) -> $crate::core::error::Result<()> {
             use ::std::sync::atomic::Ordering::Relaxed;
             let max = self.limits.max_entries as usize;
-            self.len
+            self.counts
+                .keys
                 .fetch_update(Relaxed, Relaxed, |n| (n < max).then_some(n + 1))
                 .map(drop)
                 .map_err(|_| $crate::core::error::Error::Full)

@@ -24,7 +24,7 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use parking_lot::Mutex;
 
 use super::block::{self, Child, ChildSpec, Node, Spec};
-use super::limits::{Limits, string_map_methods};
+use super::limits::{Counts, Limits, string_map_methods};
 use crate::core::error::{Error, Result, check_len};
 use crate::core::flags::UpdateFlag;
 use crate::core::reclaim::{Guard, drop_in_background, pin};
@@ -59,9 +59,7 @@ pub struct QpTrieMap {
     limits: Limits,
     /// Creation flags, for `MapInfo`.
     pub(super) map_flags: u32,
-    len: AtomicUsize,
-    /// Bytes of nodes allocated and not yet freed (retired ones included).
-    node_bytes: Arc<AtomicUsize>,
+    counts: Counts,
 }
 
 /// Lookups [`QpTrieMap::get_many`] runs side by side.
@@ -123,7 +121,10 @@ impl Write<'_> {
 
     fn build(&mut self, spec: &Spec) -> u64 {
         let (word, size) = spec.build();
-        self.map.node_bytes.fetch_add(size, Ordering::Relaxed);
+        self.map
+            .counts
+            .node_bytes
+            .fetch_add(size, Ordering::Relaxed);
         word
     }
 
@@ -131,7 +132,7 @@ impl Write<'_> {
     /// replacements are published by now).
     fn finish(self, guard: &Guard) {
         for word in self.retired {
-            let bytes = Arc::clone(&self.map.node_bytes);
+            let bytes = Arc::clone(&self.map.counts.node_bytes);
             let node = SendWord(word);
             guard.defer(move || {
                 let node = node;
@@ -165,8 +166,7 @@ impl QpTrieMap {
                 .collect(),
             limits,
             map_flags: 0,
-            len: AtomicUsize::new(0),
-            node_bytes: Arc::new(AtomicUsize::new(0)),
+            counts: Counts::default(),
         })
     }
 
@@ -177,7 +177,7 @@ impl QpTrieMap {
     pub fn memory_usage(&self) -> usize {
         size_of::<Self>()
             + self.roots.len() * size_of::<Root>()
-            + self.node_bytes.load(Ordering::Relaxed)
+            + self.counts.node_bytes.load(Ordering::Relaxed)
     }
 
     #[inline]
@@ -510,7 +510,7 @@ impl QpTrieMap {
             root.top.store(word, Ordering::Release);
             write.retired.push(top);
         }
-        self.len.fetch_sub(1, Ordering::Relaxed);
+        self.counts.keys.fetch_sub(1, Ordering::Relaxed);
         write.finish(guard);
         Ok(())
     }
@@ -748,11 +748,11 @@ impl QpTrieMap {
             }
             // SAFETY: just unlinked.
             let n = unsafe { count_keys(Node::from_word(top), self.limits.value_size) };
-            self.len.fetch_sub(n, Ordering::Relaxed);
+            self.counts.keys.fetch_sub(n, Ordering::Relaxed);
             let job = SubtreeFree {
                 top,
                 value_size: self.limits.value_size,
-                bytes: Arc::clone(&self.node_bytes),
+                bytes: Arc::clone(&self.counts.node_bytes),
             };
             guard.defer(move || drop_in_background(job));
         }
@@ -853,7 +853,7 @@ impl Drop for QpTrieMap {
                 drop_in_background(SubtreeFree {
                     top,
                     value_size: self.limits.value_size,
-                    bytes: Arc::clone(&self.node_bytes),
+                    bytes: Arc::clone(&self.counts.node_bytes),
                 });
             }
         }

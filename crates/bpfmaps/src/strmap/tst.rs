@@ -134,7 +134,7 @@ use std::sync::atomic::{AtomicPtr, AtomicUsize, Ordering};
 
 use parking_lot::Mutex;
 
-use super::limits::{Limits, string_map_methods};
+use super::limits::{Counts, Limits, string_map_methods};
 use crate::core::error::{Error, Result, check_len};
 use crate::core::flags::UpdateFlag;
 use crate::core::reclaim::{Guard, drop_in_background, pin};
@@ -296,9 +296,7 @@ pub struct TstMap {
     limits: Limits,
     /// Creation flags, for `MapInfo`.
     pub(super) map_flags: u32,
-    len: AtomicUsize,
-    /// Bytes of nodes allocated and not yet freed (retired ones included).
-    node_bytes: Arc<AtomicUsize>,
+    counts: Counts,
 }
 
 /// One write's bookkeeping: nodes to retire once it is published.
@@ -343,6 +341,7 @@ impl Write<'_> {
             }
         }
         self.map
+            .counts
             .node_bytes
             .fetch_add(layout.pad_to_align().size(), Ordering::Relaxed);
         base.cast()
@@ -377,7 +376,7 @@ impl Write<'_> {
     /// replacements are published by now).
     fn finish(self, guard: &Guard) {
         for node in self.retired {
-            let bytes = Arc::clone(&self.map.node_bytes);
+            let bytes = Arc::clone(&self.map.counts.node_bytes);
             let node = SendPtr(node);
             let value_size = self.map.limits.value_size;
             guard.defer(move || {
@@ -420,8 +419,7 @@ impl TstMap {
             writer: Mutex::new(()),
             limits,
             map_flags: 0,
-            len: AtomicUsize::new(0),
-            node_bytes: Arc::new(AtomicUsize::new(0)),
+            counts: Counts::default(),
         })
     }
 
@@ -430,7 +428,7 @@ impl TstMap {
     /// Bytes held: the map itself and its nodes (with those waiting out a
     /// grace period).
     pub fn memory_usage(&self) -> usize {
-        size_of::<Self>() + self.node_bytes.load(Ordering::Relaxed)
+        size_of::<Self>() + self.counts.node_bytes.load(Ordering::Relaxed)
     }
 
     #[inline(always)]
@@ -558,7 +556,7 @@ impl TstMap {
         if new != old {
             self.root.store(new, Ordering::Release);
         }
-        self.len.fetch_sub(1, Ordering::Relaxed);
+        self.counts.keys.fetch_sub(1, Ordering::Relaxed);
         write.finish(guard);
         Ok(())
     }
@@ -799,14 +797,14 @@ impl TstMap {
         let _writer = self.writer.lock();
         let guard = &pin();
         let root = self.root.swap(ptr::null_mut(), Ordering::AcqRel);
-        self.len.store(0, Ordering::Relaxed);
+        self.counts.keys.store(0, Ordering::Relaxed);
         if root.is_null() {
             return;
         }
         let job = SubtreeFree {
             root: SendPtr(root),
             value_size: self.limits.value_size,
-            bytes: Arc::clone(&self.node_bytes),
+            bytes: Arc::clone(&self.counts.node_bytes),
         };
         guard.defer(move || drop_in_background(job));
     }
@@ -896,7 +894,7 @@ impl Drop for TstMap {
             drop_in_background(SubtreeFree {
                 root: SendPtr(root),
                 value_size: self.limits.value_size,
-                bytes: Arc::clone(&self.node_bytes),
+                bytes: Arc::clone(&self.counts.node_bytes),
             });
         }
     }
