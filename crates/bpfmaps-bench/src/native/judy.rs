@@ -13,8 +13,9 @@
 //! byte order (`JudySLFirst`/`JudySLNext`).
 //!
 //! The declarations below are written by hand from `Judy.h` (JudyHS and
-//! JudySL sections); [`JudyHs`] and [`JudySl`] each own one array and free
-//! it when dropped. They keep their own count, as Judy has none.
+//! JudySL sections); [`JudyHs`] and [`JudySl`] each own one array
+//! ([`Array`]), freed when dropped, with a count of its keys, as Judy has
+//! none.
 //!
 //! Memory: libJudy allocates through four functions a program may replace
 //! (`JudyMalloc`, `JudyFree` and their `Virtual` twins, the "memory
@@ -126,17 +127,46 @@ unsafe extern "C" fn JudyFreeVirtual(p: *mut c_void, words: Word) {
     unsafe { JudyFree(p, words) }
 }
 
-/// A JudyHS array: byte-string keys, word values.
-pub struct JudyHs {
-    /// The array's root (`Pvoid_t`, null when empty), owned.
-    array: *mut c_void,
+/// A Judy array, owned: its root and the count of its keys.
+struct Array {
+    /// The root (`Pvoid_t`, null when empty).
+    root: *mut c_void,
+    /// Keys held.
     len: usize,
+    /// The FreeArray of the array's kind (`JudyHSFreeArray`, ...).
+    free: unsafe extern "C" fn(*mut *mut c_void, *mut JError) -> Word,
 }
 
-// SAFETY: the array is memory from malloc reached only through `array`,
+// SAFETY: the array is memory from malloc reached only through `root`,
 // which this value owns; libJudy keeps no per-thread state, so the array
 // may be used and freed from any thread.
-unsafe impl Send for JudyHs {}
+unsafe impl Send for Array {}
+
+impl Array {
+    /// An empty array (allocates nothing) that `free` frees.
+    fn new(free: unsafe extern "C" fn(*mut *mut c_void, *mut JError) -> Word) -> Array {
+        Array {
+            root: ptr::null_mut(),
+            len: 0,
+            free,
+        }
+    }
+}
+
+impl Drop for Array {
+    fn drop(&mut self) {
+        // SAFETY: the root is this array's, owned by us, built by the
+        // calls of the kind `free` belongs to, and not used again:
+        // FreeArray frees every node and sets it to null. An empty (null)
+        // array is allowed.
+        unsafe { (self.free)(&mut self.root, ptr::null_mut()) };
+    }
+}
+
+/// A JudyHS array: byte-string keys, word values.
+pub struct JudyHs {
+    array: Array,
+}
 
 // SAFETY: `&self` only reaches `JudyHSGet`, which reads the array (walks
 // JudyL arrays and compares keys) and writes nothing, so lookups from
@@ -154,19 +184,18 @@ impl JudyHs {
     /// An empty array (allocates nothing).
     pub fn new() -> JudyHs {
         JudyHs {
-            array: ptr::null_mut(),
-            len: 0,
+            array: Array::new(JudyHSFreeArray),
         }
     }
 
     /// Keys held.
     pub fn len(&self) -> usize {
-        self.len
+        self.array.len
     }
 
     /// Whether it holds no keys.
     pub fn is_empty(&self) -> bool {
-        self.len == 0
+        self.array.len == 0
     }
 
     /// The value of `key`, if present.
@@ -188,13 +217,13 @@ impl JudyHs {
             // access to the array.
             return Some(unsafe { slot.replace(value as Word) } as usize);
         }
-        // SAFETY: `self.array` is this array's root (null or from earlier
-        // calls), which Ins may move and updates through the pointer;
-        // the key is `key.len()` readable bytes that JudyHS copies and
-        // does not write; a null `PJError_t` is allowed (PJE0).
+        // SAFETY: `self.array.root` is this array's root (null or from
+        // earlier calls), which Ins may move and updates through the
+        // pointer; the key is `key.len()` readable bytes that JudyHS copies
+        // and does not write; a null `PJError_t` is allowed (PJE0).
         let slot = unsafe {
             JudyHSIns(
-                &mut self.array,
+                &mut self.array.root,
                 key.as_ptr().cast_mut().cast(),
                 key.len() as Word,
                 ptr::null_mut(),
@@ -207,7 +236,7 @@ impl JudyHs {
         // SAFETY: Ins returned the new key's value word (initialised to
         // 0), valid until the next insert or delete; `&mut self` is held.
         unsafe { slot.write(value as Word) };
-        self.len += 1;
+        self.array.len += 1;
         None
     }
 
@@ -218,39 +247,30 @@ impl JudyHs {
         // readable key, PJE0.
         let rc = unsafe {
             JudyHSDel(
-                &mut self.array,
+                &mut self.array.root,
                 key.as_ptr().cast_mut().cast(),
                 key.len() as Word,
                 ptr::null_mut(),
             )
         };
         assert_eq!(rc, 1, "JudyHSDel of a present key");
-        self.len -= 1;
+        self.array.len -= 1;
         Some(old)
     }
 
     /// The key's value word, or null.
     #[inline(always)]
     fn slot(&self, key: &[u8]) -> *mut Word {
-        // SAFETY: `self.array` is null (an empty array) or a root built by
-        // JudyHSIns/Del; the key is `key.len()` readable bytes, which
+        // SAFETY: `self.array.root` is null (an empty array) or a root built
+        // by JudyHSIns/Del; the key is `key.len()` readable bytes, which
         // JudyHSGet only reads (it is declared `void *` but not written).
         unsafe {
             JudyHSGet(
-                self.array,
+                self.array.root,
                 key.as_ptr().cast_mut().cast(),
                 key.len() as Word,
             )
         }
-    }
-}
-
-impl Drop for JudyHs {
-    fn drop(&mut self) {
-        // SAFETY: the root is this array's, owned by us, and not used
-        // again: FreeArray frees every node and sets it to null. An empty
-        // (null) array is allowed.
-        unsafe { JudyHSFreeArray(&mut self.array, ptr::null_mut()) };
     }
 }
 
@@ -264,17 +284,11 @@ impl Drop for JudyHs {
 /// plus one: a 0 word marks a key just inserted, and an insert is one
 /// call. Values go up to `usize::MAX - 1`.
 pub struct JudySl {
-    /// The array's root (`Pvoid_t`, null when empty), owned.
-    array: *mut c_void,
-    len: usize,
+    array: Array,
     /// The longest key inserted, in bytes without the NUL: the room
     /// `JudySLFirst`/`JudySLNext` need to write a key.
     longest: usize,
 }
-
-// SAFETY: as for `JudyHs`: memory reached only through `array`, owned by
-// this value; libJudy keeps no per-thread state.
-unsafe impl Send for JudySl {}
 
 // SAFETY: `&self` only reaches `JudySLGet`, `JudySLFirst` and `JudySLNext`,
 // which read the array (the key buffer they write is the caller's own);
@@ -299,29 +313,28 @@ impl JudySl {
     /// An empty array (allocates nothing).
     pub fn new() -> JudySl {
         JudySl {
-            array: ptr::null_mut(),
-            len: 0,
+            array: Array::new(JudySLFreeArray),
             longest: 0,
         }
     }
 
     /// Keys held.
     pub fn len(&self) -> usize {
-        self.len
+        self.array.len
     }
 
     /// Whether it holds no keys.
     pub fn is_empty(&self) -> bool {
-        self.len == 0
+        self.array.len == 0
     }
 
     /// The value of the NUL-terminated `key`, if present.
     #[inline]
     pub fn get(&self, key: &[u8]) -> Option<usize> {
-        // SAFETY: `self.array` is null (empty) or a root built by
+        // SAFETY: `self.array.root` is null (empty) or a root built by
         // JudySLIns; `c_string` checked that the key's bytes end in a NUL,
         // so JudySLGet reads only inside `key`.
-        let slot = unsafe { JudySLGet(self.array, c_string(key), ptr::null_mut()) };
+        let slot = unsafe { JudySLGet(self.array.root, c_string(key), ptr::null_mut()) };
         // SAFETY: a non-null slot points at the key's value word inside
         // the array, valid until the next insert, which needs `&mut self`.
         (!slot.is_null()).then(|| unsafe { slot.read() } as usize - 1)
@@ -334,7 +347,7 @@ impl JudySl {
         // SAFETY: the array's root (JudySLIns may move it and updates it
         // through the pointer), a NUL-terminated key (checked by
         // `c_string`), which JudySL copies and does not write; PJE0.
-        let slot = unsafe { JudySLIns(&mut self.array, c_string(key), ptr::null_mut()) };
+        let slot = unsafe { JudySLIns(&mut self.array.root, c_string(key), ptr::null_mut()) };
         assert!(
             !slot.is_null() && slot.addr() != PJERR,
             "JudySLIns failed (out of memory)"
@@ -343,7 +356,7 @@ impl JudySl {
         // valid until the next insert; `&mut self` is held.
         let old = unsafe { slot.replace(value as Word + 1) } as usize;
         if old == 0 {
-            self.len += 1;
+            self.array.len += 1;
             let chars = key.iter().position(|&b| b == 0).expect("a NUL");
             self.longest = self.longest.max(chars);
         }
@@ -357,23 +370,15 @@ impl JudySl {
         let mut key = vec![0u8; self.longest + 1];
         // SAFETY: the array's root; `key` holds a NUL-terminated string
         // and has room for any stored key and its NUL, which First writes.
-        let mut slot = unsafe { JudySLFirst(self.array, key.as_mut_ptr(), ptr::null_mut()) };
+        let mut slot = unsafe { JudySLFirst(self.array.root, key.as_mut_ptr(), ptr::null_mut()) };
         while !slot.is_null() {
             let chars = key.iter().position(|&b| b == 0).expect("a NUL");
             // SAFETY: the found key's value word, valid while `&self`
             // keeps the array unchanged.
             f(&key[..chars], unsafe { slot.read() } as usize - 1);
             // SAFETY: as for First; `key` now holds the key just found.
-            slot = unsafe { JudySLNext(self.array, key.as_mut_ptr(), ptr::null_mut()) };
+            slot = unsafe { JudySLNext(self.array.root, key.as_mut_ptr(), ptr::null_mut()) };
         }
-    }
-}
-
-impl Drop for JudySl {
-    fn drop(&mut self) {
-        // SAFETY: the root is this array's, owned by us, and not used
-        // again: FreeArray frees every node and sets it to null.
-        unsafe { JudySLFreeArray(&mut self.array, ptr::null_mut()) };
     }
 }
 

@@ -3,15 +3,16 @@
 //! and bytes per key and checking its answers ([`KeySetRun`]); timing the
 //! lookups of all of them in turns ([`KeySetRun::time_lookups`]); and
 //! reading those records back for summaries and plots ([`bases`],
-//! [`memory`]).
+//! [`memory`], [`plot_memory_and_lookups`]).
 
 use crate::measure::{Plan, rate_samples_interleaved, settle_reaper};
+use crate::plot::LinePlot;
 use crate::record::{
     BUILD_NS_PER_KEY, LOOKUPS_PER_SEC, MEM_BYTES_PER_KEY, MEM_REPORTED_PER_KEY, NS_PER_LOOKUP,
     Record, STRMAP_DISAGREEMENTS, find,
 };
 use crate::stats::Stats;
-use crate::str_tables::{AnyStr, StrStep, StrTable, build, each_str_table};
+use crate::str_tables::{AnyStr, StrStep, StrTable, build, each_str_table, str_table_names};
 use crate::strings::Keys;
 use crate::suite::Ctx;
 
@@ -213,4 +214,31 @@ pub fn memory<'a>(records: &'a [Record], base: &str, imp: &str) -> Option<(&'a R
     find(records, base, imp, MEM_BYTES_PER_KEY.name)
         .map(|r| (r, false))
         .or_else(|| find(records, base, imp, MEM_REPORTED_PER_KEY.name).map(|r| (r, true)))
+}
+
+/// Adds every implementation's line to `mem` (bytes per key) and to `hit`
+/// (ns per hit lookup): a point per case of `bases`, at `x(case)`; a case
+/// without its record or its x gives none.
+pub fn plot_memory_and_lookups(
+    records: &[Record],
+    bases: &[&str],
+    x: impl Fn(&str) -> Option<f64>,
+    mem: &mut LinePlot,
+    hit: &mut LinePlot,
+) {
+    for imp in str_table_names() {
+        let points = |value: &dyn Fn(&str) -> Option<f64>| -> Vec<(f64, f64)> {
+            bases
+                .iter()
+                .filter_map(|b| Some((x(b)?, value(b)?)))
+                .collect()
+        };
+        mem.add(imp, points(&|b| memory(records, b, imp).map(|m| m.0.value)));
+        hit.add(
+            imp,
+            points(&|b| {
+                find(records, &format!("{b},lookup=hit"), imp, NS_PER_LOOKUP.name).map(|r| r.value)
+            }),
+        );
+    }
 }

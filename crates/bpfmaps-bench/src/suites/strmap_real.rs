@@ -25,7 +25,9 @@ use crate::stats::Stats;
 use crate::str_tables::{AnyStr, BASELINE, str_table_names};
 use crate::strings::{DATA_SETS, hit_order, misses, shuffled};
 use crate::suite::{Ctx, Suite};
-use crate::suites::strmap_common::{Kept, KeySetRun, LookupSet, bases, memory};
+use crate::suites::strmap_common::{
+    Kept, KeySetRun, LookupSet, bases, memory, plot_memory_and_lookups,
+};
 use crate::table::{Table, fmt_ratio};
 
 /// The suite.
@@ -309,24 +311,8 @@ impl Suite for StrmapReal {
             "mean key length of the data set (bytes)",
             "ns per lookup",
         );
-        let bases = bases(records);
         let x = |base: &str| case_param(base, "mean_len")?.parse::<f64>().ok();
-        for imp in str_table_names() {
-            let points = |value: &dyn Fn(&str) -> Option<f64>| -> Vec<(f64, f64)> {
-                bases
-                    .iter()
-                    .filter_map(|b| Some((x(b)?, value(b)?)))
-                    .collect()
-            };
-            mem.add(imp, points(&|b| memory(records, b, imp).map(|m| m.0.value)));
-            hit.add(
-                imp,
-                points(&|b| {
-                    find(records, &format!("{b},lookup=hit"), imp, NS_PER_LOOKUP.name)
-                        .map(|r| r.value)
-                }),
-            );
-        }
+        plot_memory_and_lookups(records, &bases(records), x, &mut mem, &mut hit);
         let mut plots = vec![mem, hit];
         plots.retain(|p| !p.is_empty());
         plots

@@ -15,11 +15,11 @@
 use clap::Args;
 
 use crate::plot::LinePlot;
-use crate::record::{LOOKUPS_PER_SEC, NS_PER_LOOKUP, Record, case, case_param, find};
+use crate::record::{LOOKUPS_PER_SEC, Record, case, case_param, find};
 use crate::str_tables::{BASELINE, str_table_names};
 use crate::strings::{LEVELS, NAME_MAX, PREFIX_MAX, SYNTH_MAX, Synthetic, hit_order};
 use crate::suite::{Ctx, Suite};
-use crate::suites::strmap_common::{KeySetRun, LookupSet, bases, memory};
+use crate::suites::strmap_common::{KeySetRun, LookupSet, bases, memory, plot_memory_and_lookups};
 use crate::table::{Table, fmt_mops};
 
 /// The suite.
@@ -255,22 +255,7 @@ impl Suite for StrmapSynthetic {
             );
             mem.log_x = true;
             hit.log_x = true;
-            for imp in str_table_names() {
-                let points = |value: &dyn Fn(&str) -> Option<f64>| -> Vec<(f64, f64)> {
-                    of_set
-                        .iter()
-                        .filter_map(|b| Some((x(b)?, value(b)?)))
-                        .collect()
-                };
-                mem.add(imp, points(&|b| memory(records, b, imp).map(|m| m.0.value)));
-                hit.add(
-                    imp,
-                    points(&|b| {
-                        find(records, &format!("{b},lookup=hit"), imp, NS_PER_LOOKUP.name)
-                            .map(|r| r.value)
-                    }),
-                );
-            }
+            plot_memory_and_lookups(records, &of_set, x, &mut mem, &mut hit);
             plots.push(mem);
             plots.push(hit);
         }
@@ -304,7 +289,7 @@ fn of_set<'a>(bases: &[&'a str], shape: &str, len: &str) -> Vec<&'a str> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::record::STRMAP_DISAGREEMENTS;
+    use crate::record::{NS_PER_LOOKUP, STRMAP_DISAGREEMENTS};
     use crate::suites::by_name;
 
     /// Runs quick on two small sizes of two sets, the larger above

@@ -548,9 +548,25 @@ fn require_batch<T: MapOps>(more: Caps) -> Result<(), BatchError> {
     require(T::CAPS, Caps::BATCH | more).map_err(BatchError::at_start)
 }
 
-/// Runs `op` on elements `0..n` in order under a guard re-pinned every
-/// [`BATCH_PIN_CHUNK`] elements; stops at the first error with how many
-/// were done.
+/// The checks a batch that fills key and value buffers starts with
+/// (`lookup_batch`, `lookup_and_delete_batch`): `T` has `BATCH` and
+/// `more`, and the buffers hold whole keys and values. Gives the map's
+/// info, its batch key layout, its value size and how many entries the
+/// buffers hold.
+fn out_batch<T: MapOps>(
+    map: &T,
+    more: Caps,
+    keys: &[u8],
+    values: &[u8],
+) -> Result<(MapInfo, BatchKeys, usize, usize), BatchError> {
+    require_batch::<T>(more)?;
+    let info = map.map_info();
+    let room =
+        batch_room(&info, T::CAPS, keys.len(), values.len()).map_err(BatchError::at_start)?;
+    let layout = BatchKeys::for_info(&info, T::CAPS);
+    Ok((info, layout, info.value_size as usize, room))
+}
+
 /// `map_update_elem` on each of `n` keys and values in order, the guard
 /// renewed now and then: the default `map_update_batch`, and a family's
 /// fallback from its own.
@@ -568,6 +584,9 @@ pub fn update_each<T: MapOps + ?Sized>(
     })
 }
 
+/// Runs `op` on elements `0..n` in order under a guard re-pinned every
+/// [`BATCH_PIN_CHUNK`] elements; stops at the first error with how many
+/// were done.
 fn each_pinned(
     n: usize,
     mut op: impl FnMut(usize, &Guard) -> Result<()>,
@@ -672,14 +691,8 @@ impl<T: MapOps> Map for T {
         keys: &mut [u8],
         values: &mut [u8],
     ) -> Result<usize, BatchError> {
-        require_batch::<T>(Caps::NEXT_KEY | Caps::LOOKUP)?;
-        let info = self.map_info();
-        let (layout, vs) = (
-            BatchKeys::for_info(&info, T::CAPS),
-            info.value_size as usize,
-        );
-        let room =
-            batch_room(&info, T::CAPS, keys.len(), values.len()).map_err(BatchError::at_start)?;
+        let (info, layout, vs, room) =
+            out_batch(self, Caps::NEXT_KEY | Caps::LOOKUP, keys, values)?;
         if let Some(after) = after {
             check_key(&info, T::CAPS, after).map_err(BatchError::at_start)?;
         }
@@ -722,14 +735,8 @@ impl<T: MapOps> Map for T {
         keys: &mut [u8],
         values: &mut [u8],
     ) -> Result<usize, BatchError> {
-        require_batch::<T>(Caps::NEXT_KEY | Caps::LOOKUP_AND_DELETE)?;
-        let info = self.map_info();
-        let (layout, vs) = (
-            BatchKeys::for_info(&info, T::CAPS),
-            info.value_size as usize,
-        );
-        let room =
-            batch_room(&info, T::CAPS, keys.len(), values.len()).map_err(BatchError::at_start)?;
+        let (_, layout, vs, room) =
+            out_batch(self, Caps::NEXT_KEY | Caps::LOOKUP_AND_DELETE, keys, values)?;
         let mut moved = 0;
         let mut guard = pin();
         while moved < room {

@@ -10,6 +10,8 @@
 //!   readers: the baseline `QpTrieMap` is measured against.
 
 mod block;
+#[cfg(test)]
+mod common_tests;
 mod contract;
 mod limits;
 mod qptrie;

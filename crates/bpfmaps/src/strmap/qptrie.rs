@@ -24,7 +24,7 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use parking_lot::Mutex;
 
 use super::block::{self, Child, ChildSpec, Node, Spec};
-use super::limits::Limits;
+use super::limits::{Counts, Limits, string_map_methods};
 use crate::core::error::{Error, Result, check_len};
 use crate::core::flags::UpdateFlag;
 use crate::core::reclaim::{Guard, drop_in_background, pin};
@@ -59,9 +59,7 @@ pub struct QpTrieMap {
     limits: Limits,
     /// Creation flags, for `MapInfo`.
     pub(super) map_flags: u32,
-    len: AtomicUsize,
-    /// Bytes of nodes allocated and not yet freed (retired ones included).
-    node_bytes: Arc<AtomicUsize>,
+    counts: Counts,
 }
 
 /// Lookups [`QpTrieMap::get_many`] runs side by side.
@@ -123,7 +121,10 @@ impl Write<'_> {
 
     fn build(&mut self, spec: &Spec) -> u64 {
         let (word, size) = spec.build();
-        self.map.node_bytes.fetch_add(size, Ordering::Relaxed);
+        self.map
+            .counts
+            .node_bytes
+            .fetch_add(size, Ordering::Relaxed);
         word
     }
 
@@ -131,7 +132,7 @@ impl Write<'_> {
     /// replacements are published by now).
     fn finish(self, guard: &Guard) {
         for word in self.retired {
-            let bytes = Arc::clone(&self.map.node_bytes);
+            let bytes = Arc::clone(&self.map.counts.node_bytes);
             let node = SendWord(word);
             guard.defer(move || {
                 let node = node;
@@ -165,46 +166,18 @@ impl QpTrieMap {
                 .collect(),
             limits,
             map_flags: 0,
-            len: AtomicUsize::new(0),
-            node_bytes: Arc::new(AtomicUsize::new(0)),
+            counts: Counts::default(),
         })
     }
 
-    /// Longest key.
-    pub fn max_key_size(&self) -> usize {
-        self.limits.max_key_size
-    }
-
-    /// Value size in bytes.
-    pub fn value_size(&self) -> usize {
-        self.limits.value_size
-    }
-
-    /// Capacity.
-    pub fn max_entries(&self) -> u32 {
-        self.limits.max_entries
-    }
-
-    /// Number of keys.
-    pub fn len(&self) -> usize {
-        self.len.load(Ordering::Relaxed)
-    }
-
-    /// Whether the map holds no key.
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
+    string_map_methods!();
 
     /// Bytes held: the map itself and its nodes (with those waiting out a
     /// grace period).
     pub fn memory_usage(&self) -> usize {
         size_of::<Self>()
             + self.roots.len() * size_of::<Root>()
-            + self.node_bytes.load(Ordering::Relaxed)
-    }
-
-    fn check_key(&self, key: &[u8]) -> Result<()> {
-        self.limits.check_key(key)
+            + self.counts.node_bytes.load(Ordering::Relaxed)
     }
 
     #[inline]
@@ -406,17 +379,6 @@ impl QpTrieMap {
         Ok(())
     }
 
-    /// Takes one of the `max_entries` places for a new key.
-    fn reserve(&self) -> Result<()> {
-        let max = self.limits.max_entries as usize;
-        self.len
-            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| {
-                (n < max).then_some(n + 1)
-            })
-            .map(drop)
-            .map_err(|_| Error::Full)
-    }
-
     /// Stores `rest` (the key after `node`'s place) in `node`'s subtree.
     fn insert_at(
         &self,
@@ -548,7 +510,7 @@ impl QpTrieMap {
             root.top.store(word, Ordering::Release);
             write.retired.push(top);
         }
-        self.len.fetch_sub(1, Ordering::Relaxed);
+        self.counts.keys.fetch_sub(1, Ordering::Relaxed);
         write.finish(guard);
         Ok(())
     }
@@ -653,15 +615,6 @@ impl QpTrieMap {
         }
     }
 
-    /// Calls `f` with every key and value in order, until it breaks.
-    pub fn for_each<'g>(
-        &'g self,
-        guard: &'g Guard,
-        mut f: impl FnMut(&[u8], &'g [u8]) -> ControlFlow<()>,
-    ) {
-        self.for_each_in((Bound::Unbounded, Bound::Unbounded), guard, &mut f);
-    }
-
     /// Calls `f` with every key in `range` (byte order) and its value, in
     /// order, until it breaks.
     pub fn for_each_in<'g>(
@@ -741,37 +694,6 @@ impl QpTrieMap {
         ControlFlow::Continue(())
     }
 
-    /// The key after `key` in order (`None`: the first) into `next`;
-    /// `ENOENT` after the last. `key` need not be stored (a walk continues
-    /// past a deleted key).
-    pub fn next_key(&self, key: Option<&[u8]>, next: &mut Vec<u8>) -> Result<()> {
-        self.with_next_key(key, &pin(), |k| {
-            next.clear();
-            next.extend_from_slice(k);
-        })
-    }
-
-    /// Calls `f` with the first stored key after `key` (`None`: the first
-    /// key); `ENOENT` if there is none.
-    pub(super) fn with_next_key(
-        &self,
-        key: Option<&[u8]>,
-        guard: &Guard,
-        f: impl FnOnce(&[u8]),
-    ) -> Result<()> {
-        let lower = key.map_or(Bound::Unbounded, Bound::Excluded);
-        let mut f = Some(f);
-        self.for_each_in((lower, Bound::Unbounded), guard, |k, _| {
-            f.take().expect("called once")(k);
-            ControlFlow::Break(())
-        });
-        if f.is_none() {
-            Ok(())
-        } else {
-            Err(Error::NotFound)
-        }
-    }
-
     /// Every key and value, in order (copied keys; [`for_each`](Self::for_each)
     /// copies none).
     pub fn iter<'g>(&'g self, guard: &'g Guard) -> impl Iterator<Item = (Vec<u8>, &'g [u8])> {
@@ -826,11 +748,11 @@ impl QpTrieMap {
             }
             // SAFETY: just unlinked.
             let n = unsafe { count_keys(Node::from_word(top), self.limits.value_size) };
-            self.len.fetch_sub(n, Ordering::Relaxed);
+            self.counts.keys.fetch_sub(n, Ordering::Relaxed);
             let job = SubtreeFree {
                 top,
                 value_size: self.limits.value_size,
-                bytes: Arc::clone(&self.node_bytes),
+                bytes: Arc::clone(&self.counts.node_bytes),
             };
             guard.defer(move || drop_in_background(job));
         }
@@ -931,7 +853,7 @@ impl Drop for QpTrieMap {
                 drop_in_background(SubtreeFree {
                     top,
                     value_size: self.limits.value_size,
-                    bytes: Arc::clone(&self.node_bytes),
+                    bytes: Arc::clone(&self.counts.node_bytes),
                 });
             }
         }

@@ -134,7 +134,7 @@ use std::sync::atomic::{AtomicPtr, AtomicUsize, Ordering};
 
 use parking_lot::Mutex;
 
-use super::limits::Limits;
+use super::limits::{Counts, Limits, string_map_methods};
 use crate::core::error::{Error, Result, check_len};
 use crate::core::flags::UpdateFlag;
 use crate::core::reclaim::{Guard, drop_in_background, pin};
@@ -296,9 +296,7 @@ pub struct TstMap {
     limits: Limits,
     /// Creation flags, for `MapInfo`.
     pub(super) map_flags: u32,
-    len: AtomicUsize,
-    /// Bytes of nodes allocated and not yet freed (retired ones included).
-    node_bytes: Arc<AtomicUsize>,
+    counts: Counts,
 }
 
 /// One write's bookkeeping: nodes to retire once it is published.
@@ -343,6 +341,7 @@ impl Write<'_> {
             }
         }
         self.map
+            .counts
             .node_bytes
             .fetch_add(layout.pad_to_align().size(), Ordering::Relaxed);
         base.cast()
@@ -377,7 +376,7 @@ impl Write<'_> {
     /// replacements are published by now).
     fn finish(self, guard: &Guard) {
         for node in self.retired {
-            let bytes = Arc::clone(&self.map.node_bytes);
+            let bytes = Arc::clone(&self.map.counts.node_bytes);
             let node = SendPtr(node);
             let value_size = self.map.limits.value_size;
             guard.defer(move || {
@@ -420,44 +419,16 @@ impl TstMap {
             writer: Mutex::new(()),
             limits,
             map_flags: 0,
-            len: AtomicUsize::new(0),
-            node_bytes: Arc::new(AtomicUsize::new(0)),
+            counts: Counts::default(),
         })
     }
 
-    /// Longest key.
-    pub fn max_key_size(&self) -> usize {
-        self.limits.max_key_size
-    }
-
-    /// Value size in bytes.
-    pub fn value_size(&self) -> usize {
-        self.limits.value_size
-    }
-
-    /// Capacity.
-    pub fn max_entries(&self) -> u32 {
-        self.limits.max_entries
-    }
-
-    /// Number of keys.
-    pub fn len(&self) -> usize {
-        self.len.load(Ordering::Relaxed)
-    }
-
-    /// Whether the map holds no key.
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
+    string_map_methods!();
 
     /// Bytes held: the map itself and its nodes (with those waiting out a
     /// grace period).
     pub fn memory_usage(&self) -> usize {
-        size_of::<Self>() + self.node_bytes.load(Ordering::Relaxed)
-    }
-
-    fn check_key(&self, key: &[u8]) -> Result<()> {
-        self.limits.check_key(key)
+        size_of::<Self>() + self.counts.node_bytes.load(Ordering::Relaxed)
     }
 
     #[inline(always)]
@@ -487,17 +458,6 @@ impl TstMap {
             c = next;
             node = node.child(EQ)?;
         }
-    }
-
-    /// Takes one of the `max_entries` places for a new key.
-    fn reserve(&self) -> Result<()> {
-        let max = self.limits.max_entries as usize;
-        self.len
-            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| {
-                (n < max).then_some(n + 1)
-            })
-            .map(drop)
-            .map_err(|_| Error::Full)
     }
 
     /// Stores `value` for `key` under update `flags` (`BPF_ANY`,
@@ -596,7 +556,7 @@ impl TstMap {
         if new != old {
             self.root.store(new, Ordering::Release);
         }
-        self.len.fetch_sub(1, Ordering::Relaxed);
+        self.counts.keys.fetch_sub(1, Ordering::Relaxed);
         write.finish(guard);
         Ok(())
     }
@@ -701,15 +661,6 @@ impl TstMap {
             succ.value(self.limits.value_size),
             [lo, succ_eq, below],
         )
-    }
-
-    /// Calls `f` with every key and value in order, until it breaks.
-    pub fn for_each<'g>(
-        &'g self,
-        guard: &'g Guard,
-        mut f: impl FnMut(&[u8], &'g [u8]) -> ControlFlow<()>,
-    ) {
-        self.for_each_in((Bound::Unbounded, Bound::Unbounded), guard, &mut f);
     }
 
     /// Calls `f` with every key in `range` (byte order) and its value, in
@@ -840,51 +791,20 @@ impl TstMap {
         }
     }
 
-    /// The key after `key` in order (`None`: the first) into `next`;
-    /// `ENOENT` after the last. `key` need not be stored (a walk continues
-    /// past a deleted key).
-    pub fn next_key(&self, key: Option<&[u8]>, next: &mut Vec<u8>) -> Result<()> {
-        self.with_next_key(key, &pin(), |k| {
-            next.clear();
-            next.extend_from_slice(k);
-        })
-    }
-
-    /// Calls `f` with the first stored key after `key` (`None`: the first
-    /// key); `ENOENT` if there is none.
-    pub(super) fn with_next_key(
-        &self,
-        key: Option<&[u8]>,
-        guard: &Guard,
-        f: impl FnOnce(&[u8]),
-    ) -> Result<()> {
-        let lower = key.map_or(Bound::Unbounded, Bound::Excluded);
-        let mut f = Some(f);
-        self.walk(lower, guard, &mut |k, _| {
-            f.take().expect("called once")(k);
-            ControlFlow::Break(())
-        });
-        if f.is_none() {
-            Ok(())
-        } else {
-            Err(Error::NotFound)
-        }
-    }
-
     /// Removes every key. The nodes are freed on the reaper thread after a
     /// grace period, so this returns at once.
     pub fn clear(&self) {
         let _writer = self.writer.lock();
         let guard = &pin();
         let root = self.root.swap(ptr::null_mut(), Ordering::AcqRel);
-        self.len.store(0, Ordering::Relaxed);
+        self.counts.keys.store(0, Ordering::Relaxed);
         if root.is_null() {
             return;
         }
         let job = SubtreeFree {
             root: SendPtr(root),
             value_size: self.limits.value_size,
-            bytes: Arc::clone(&self.node_bytes),
+            bytes: Arc::clone(&self.counts.node_bytes),
         };
         guard.defer(move || drop_in_background(job));
     }
@@ -974,7 +894,7 @@ impl Drop for TstMap {
             drop_in_background(SubtreeFree {
                 root: SendPtr(root),
                 value_size: self.limits.value_size,
-                bytes: Arc::clone(&self.node_bytes),
+                bytes: Arc::clone(&self.counts.node_bytes),
             });
         }
     }
