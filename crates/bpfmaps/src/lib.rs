@@ -72,6 +72,20 @@ pub(crate) const fn scaled(native: usize, miri: usize) -> usize {
     if cfg!(miri) { miri } else { native }
 }
 
+/// Called by a stress test's reader after each check. Miri runs one
+/// thread at a time, so a reader that spins takes the interpreter from
+/// the writer whose steps it checks, and a test's time goes to the
+/// readers; there a reader sleeps between checks (about 20,000 basic
+/// blocks of the other threads on Miri's virtual clock, which ticks
+/// 5 us a block), so reads still interleave with every writer step.
+/// Natively it does nothing: the threads run side by side.
+#[cfg(test)]
+pub(crate) fn reader_pause() {
+    if cfg!(miri) {
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+}
+
 /// The README's examples, compiled and run as doctests.
 #[cfg(doctest)]
 #[doc = include_str!("../../../README.md")]

@@ -125,12 +125,27 @@ impl Drop for DirectIndex {
 impl DirectIndex {
     /// An index mirroring the tree under `root` (writer only, before the
     /// index is published).
+    /// The 256 slots under a `b0` without a depth-1 node all hold the
+    /// root's leaf for `b0`: they are written as the slots are made, and
+    /// only the others are refilled from their nodes. (Under Miri, which
+    /// keeps state for every location stored to atomically, this is the
+    /// difference between seconds and minutes for a small tree.)
     pub fn build(root: &Node, guard: &Guard) -> Self {
-        let slots: Box<[Slot]> = (0..SLOTS).map(|_| AtomicU64::new(0)).collect();
+        let data = root.data(guard);
+        let mut slots = Vec::with_capacity(SLOTS);
+        for b0 in 0..=255u8 {
+            let word = pack(data.leaf(b0));
+            for _ in 0..256 {
+                slots.push(AtomicU64::new(word));
+            }
+        }
+        let slots: Box<[Slot]> = slots.into_boxed_slice();
         let index = DirectIndex {
             slots: NonNull::from(Box::leak(slots)).cast(),
         };
-        index.refresh_all(root, guard);
+        for b0 in (0..=255u8).filter(|&b0| root.child(b0, guard).is_some()) {
+            index.refresh_b0(root, b0, guard);
+        }
         index
     }
 
@@ -264,55 +279,69 @@ impl DirectIndex {
         }
     }
 
-    /// Refills the 256 slots under key byte `b0` from the tree: each holds
-    /// the depth-2 node there, else the leaf of the deepest node above
-    /// that answers for it (without a depth-1 node, the root's one leaf
-    /// for `b0`, found once).
+    /// Refills the 256 slots under key byte `b0` from the tree (see
+    /// `words_b0`).
     fn refresh_b0(&self, root: &Node, b0: u8, guard: &Guard) {
-        let Some(n1) = root.child(b0, guard) else {
-            let word = pack(root.data(guard).leaf(b0));
-            for b1 in 0..=255 {
-                self.slot(b0, b1).store(word, Ordering::Release);
-            }
-            return;
-        };
-        let data = n1.data(guard);
-        let children = n1.children(guard);
-        // The children in byte order: the next one's index in the block.
-        let mut next = 0;
-        for b1 in 0..=255 {
-            let slot = self.slot(b0, b1);
-            match &children {
-                Some(c) if c.bits.get(b1 as usize) => {
-                    // SAFETY: a set bit below b1 counts one node each.
-                    self.copy_node(slot, unsafe { c.node(next) });
-                    next += 1;
-                }
-                _ => slot.store(pack(data.leaf(b1)), Ordering::Release),
-            }
-        }
+        words_b0(root, b0, guard, |b1, word| {
+            self.slot(b0, b1).store(word, Ordering::Release);
+        });
     }
 
     /// Whether every slot holds what `refresh_b0` would store now: the
     /// mirror never fell behind the tree (for tests).
     #[cfg(test)]
     pub fn matches_tree(&self, root: &Node, guard: &Guard) -> bool {
-        let expected = Self::build(root, guard);
-        (0..SLOTS).all(|i| {
-            self.slot_at(i).load(Ordering::Relaxed) == expected.slot_at(i).load(Ordering::Relaxed)
-        })
+        let mut all = true;
+        for b0 in 0..=255 {
+            words_b0(root, b0, guard, |b1, word| {
+                all &= self.slot(b0, b1).load(Ordering::Relaxed) == word;
+            });
+        }
+        all
     }
 
-    /// Points `slot` at `node`: its data block while it has no children,
-    /// else the node itself (whose two pointers the tree keeps current).
+    /// Points `slot` at `node` (see `node_word`).
     fn copy_node(&self, slot: &Slot, node: &Node) {
-        let word = if node.children.load(Ordering::Relaxed).is_null() {
-            node.data.load(Ordering::Relaxed) as u64
-        } else {
-            ptr::from_ref(node) as u64 | NODE_TAG
-        };
-        debug_assert_eq!(word & LEAF_TAG, 0);
-        slot.store(word, Ordering::Release);
+        slot.store(node_word(node), Ordering::Release);
+    }
+}
+
+/// The slot word for a depth-2 node: its data block while it has no
+/// children, else the node itself (whose two pointers the tree keeps
+/// current).
+fn node_word(node: &Node) -> u64 {
+    let word = if node.children.load(Ordering::Relaxed).is_null() {
+        node.data.load(Ordering::Relaxed) as u64
+    } else {
+        ptr::from_ref(node) as u64 | NODE_TAG
+    };
+    debug_assert_eq!(word & LEAF_TAG, 0);
+    word
+}
+
+/// The words of the 256 slots under key byte `b0`, as `f(b1, word)`:
+/// each is the depth-2 node there, else the leaf of the deepest node
+/// above that answers for it (without a depth-1 node, the root's one
+/// leaf for `b0`, found once).
+fn words_b0(root: &Node, b0: u8, guard: &Guard, mut f: impl FnMut(u8, u64)) {
+    let Some(n1) = root.child(b0, guard) else {
+        let word = pack(root.data(guard).leaf(b0));
+        (0..=255).for_each(|b1| f(b1, word));
+        return;
+    };
+    let data = n1.data(guard);
+    let children = n1.children(guard);
+    // The children in byte order: the next one's index in the block.
+    let mut next = 0;
+    for b1 in 0..=255 {
+        match &children {
+            Some(c) if c.bits.get(b1 as usize) => {
+                // SAFETY: a set bit below b1 counts one node each.
+                f(b1, node_word(unsafe { c.node(next) }));
+                next += 1;
+            }
+            _ => f(b1, pack(data.leaf(b1))),
+        }
     }
 }
 

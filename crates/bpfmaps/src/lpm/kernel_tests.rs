@@ -1251,6 +1251,7 @@ fn readers_see_only_stored_values_while_a_writer_churns() {
                 let mut n = 0;
                 started.fetch_add(1, Ordering::Relaxed);
                 while !done.load(Ordering::Relaxed) {
+                    crate::reader_pause();
                     let guard = pin();
                     for _ in 0..64 {
                         let base = bases[rng.random_range(0..bases.len())];

@@ -313,7 +313,8 @@ fn clear_returns_blocks_for_reuse() {
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(wait);
     while t.memory_live() > empty && std::time::Instant::now() < deadline {
         pin().flush();
-        std::thread::sleep(std::time::Duration::from_millis(2));
+        // Under Miri, longer: the reaper's work is interpreted too.
+        std::thread::sleep(std::time::Duration::from_millis(crate::scaled(2, 50) as u64));
     }
     assert!(t.arena_has_returned(), "cleared blocks never came back");
     assert_eq!(t.memory_live(), empty, "cleared blocks still live");
@@ -759,9 +760,10 @@ pub(super) fn self_value(d: &[u8], l: u32) -> [u8; 8] {
 /// The IPv4 routes the reader tests keep throughout: 64 /6s and a /16
 /// inside each.
 pub(super) fn stable_ipv4_routes() -> Vec<([u8; 4], u32)> {
-    (0..64u8)
-        .map(|i| ([i * 4, 0, 0, 0], 6))
-        .chain((0..64u8).map(|i| ([i * 4, i, 0, 0], 16)))
+    let (n, step) = (crate::scaled(64, 16) as u8, crate::scaled(4, 16) as u8);
+    (0..n)
+        .map(|i| ([i * step, 0, 0, 0], 6))
+        .chain((0..n).map(|i| ([i * step, i, 0, 0], 16)))
         .collect()
 }
 
@@ -797,6 +799,7 @@ pub(super) fn with_ipv4_readers(t: &LpmTrie, stable: &[([u8; 4], u32)], write: i
                     x ^= x >> 17;
                     x ^= x << 5;
                     check_answer(t, stable, &x.to_be_bytes());
+                    crate::reader_pause();
                 }
             });
         }
@@ -816,7 +819,7 @@ fn readers_never_miss_a_stable_route(direct: bool) {
     for (d, l) in &stable {
         t.insert(d, *l, &encode(d, *l), BPF_ANY).unwrap();
     }
-    let mut churn: Vec<([u8; 4], u32)> = (0..crate::scaled(2000, 20) as u32)
+    let mut churn: Vec<([u8; 4], u32)> = (0..crate::scaled(2000, 12) as u32)
         .map(|i| {
             let x = i.wrapping_mul(2654435761);
             let l = [8, 12, 20, 24, 28, 32][i as usize % 6];
@@ -843,6 +846,7 @@ fn readers_never_miss_a_stable_route(direct: bool) {
                     check_answer(&t, &stable, &x.to_be_bytes());
                     looked(&looking, n);
                     n += 1;
+                    crate::reader_pause();
                 }
             })
         })
@@ -965,6 +969,7 @@ fn concurrent_readers_across_edge_splits_and_merges() {
                     check_answer(&t, &stable, &addr);
                     looked(&looking, n);
                     n += 1;
+                    crate::reader_pause();
                 }
             })
         })
@@ -1171,6 +1176,7 @@ fn concurrent_readers_during_a_real_bgp_trace() {
             );
             std::thread::spawn(move || {
                 let (mut x, mut n) = (0x1234_5678u32 ^ r, 0u64);
+                crate::reader_pause();
                 while !stop.load(Ordering::Relaxed) {
                     x ^= x << 13;
                     x ^= x >> 17;
@@ -1298,6 +1304,7 @@ fn value_updates_round_by_round(value_size: usize) {
                 let mut n = 0u64;
                 let mut i = r * 7919;
                 while !stop.load(Ordering::Relaxed) {
+                    crate::reader_pause();
                     i = (i + 104_729) % addrs.len();
                     let before = done.load(Ordering::Acquire);
                     let guard = pin();

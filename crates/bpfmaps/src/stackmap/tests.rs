@@ -335,6 +335,7 @@ fn concurrent_get_stackid_and_lookup_never_tear() {
     let mut reads = 0u64;
     let mut value = vec![0u8; map.value_size()];
     while !done.load(Ordering::Acquire) || reads < crate::scaled(1000, 20) as u64 {
+        crate::reader_pause();
         for id in 0..8u32 {
             {
                 let guard = pin();

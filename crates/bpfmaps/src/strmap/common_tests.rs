@@ -497,6 +497,7 @@ pub(super) fn readers_beside_writers<M: StringMap>(
                 let mut i = r;
                 let mut walks = 0;
                 while !stop.load(Ordering::Relaxed) || walks < min_walks {
+                    crate::reader_pause();
                     i = (i + 7) % stable.len();
                     assert_eq!(
                         get(&*m, &stable[i]),
@@ -557,6 +558,7 @@ pub(super) fn updates_are_never_stale_or_torn<M: StringMap>() {
             std::thread::spawn(move || {
                 let mut i = r;
                 while !stop.load(Ordering::Relaxed) {
+                    crate::reader_pause();
                     i = (i + 13) % keys.len();
                     let before = done.load(Ordering::Acquire) as u64;
                     let guard = pin();

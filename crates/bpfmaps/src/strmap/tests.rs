@@ -263,7 +263,7 @@ fn matches_the_model(
 #[test]
 fn readers_and_writers_in_disjoint_and_shared_subtrees() {
     let m = Arc::new(QpTrieMap::new(12, 8, 100_000).unwrap());
-    let n = crate::scaled(300, 12) as u64;
+    let n = crate::scaled(300, 6) as u64;
     let stable: Vec<Vec<u8>> = (0..n)
         .flat_map(|i| [format!("a{i}"), format!("s{i}"), format!("b{i}x")])
         .map(String::into_bytes)

@@ -675,14 +675,15 @@ mod tests {
                 blocks.extend([block, full]);
                 // SAFETY: private blocks.
                 let (inc, full) = unsafe { (block.as_ref(), full.as_ref()) };
-                for byte in 0..=255u8 {
+                // Under Miri, a sample: the builds are what it checks.
+                for byte in (0..=255u8).step_by(crate::scaled(1, 15)) {
                     prop_assert_eq!(inc.leaf(byte), full.leaf(byte), "byte {}", byte);
                 }
                 prop_assert_eq!(inc.run_bits, full.run_bits);
                 prop_assert_eq!(inc.hidden().0, full.hidden().0);
                 prop_assert_eq!(inc.n_prefixes, full.n_prefixes);
                 prop_assert_eq!(inc.prefixes(), set.clone());
-                for i in 1..512 {
+                for i in (1..512).step_by(crate::scaled(1, 17)) {
                     prop_assert_eq!(inc.prefix(i), set.get(i), "idx {}", i);
                 }
             }
