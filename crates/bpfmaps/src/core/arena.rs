@@ -142,7 +142,7 @@ struct ArenaWriter {
 impl Default for ArenaWriter {
     fn default() -> Self {
         ArenaWriter {
-            free: std::array::from_fn(|_| Chain::default()),
+            free: [Chain::EMPTY; CLASSES],
             cursor: 0,
             end: 0,
             next_chunk: FIRST_CHUNK,
@@ -165,7 +165,7 @@ impl Arena {
     pub fn new() -> Self {
         Arena {
             writer: Mutex::new(ArenaWriter::default()),
-            returned: std::array::from_fn(|_| FreeList::default()),
+            returned: FreeList::many(),
             chunks: RwLock::new(Chunks::default()),
             chunk_bytes: AtomicUsize::new(0),
             live_bytes: AtomicUsize::new(0),
@@ -227,6 +227,13 @@ impl Arena {
     /// map built by many copy-on-write updates from holding more than the
     /// map itself (blocks grow a class at a time as nodes fill).
     fn split_free(&self, w: &mut ArenaWriter, class: usize) -> Option<usize> {
+        // Fewer free bytes than a larger class needs: skip the walk over
+        // every class (what a growing arena sees). `current_live` already
+        // counts the block being allocated, which is not carved yet; a
+        // release racing with this only adds.
+        if self.free_bytes(w.end - w.cursor) < GRANULE {
+            return None;
+        }
         for (c, returned) in self.returned.iter().enumerate().skip(1) {
             let mut taken = returned.take_all();
             while let Some(block) = taken.pop(&FirstWord) {

@@ -88,9 +88,13 @@ pub(crate) struct Chain {
     head: usize,
 }
 
+impl Chain {
+    pub(crate) const EMPTY: Chain = Chain { head: NIL };
+}
+
 impl Default for Chain {
     fn default() -> Self {
-        Chain { head: NIL }
+        Chain::EMPTY
     }
 }
 
@@ -136,6 +140,24 @@ impl Default for FreeList {
         FreeList {
             returned: AtomicUsize::new(NIL),
         }
+    }
+}
+
+impl FreeList {
+    /// `N` empty lists. An array repeat where it can be: under Miri, `N`
+    /// closure calls of `array::from_fn` made every new arena cost
+    /// seconds. (loom's atomics have no `const` constructor.)
+    pub(crate) fn many<const N: usize>() -> [FreeList; N] {
+        #[cfg(not(loom))]
+        {
+            [const {
+                FreeList {
+                    returned: AtomicUsize::new(NIL),
+                }
+            }; N]
+        }
+        #[cfg(loom)]
+        std::array::from_fn(|_| FreeList::default())
     }
 }
 
