@@ -7,11 +7,12 @@ use std::ptr::{self, NonNull};
 use smallvec::SmallVec;
 
 use super::leaf::{
-    INHERITED, NO_MATCH, PayloadCell, code_of, load_payload, store_payload, winner_of,
+    INHERITED, NO_MATCH, PayloadCell, code_of, default_code, load_payload, own_bits, same_winner,
+    store_payload, winner_of,
 };
 use super::prefixes::in_subtree;
 use super::runs::{Runs, run_offsets, runs_bytes, runs_overlapping};
-use super::{Leaf, LeafCell, Prefixes, index_range};
+use super::{Leaf, LeafCell, Prefixes, index_range, prefix_index};
 use crate::core::arena::Arena;
 use crate::lpm::bits::Bits;
 
@@ -174,6 +175,9 @@ impl DataBlock {
         idx: usize,
         payload: Option<[u8; 4]>,
     ) -> NonNull<DataBlock> {
+        if let Some(patched) = self.with_byte_prefix_patched(arena, idx, payload) {
+            return patched;
+        }
         let (_, lo, hi) = index_range(idx);
         let default = self.default.load();
         let mut near = Prefixes::new();
@@ -214,6 +218,82 @@ impl DataBlock {
         hidden.sort_unstable_by_key(|&(i, _)| i);
         let levels = self.levels | u16::from(payload.is_some()) << index_range(idx).0;
         Self::assemble(arena, depth, default, &runs, &hidden, n_prefixes, levels)
+    }
+
+    /// `with_prefix` for the commonest change, made by patching a copy:
+    /// a prefix of a whole byte `b` (a /32 host route in the last byte of
+    /// an IPv4 key, a /24 in the third) stored or removed where `b` is a
+    /// run of its own and stays one (its neighbours keep other winners),
+    /// and no prefix becomes hidden or visible. The block keeps its shape
+    /// (runs, no hidden prefixes), so the new block is the old one's bytes
+    /// with one run's code and payload changed: no decoding, no run
+    /// building. `None` when the change is not of that kind.
+    fn with_byte_prefix_patched(
+        &self,
+        arena: &Arena,
+        idx: usize,
+        payload: Option<[u8; 4]>,
+    ) -> Option<NonNull<DataBlock>> {
+        let (l, b, _) = index_range(idx);
+        let run = self.run_of(b as u8);
+        let own_run = self.run_bits.get(b) && (b == 255 || self.run_bits.get(b + 1));
+        if l != 8 || self.n_hidden != 0 || !own_run {
+            return None;
+        }
+        let old_code = self.code(run);
+        let stored = old_code == code_of(8);
+        let (code, new_payload) = match payload {
+            Some(p) => {
+                // A shorter prefix of the node that won only this byte
+                // would become hidden.
+                let loses_all = own_bits(old_code).is_some_and(|ol| {
+                    ol < 8 && !self.wins_outside(prefix_index(ol, b as u8), b, b + 1)
+                });
+                if loses_all {
+                    return None;
+                }
+                (code_of(8), p)
+            }
+            None if !stored => return None,
+            None => {
+                // The byte's new winner: the longest shorter prefix of the
+                // node covering it (each wins some run: none is hidden),
+                // else the default.
+                let above = (0..8u32)
+                    .rev()
+                    .filter(|l| self.levels & 1 << l != 0)
+                    .find_map(|l| match self.cells_of(prefix_index(l, b as u8))? {
+                        Cells::Runs { first, .. } => Some((code_of(l), self.payload(first))),
+                        Cells::Hidden(_) => None,
+                    });
+                let default = self.default.load();
+                let (code, p) = above.unwrap_or((default_code(default), default.payload));
+                // It must not continue a neighbour's run.
+                let continues =
+                    |r: usize, start: usize| self.code(r) == code && same_winner(code, start, b);
+                let left_start = || self.run_bits.last_one_upto(b - 1).expect("bit 0 is set");
+                if (b > 0 && continues(run - 1, left_start()))
+                    || (b < 255 && continues(run + 1, b + 1))
+                {
+                    return None;
+                }
+                (code, p)
+            }
+        };
+        let n_prefixes = self.n_prefixes as usize + usize::from(payload.is_some() && !stored)
+            - usize::from(payload.is_none());
+        let copy = self.copy_to(arena);
+        // SAFETY: a fresh copy of this block, unpublished: ours to write;
+        // `run` < n_runs, so its code and payload lie inside it.
+        unsafe {
+            let block = copy.as_ptr();
+            (*block).n_prefixes = n_prefixes as u16;
+            (*block).levels |= 1 << 8;
+            let [at_code, at_payload] = (*block).run_addresses(run);
+            at_code.cast_mut().write(code);
+            at_payload.cast_mut().cast::<[u8; 4]>().write(new_payload);
+        }
+        Some(copy)
     }
 
     /// Puts into `out` (empty) the prefixes inside `idx`'s byte range
@@ -689,6 +769,86 @@ mod tests {
             }
             // SAFETY: private blocks.
             unsafe { blocks.iter().for_each(|p| DataBlock::free(&arena, p.as_ptr())) };
+        }
+
+        /// The same for dense nodes of whole-byte prefixes (host routes)
+        /// with a few shorter ones, changed one whole byte at a time: the
+        /// changes `with_prefix` makes by patching a copy.
+        #[test]
+        fn patched_byte_changes_match_full_builds(
+            bytes in prop::collection::vec(any::<bool>(), 256),
+            shorter in prop::collection::vec((2usize..256, 0u8..3), 0..4),
+            changes in prop::collection::vec((any::<u8>(), prop::option::of(0u8..3)), 1..crate::scaled(24, 4)),
+            no_default in any::<bool>(),
+        ) {
+            let arena = Arena::new();
+            let default = if no_default { Leaf::NONE } else { default_leaf() };
+            let mut set = prefixes_of(&shorter);
+            for (b, _) in bytes.iter().enumerate().filter(|(_, on)| **on) {
+                set.set(prefix_index(8, b as u8), Some([b as u8 % 3; 4]));
+            }
+            set.bits.fix_ranks();
+            let mut block = DataBlock::build(&arena, 2, &set, default);
+            let mut blocks = vec![block];
+            for (b, value) in changes {
+                let (idx, payload) = (prefix_index(8, b), value.map(|v| [v; 4]));
+                set.set(idx, payload);
+                // SAFETY: private blocks.
+                block = unsafe { block.as_ref() }.with_prefix(&arena, 2, idx, payload);
+                let full = DataBlock::build(&arena, 2, &set, default);
+                blocks.extend([block, full]);
+                // SAFETY: private blocks.
+                let (inc, full) = unsafe { (block.as_ref(), full.as_ref()) };
+                for byte in (0..=255u8).step_by(crate::scaled(1, 15)) {
+                    prop_assert_eq!(inc.leaf(byte), full.leaf(byte), "byte {}", byte);
+                }
+                prop_assert_eq!(inc.run_bits, full.run_bits);
+                prop_assert_eq!(inc.hidden().0, full.hidden().0);
+                prop_assert_eq!((inc.n_prefixes, inc.size()), (full.n_prefixes, full.size()));
+                prop_assert_eq!(inc.prefixes(), set.clone());
+            }
+            // SAFETY: private blocks.
+            unsafe { blocks.iter().for_each(|p| DataBlock::free(&arena, p.as_ptr())) };
+        }
+    }
+
+    /// Removing and storing again a host route in a full block of them
+    /// (the kernel's LPM bench shape) patches a copy, whatever the
+    /// neighbours' payloads.
+    #[test]
+    fn host_route_churn_in_a_full_block_is_patched() {
+        let arena = Arena::new();
+        let mut set = Prefixes::new();
+        for b in 0..=255u8 {
+            set.set(prefix_index(8, b), Some([b % 2; 4]));
+        }
+        set.bits.fix_ranks();
+        let full = DataBlock::build(&arena, 3, &set, Leaf::NONE);
+        // SAFETY: private blocks, freed below.
+        unsafe {
+            let idx = prefix_index(8, 7);
+            let removed = full
+                .as_ref()
+                .with_byte_prefix_patched(&arena, idx, None)
+                .expect("patched");
+            assert_eq!(removed.as_ref().leaf(7), Leaf::NONE);
+            assert_eq!(removed.as_ref().n_prefixes, 255);
+            let back = removed
+                .as_ref()
+                .with_byte_prefix_patched(&arena, idx, Some([1; 4]))
+                .expect("patched");
+            assert_eq!(back.as_ref().prefixes(), set);
+            // Next to a removed neighbour, a removal would join its run.
+            let idx8 = prefix_index(8, 8);
+            assert!(
+                removed
+                    .as_ref()
+                    .with_byte_prefix_patched(&arena, idx8, None)
+                    .is_none()
+            );
+            for p in [full, removed, back] {
+                DataBlock::free(&arena, p.as_ptr());
+            }
         }
     }
 }
