@@ -175,8 +175,8 @@ impl DataBlock {
         idx: usize,
         payload: Option<[u8; 4]>,
     ) -> NonNull<DataBlock> {
-        if let Some(patched) = self.with_byte_prefix_patched(arena, idx, payload) {
-            return patched;
+        if let Some(block) = self.with_whole_byte_prefix(arena, depth, idx, payload) {
+            return block;
         }
         let (_, lo, hi) = index_range(idx);
         let default = self.default.load();
@@ -220,45 +220,52 @@ impl DataBlock {
         Self::assemble(arena, depth, default, &runs, &hidden, n_prefixes, levels)
     }
 
-    /// `with_prefix` for the commonest change, made by patching a copy:
-    /// a prefix of a whole byte `b` (a /32 host route in the last byte of
-    /// an IPv4 key, a /24 in the third) stored or removed where `b` is a
-    /// run of its own and stays one (its neighbours keep other winners),
-    /// and no prefix becomes hidden or visible. The block keeps its shape
-    /// (runs, no hidden prefixes), so the new block is the old one's bytes
-    /// with one run's code and payload changed: no decoding, no run
-    /// building. `None` when the change is not of that kind.
-    fn with_byte_prefix_patched(
+    /// `with_prefix` for the commonest change: a prefix of a whole byte
+    /// `b` (a /32 host route in the last byte of an IPv4 key, a /24 in the
+    /// third) stored or removed in a node with no hidden prefix, where no
+    /// prefix becomes hidden. Only byte `b`'s answer changes, and it is
+    /// known without decoding the node: the new prefix, or on removal the
+    /// longest shorter prefix covering `b` (each wins some run), else the
+    /// default. When `b` is a run of its own and stays one (its
+    /// neighbours keep other winners) the block keeps its shape, and the
+    /// new block is the old one's bytes with that run's code and payload
+    /// changed; otherwise the runs are spliced: the old ones copied
+    /// around `b`'s run, which is cut in up to three, or joined with its
+    /// neighbours. `None` when the change is not of this kind.
+    fn with_whole_byte_prefix(
         &self,
         arena: &Arena,
+        depth: usize,
         idx: usize,
         payload: Option<[u8; 4]>,
     ) -> Option<NonNull<DataBlock>> {
         let (l, b, _) = index_range(idx);
-        let run = self.run_of(b as u8);
-        let own_run = self.run_bits.get(b) && (b == 255 || self.run_bits.get(b + 1));
-        if l != 8 || self.n_hidden != 0 || !own_run {
+        if l != 8 || self.n_hidden != 0 {
             return None;
         }
-        let old_code = self.code(run);
+        let run = self.run_of(b as u8);
+        // The run holding `b`: bytes `start..end`.
+        let start = self.run_bits.last_one_upto(b).expect("bit 0 is set");
+        let end = self.run_bits.first_one_from(b + 1).unwrap_or(256);
+        let own_run = (start, end) == (b, b + 1);
+        let (old_code, old_payload) = (self.code(run), self.payload(run));
         let stored = old_code == code_of(8);
-        let (code, new_payload) = match payload {
+        let (code, new_payload, same_shape) = match payload {
             Some(p) => {
                 // A shorter prefix of the node that won only this byte
                 // would become hidden.
-                let loses_all = own_bits(old_code).is_some_and(|ol| {
-                    ol < 8 && !self.wins_outside(prefix_index(ol, b as u8), b, b + 1)
-                });
+                let loses_all = own_run
+                    && own_bits(old_code).is_some_and(|ol| {
+                        ol < 8 && !self.wins_outside(prefix_index(ol, b as u8), b, b + 1)
+                    });
                 if loses_all {
                     return None;
                 }
-                (code_of(8), p)
+                (code_of(8), p, own_run)
             }
+            // A whole-byte prefix's run is that byte alone.
             None if !stored => return None,
             None => {
-                // The byte's new winner: the longest shorter prefix of the
-                // node covering it (each wins some run: none is hidden),
-                // else the default.
                 let above = (0..8u32)
                     .rev()
                     .filter(|l| self.levels & 1 << l != 0)
@@ -268,27 +275,50 @@ impl DataBlock {
                     });
                 let default = self.default.load();
                 let (code, p) = above.unwrap_or((default_code(default), default.payload));
-                // It must not continue a neighbour's run.
                 let continues =
                     |r: usize, start: usize| self.code(r) == code && same_winner(code, start, b);
                 let left_start = || self.run_bits.last_one_upto(b - 1).expect("bit 0 is set");
-                if (b > 0 && continues(run - 1, left_start()))
-                    || (b < 255 && continues(run + 1, b + 1))
-                {
-                    return None;
-                }
-                (code, p)
+                let joins = (b > 0 && continues(run - 1, left_start()))
+                    || (b < 255 && continues(run + 1, b + 1));
+                (code, p, !joins)
             }
         };
         let n_prefixes = self.n_prefixes as usize + usize::from(payload.is_some() && !stored)
             - usize::from(payload.is_none());
+        let levels = self.levels | 1 << 8;
+        if !same_shape {
+            // `push` and `copy_old` join runs with the same winner.
+            let mut runs = Runs::new();
+            runs.copy_old(self, 0, start);
+            if start < b {
+                runs.push(start, old_payload, old_code);
+            }
+            runs.push(b, new_payload, code);
+            if b + 1 < end {
+                runs.push(b + 1, old_payload, old_code);
+            }
+            runs.copy_old(self, end, 256);
+            runs.finish();
+            let default = self.default.load();
+            return Some(Self::assemble(
+                arena,
+                depth,
+                default,
+                &runs,
+                &[],
+                n_prefixes,
+                levels,
+            ));
+        }
         let copy = self.copy_to(arena);
         // SAFETY: a fresh copy of this block, unpublished: ours to write;
         // `run` < n_runs, so its code and payload lie inside it.
         unsafe {
             let block = copy.as_ptr();
             (*block).n_prefixes = n_prefixes as u16;
-            (*block).levels |= 1 << 8;
+            (*block).levels = levels;
+            // (A node's first block, `empty`'s, says depth 0.)
+            (*block).depth = depth as u8;
             let [at_code, at_payload] = (*block).run_addresses(run);
             at_code.cast_mut().write(code);
             at_payload.cast_mut().cast::<[u8; 4]>().write(new_payload);
@@ -812,43 +842,51 @@ mod tests {
         }
     }
 
-    /// Removing and storing again a host route in a full block of them
-    /// (the kernel's LPM bench shape) patches a copy, whatever the
-    /// neighbours' payloads.
+    /// Host-route churn in a full block of them (the kernel's LPM bench
+    /// shape), removals that join runs and an insert that cuts one all
+    /// take the whole-byte path and give what a full build gives.
     #[test]
-    fn host_route_churn_in_a_full_block_is_patched() {
+    fn whole_byte_changes_take_the_short_path() {
         let arena = Arena::new();
         let mut set = Prefixes::new();
         for b in 0..=255u8 {
             set.set(prefix_index(8, b), Some([b % 2; 4]));
         }
         set.bits.fix_ranks();
-        let full = DataBlock::build(&arena, 3, &set, Leaf::NONE);
-        // SAFETY: private blocks, freed below.
-        unsafe {
-            let idx = prefix_index(8, 7);
-            let removed = full
-                .as_ref()
-                .with_byte_prefix_patched(&arena, idx, None)
-                .expect("patched");
-            assert_eq!(removed.as_ref().leaf(7), Leaf::NONE);
-            assert_eq!(removed.as_ref().n_prefixes, 255);
-            let back = removed
-                .as_ref()
-                .with_byte_prefix_patched(&arena, idx, Some([1; 4]))
-                .expect("patched");
-            assert_eq!(back.as_ref().prefixes(), set);
-            // Next to a removed neighbour, a removal would join its run.
-            let idx8 = prefix_index(8, 8);
-            assert!(
-                removed
-                    .as_ref()
-                    .with_byte_prefix_patched(&arena, idx8, None)
-                    .is_none()
-            );
-            for p in [full, removed, back] {
-                DataBlock::free(&arena, p.as_ptr());
-            }
+        let mut blocks = vec![DataBlock::build(&arena, 3, &set, Leaf::NONE)];
+        // (byte, new payload, runs after): 7 out and back in (patched
+        // copies), out again; 8 and 6 out (runs joined); 7 back in (a run
+        // of three bytes cut in three).
+        let steps = [
+            (7, None, 256),
+            (7, Some([1; 4]), 256),
+            (7, None, 256),
+            (8, None, 255),
+            (6, None, 254),
+            (7, Some([3; 4]), 256),
+        ];
+        for (b, payload, n_runs) in steps {
+            let idx = prefix_index(8, b);
+            set.set(idx, payload);
+            // SAFETY: private blocks, freed below.
+            let last = unsafe { blocks.last().expect("one").as_ref() };
+            let next = last
+                .with_whole_byte_prefix(&arena, 3, idx, payload)
+                .expect("short path");
+            let full = DataBlock::build(&arena, 3, &set, Leaf::NONE);
+            blocks.extend([full, next]); // `next` last, for the next step
+            // SAFETY: private blocks.
+            let (next, full) = unsafe { (next.as_ref(), full.as_ref()) };
+            assert_eq!(next.prefixes(), set);
+            assert_eq!((next.run_bits, next.size()), (full.run_bits, full.size()));
+            assert!((0..=255).all(|x| next.leaf(x) == full.leaf(x)));
+            assert_eq!(next.n_runs(), n_runs);
         }
+        // SAFETY: private blocks.
+        unsafe {
+            blocks
+                .iter()
+                .for_each(|p| DataBlock::free(&arena, p.as_ptr()))
+        };
     }
 }
