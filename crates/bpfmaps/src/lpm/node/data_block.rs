@@ -806,15 +806,16 @@ mod tests {
         /// changes `with_prefix` makes by patching a copy.
         #[test]
         fn patched_byte_changes_match_full_builds(
-            bytes in prop::collection::vec(any::<bool>(), 256),
+            bytes in any::<[u64; 4]>(),
             shorter in prop::collection::vec((2usize..256, 0u8..3), 0..4),
-            changes in prop::collection::vec((any::<u8>(), prop::option::of(0u8..3)), 1..crate::scaled(24, 4)),
+            changes in prop::collection::vec((any::<u8>(), prop::option::of(0u8..3)), 1..crate::scaled(24, 3)),
             no_default in any::<bool>(),
         ) {
             let arena = Arena::new();
             let default = if no_default { Leaf::NONE } else { default_leaf() };
             let mut set = prefixes_of(&shorter);
-            for (b, _) in bytes.iter().enumerate().filter(|(_, on)| **on) {
+            // Each byte stored with probability 1/2 (a bit of `bytes`).
+            for b in (0..256).filter(|&b| bytes[b / 64] >> (b % 64) & 1 == 1) {
                 set.set(prefix_index(8, b as u8), Some([b as u8 % 3; 4]));
             }
             set.bits.fix_ranks();
@@ -879,7 +880,9 @@ mod tests {
             let (next, full) = unsafe { (next.as_ref(), full.as_ref()) };
             assert_eq!(next.prefixes(), set);
             assert_eq!((next.run_bits, next.size()), (full.run_bits, full.size()));
-            assert!((0..=255).all(|x| next.leaf(x) == full.leaf(x)));
+            // Under Miri, a sample: the builds are what it checks.
+            let sample = (0..=255u8).step_by(crate::scaled(1, 15));
+            assert!(sample.into_iter().all(|x| next.leaf(x) == full.leaf(x)));
             assert_eq!(next.n_runs(), n_runs);
         }
         // SAFETY: private blocks.
