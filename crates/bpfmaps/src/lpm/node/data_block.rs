@@ -771,39 +771,13 @@ mod tests {
             changes in prop::collection::vec((1usize..512, prop::option::of(0u8..3)), 1..crate::scaled(12, 4)),
             no_default in any::<bool>(),
         ) {
-            let arena = Arena::new();
-            let default = if no_default { Leaf::NONE } else { default_leaf() };
-            let mut set = prefixes_of(&idxs);
-            let mut block = DataBlock::build(&arena, 2, &set, default);
-            let mut blocks = vec![block];
-            for (idx, value) in changes {
-                let payload = value.map(|v| [v; 4]);
-                set.set(idx, payload);
-                // SAFETY: private blocks.
-                block = unsafe { block.as_ref() }.with_prefix(&arena, 2, idx, payload);
-                let full = DataBlock::build(&arena, 2, &set, default);
-                blocks.extend([block, full]);
-                // SAFETY: private blocks.
-                let (inc, full) = unsafe { (block.as_ref(), full.as_ref()) };
-                // Under Miri, a sample: the builds are what it checks.
-                for byte in (0..=255u8).step_by(crate::scaled(1, 15)) {
-                    prop_assert_eq!(inc.leaf(byte), full.leaf(byte), "byte {}", byte);
-                }
-                prop_assert_eq!(inc.run_bits, full.run_bits);
-                prop_assert_eq!(inc.hidden().0, full.hidden().0);
-                prop_assert_eq!(inc.n_prefixes, full.n_prefixes);
-                prop_assert_eq!(inc.prefixes(), set.clone());
-                for i in (1..512).step_by(crate::scaled(1, 17)) {
-                    prop_assert_eq!(inc.prefix(i), set.get(i), "idx {}", i);
-                }
-            }
-            // SAFETY: private blocks.
-            unsafe { blocks.iter().for_each(|p| DataBlock::free(&arena, p.as_ptr())) };
+            let changes = changes.into_iter().map(|(idx, v)| (idx, v.map(|v| [v; 4])));
+            changes_match_full_builds(prefixes_of(&idxs), no_default, changes)?;
         }
 
         /// The same for dense nodes of whole-byte prefixes (host routes)
         /// with a few shorter ones, changed one whole byte at a time: the
-        /// changes `with_prefix` makes by patching a copy.
+        /// changes `with_prefix` makes by patching or splicing a copy.
         #[test]
         fn patched_byte_changes_match_full_builds(
             bytes in any::<[u64; 4]>(),
@@ -811,36 +785,61 @@ mod tests {
             changes in prop::collection::vec((any::<u8>(), prop::option::of(0u8..3)), 1..crate::scaled(24, 3)),
             no_default in any::<bool>(),
         ) {
-            let arena = Arena::new();
-            let default = if no_default { Leaf::NONE } else { default_leaf() };
             let mut set = prefixes_of(&shorter);
             // Each byte stored with probability 1/2 (a bit of `bytes`).
             for b in (0..256).filter(|&b| bytes[b / 64] >> (b % 64) & 1 == 1) {
                 set.set(prefix_index(8, b as u8), Some([b as u8 % 3; 4]));
             }
             set.bits.fix_ranks();
-            let mut block = DataBlock::build(&arena, 2, &set, default);
-            let mut blocks = vec![block];
-            for (b, value) in changes {
-                let (idx, payload) = (prefix_index(8, b), value.map(|v| [v; 4]));
-                set.set(idx, payload);
-                // SAFETY: private blocks.
-                block = unsafe { block.as_ref() }.with_prefix(&arena, 2, idx, payload);
-                let full = DataBlock::build(&arena, 2, &set, default);
-                blocks.extend([block, full]);
-                // SAFETY: private blocks.
-                let (inc, full) = unsafe { (block.as_ref(), full.as_ref()) };
-                for byte in (0..=255u8).step_by(crate::scaled(1, 15)) {
-                    prop_assert_eq!(inc.leaf(byte), full.leaf(byte), "byte {}", byte);
-                }
-                prop_assert_eq!(inc.run_bits, full.run_bits);
-                prop_assert_eq!(inc.hidden().0, full.hidden().0);
-                prop_assert_eq!((inc.n_prefixes, inc.size()), (full.n_prefixes, full.size()));
-                prop_assert_eq!(inc.prefixes(), set.clone());
-            }
-            // SAFETY: private blocks.
-            unsafe { blocks.iter().for_each(|p| DataBlock::free(&arena, p.as_ptr())) };
+            let changes = changes.into_iter().map(|(b, v)| (prefix_index(8, b), v.map(|v| [v; 4])));
+            changes_match_full_builds(set, no_default, changes)?;
         }
+    }
+
+    /// Applies `changes` one by one with `with_prefix`, each from the
+    /// block before, and checks each block against a full build of the
+    /// same prefixes: runs, leaves, hidden prefixes, counts, size, and the
+    /// prefixes it gives back.
+    fn changes_match_full_builds(
+        mut set: Prefixes,
+        no_default: bool,
+        changes: impl Iterator<Item = (usize, Option<[u8; 4]>)>,
+    ) -> Result<(), TestCaseError> {
+        let arena = Arena::new();
+        let default = if no_default {
+            Leaf::NONE
+        } else {
+            default_leaf()
+        };
+        let mut block = DataBlock::build(&arena, 2, &set, default);
+        let mut blocks = vec![block];
+        for (idx, payload) in changes {
+            set.set(idx, payload);
+            // SAFETY: private blocks.
+            block = unsafe { block.as_ref() }.with_prefix(&arena, 2, idx, payload);
+            let full = DataBlock::build(&arena, 2, &set, default);
+            blocks.extend([block, full]);
+            // SAFETY: private blocks.
+            let (inc, full) = unsafe { (block.as_ref(), full.as_ref()) };
+            // Under Miri, a sample: the builds are what it checks.
+            for byte in (0..=255u8).step_by(crate::scaled(1, 15)) {
+                prop_assert_eq!(inc.leaf(byte), full.leaf(byte), "byte {}", byte);
+            }
+            prop_assert_eq!(inc.run_bits, full.run_bits);
+            prop_assert_eq!(inc.hidden().0, full.hidden().0);
+            prop_assert_eq!((inc.n_prefixes, inc.size()), (full.n_prefixes, full.size()));
+            prop_assert_eq!(inc.prefixes(), set.clone());
+            for i in (1..512).step_by(crate::scaled(1, 17)) {
+                prop_assert_eq!(inc.prefix(i), set.get(i), "idx {}", i);
+            }
+        }
+        // SAFETY: private blocks.
+        unsafe {
+            blocks
+                .iter()
+                .for_each(|p| DataBlock::free(&arena, p.as_ptr()))
+        };
+        Ok(())
     }
 
     /// Host-route churn in a full block of them (the kernel's LPM bench
