@@ -94,6 +94,20 @@ pub(super) enum Depth2<'g> {
     Absent,
 }
 
+/// What a store into a node changed, for `DirectIndex::mirror`.
+#[derive(Clone, Debug)]
+pub(super) enum Change {
+    /// A new data block whose leaves may differ in these bytes.
+    Leaves(std::ops::Range<usize>),
+    /// A new child block that added or removed the child at this byte.
+    Child(u8),
+}
+
+impl Change {
+    /// A new data block, any of whose leaves may differ.
+    pub const ALL: Change = Change::Leaves(0..256);
+}
+
 /// One slot: the leaf answering for its /16, or the depth-2 node's data
 /// block or the node itself.
 type Slot = AtomicU64;
@@ -227,24 +241,23 @@ impl DirectIndex {
 
     /// Re-points the slots of the node at `depth` reached by `top` (its
     /// first key bytes) after a store into it. Writer only; call before
-    /// retiring what the node pointed at.
-    /// `child`: `None` after a new data block, `Some(b)` after the child
-    /// at `b` was added or removed. Only the slots that store can have
-    /// changed are refilled: a new child block of a depth-1 node moves all
-    /// its depth-2 nodes, which slots may point at, so all 256 of its slots.
+    /// retiring what the node pointed at. Only the slots that `change`
+    /// can reach are refilled: a new data block's leaves change in its
+    /// bytes, a depth-1 node's new child block adds or removes one child
+    /// and moves the others (slots point at the depth-2 nodes inside it).
     pub fn mirror(
         &self,
         root: &Node,
         at: (usize, [u8; 2]),
         node: &Node,
-        child: Option<u8>,
+        change: Change,
         guard: &Guard,
     ) {
         let (depth, top) = at;
-        match (depth, child) {
+        match (depth, change) {
             // The root's leaves answer for every b0 without a depth-1 node.
-            (0, None) => {
-                for b0 in 0..=255 {
+            (0, Change::Leaves(bytes)) => {
+                for b0 in bytes.map(|b| b as u8) {
                     if root.child(b0, guard).is_none() {
                         self.refresh_b0(root, b0, guard);
                     }
@@ -255,8 +268,30 @@ impl DirectIndex {
             // its leaves are the root's leaf for `b0`, which the slots
             // already hold (the tests pass without it). A subtree built
             // apart and linked whole would need it.
-            (0, Some(b0)) => self.refresh_b0(root, b0, guard),
-            (1, _) => self.refresh_b0(root, top[0], guard),
+            (0, Change::Child(b0)) => self.refresh_b0(root, b0, guard),
+            (1, Change::Leaves(bytes)) => {
+                let (data, children) = (node.data(guard), node.children(guard));
+                for b1 in bytes.map(|b| b as u8) {
+                    if children.as_ref().is_none_or(|c| !c.bits.get(b1 as usize)) {
+                        self.slot(top[0], b1)
+                            .store(pack(data.leaf(b1)), Ordering::Release);
+                    }
+                }
+            }
+            (1, Change::Child(b1)) => {
+                let children = node.children(guard);
+                let has = |b: usize| children.as_ref().is_some_and(|c| c.bits.get(b));
+                if !has(b1 as usize) {
+                    let leaf = node.data(guard).leaf(b1);
+                    self.slot(top[0], b1).store(pack(leaf), Ordering::Release);
+                }
+                if let Some(c) = &children {
+                    for (i, b) in c.bits.ones().enumerate() {
+                        // SAFETY: `i` < len: the `i`th set bit.
+                        self.copy_node(self.slot(top[0], b as u8), unsafe { c.node(i) });
+                    }
+                }
+            }
             (2, _) => self.copy_node(self.slot(top[0], top[1]), node),
             _ => {}
         }

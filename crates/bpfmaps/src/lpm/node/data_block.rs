@@ -175,7 +175,7 @@ impl DataBlock {
         idx: usize,
         payload: Option<[u8; 4]>,
     ) -> NonNull<DataBlock> {
-        if let Some(block) = self.with_whole_byte_prefix(arena, depth, idx, payload) {
+        if let Some(block) = self.with_spliced_prefix(arena, depth, idx, payload) {
             return block;
         }
         let (_, lo, hi) = index_range(idx);
@@ -220,96 +220,144 @@ impl DataBlock {
         Self::assemble(arena, depth, default, &runs, &hidden, n_prefixes, levels)
     }
 
-    /// `with_prefix` for the commonest change: a prefix of a whole byte
-    /// `b` (a /32 host route in the last byte of an IPv4 key, a /24 in the
-    /// third) stored or removed in a node with no hidden prefix, where no
-    /// prefix becomes hidden. Only byte `b`'s answer changes, and it is
-    /// known without decoding the node: the new prefix, or on removal the
-    /// longest shorter prefix covering `b` (each wins some run), else the
-    /// default. When `b` is a run of its own and stays one (its
-    /// neighbours keep other winners) the block keeps its shape, and the
-    /// new block is the old one's bytes with that run's code and payload
-    /// changed; otherwise the runs are spliced: the old ones copied
-    /// around `b`'s run, which is cut in up to three, or joined with its
-    /// neighbours. `None` when the change is not of this kind.
-    fn with_whole_byte_prefix(
+    /// `with_prefix` for the commonest changes: a prefix stored new or
+    /// removed where no prefix becomes hidden or visible. Within the
+    /// prefix's bytes `lo..hi`, the runs that change are known without
+    /// decoding the node: on a store, those won by the default or by the
+    /// longest prefix above it (the only shorter prefix that can win a
+    /// byte there) go to the new prefix; on a removal, the prefix's runs
+    /// go to the longest prefix above it that is stored, else the
+    /// default. The old runs around `lo..hi` are copied as they
+    /// are (`splice`), or, when `lo..hi` is one run that stays one (a /24
+    /// or host route whose byte's neighbours keep other winners), the new
+    /// block is the old one's bytes with that run's code and payload
+    /// changed. `None` when the change is not of this kind.
+    fn with_spliced_prefix(
         &self,
         arena: &Arena,
         depth: usize,
         idx: usize,
         payload: Option<[u8; 4]>,
     ) -> Option<NonNull<DataBlock>> {
-        let (l, b, _) = index_range(idx);
-        if l != 8 || self.n_hidden != 0 {
+        // A hidden prefix changed (rare): the long path.
+        if self.n_hidden != 0 && self.hidden().0.binary_search(&(idx as u16)).is_ok() {
             return None;
         }
-        let run = self.run_of(b as u8);
-        // The run holding `b`: bytes `start..end`.
-        let start = self.run_bits.last_one_upto(b).expect("bit 0 is set");
-        let end = self.run_bits.first_one_from(b + 1).unwrap_or(256);
-        let own_run = (start, end) == (b, b + 1);
-        let (old_code, old_payload) = (self.code(run), self.payload(run));
-        let stored = old_code == code_of(8);
-        let (code, new_payload, same_shape) = match payload {
-            Some(p) => {
-                // A shorter prefix of the node that won only this byte
-                // would become hidden.
-                let loses_all = own_run
-                    && own_bits(old_code).is_some_and(|ol| {
-                        ol < 8 && !self.wins_outside(prefix_index(ol, b as u8), b, b + 1)
-                    });
-                if loses_all {
-                    return None;
-                }
-                (code_of(8), p, own_run)
-            }
-            // A whole-byte prefix's run is that byte alone.
-            None if !stored => return None,
-            None => {
-                let above = (0..8u32)
-                    .rev()
-                    .filter(|l| self.levels & 1 << l != 0)
-                    .find_map(|l| match self.cells_of(prefix_index(l, b as u8))? {
-                        Cells::Runs { first, .. } => Some((code_of(l), self.payload(first))),
-                        Cells::Hidden(_) => None,
-                    });
-                let default = self.default.load();
-                let (code, p) = above.unwrap_or((default_code(default), default.payload));
-                let continues =
-                    |r: usize, start: usize| self.code(r) == code && same_winner(code, start, b);
-                let left_start = || self.run_bits.last_one_upto(b - 1).expect("bit 0 is set");
-                let joins = (b > 0 && continues(run - 1, left_start()))
-                    || (b < 255 && continues(run + 1, b + 1));
-                (code, p, !joins)
+        let (l, lo, hi) = index_range(idx);
+        let own = code_of(l);
+        let (first, last) = (self.run_of(lo as u8), self.run_of((hi - 1) as u8));
+        // Only this prefix has its length inside its own range.
+        let stored = (first..=last).any(|run| self.code(run) == own);
+        // A run in `lo..hi` with code `c` changes: on a store, if won by a
+        // shorter prefix or the default; on a removal, if won by this one.
+        let shorter = |c: u8| own_bits(c).is_none_or(|ol| ol < l);
+        let changes = |c: u8| {
+            if payload.is_some() {
+                shorter(c)
+            } else {
+                c == own
             }
         };
-        let n_prefixes = self.n_prefixes as usize + usize::from(payload.is_some() && !stored)
+        // The winner they get.
+        let (code, new_payload) = match payload {
+            // A new value for a stored prefix: the writer stores it in place.
+            Some(_) if stored => return None,
+            Some(p) => {
+                let mut wins = false;
+                let mut above = None;
+                for run in first..=last {
+                    let c = self.code(run);
+                    if shorter(c) {
+                        wins = true;
+                        above = above.or(own_bits(c));
+                    }
+                }
+                // The new prefix, or the one above it, would win no byte.
+                let above_hides =
+                    above.is_some_and(|ol| !self.wins_outside(prefix_index(ol, lo as u8), lo, hi));
+                if !wins || above_hides {
+                    return None;
+                }
+                (own, p)
+            }
+            None if !stored => return None,
+            None => {
+                let above = (0..l)
+                    .rev()
+                    .filter(|ol| self.levels & 1 << ol != 0)
+                    .find_map(|ol| Some((ol, self.cells_of(prefix_index(ol, lo as u8))?)));
+                match above {
+                    Some((ol, Cells::Runs { first, .. })) => (code_of(ol), self.payload(first)),
+                    // A hidden prefix would win bytes again: the long path.
+                    Some((_, Cells::Hidden(_))) => return None,
+                    None => {
+                        let default = self.default.load();
+                        (default_code(default), default.payload)
+                    }
+                }
+            }
+        };
+        let n_prefixes = self.n_prefixes as usize + usize::from(payload.is_some())
             - usize::from(payload.is_none());
-        let levels = self.levels | 1 << 8;
-        if !same_shape {
-            // `push` and `copy_old` join runs with the same winner.
-            let mut runs = Runs::new();
-            runs.copy_old(self, 0, start);
-            if start < b {
-                runs.push(start, old_payload, old_code);
-            }
-            runs.push(b, new_payload, code);
-            if b + 1 < end {
-                runs.push(b + 1, old_payload, old_code);
-            }
-            runs.copy_old(self, end, 256);
-            runs.finish();
-            let default = self.default.load();
-            return Some(Self::assemble(
-                arena,
-                depth,
-                default,
-                &runs,
-                &[],
-                n_prefixes,
-                levels,
-            ));
+        let levels = self.levels | u16::from(payload.is_some()) << l;
+        // One run exactly over `lo..hi` keeps its place if its neighbours
+        // keep other winners.
+        let one_run =
+            first == last && self.run_bits.get(lo) && (hi == 256 || self.run_bits.get(hi));
+        let continues =
+            |run: usize, start: usize| self.code(run) == code && same_winner(code, start, lo);
+        let joins = || {
+            (lo > 0
+                && continues(
+                    first - 1,
+                    self.run_bits.last_one_upto(lo - 1).expect("bit 0"),
+                ))
+                || (hi < 256 && continues(last + 1, hi))
+        };
+        if one_run && !joins() {
+            return Some(self.patched(arena, depth, first, code, new_payload, n_prefixes, levels));
         }
+        let mut runs = Runs::new();
+        runs.copy_old(self, 0, lo);
+        for (run, start) in runs_overlapping(&self.run_bits, lo, hi) {
+            let (c, p) = (self.code(run), self.payload(run));
+            if changes(c) {
+                runs.push(start.max(lo), new_payload, code);
+            } else {
+                runs.push(start.max(lo), p, c);
+            }
+        }
+        if hi < 256 {
+            let run = self.run_of(hi as u8);
+            runs.push(hi, self.payload(run), self.code(run));
+            runs.copy_old(self, hi + 1, 256);
+        }
+        runs.finish();
+        // The hidden prefixes stay as they were (the checks above).
+        let (old_hidden, slots) = self.hidden();
+        let hidden: Hidden = old_hidden
+            .iter()
+            .zip(slots)
+            .map(|(&i, slot)| (i, load_payload(slot)))
+            .collect();
+        let default = self.default.load();
+        Some(Self::assemble(
+            arena, depth, default, &runs, &hidden, n_prefixes, levels,
+        ))
+    }
+
+    /// A copy of this block whose run `run` has `code` and `payload`.
+    #[allow(clippy::too_many_arguments)]
+    fn patched(
+        &self,
+        arena: &Arena,
+        depth: usize,
+        run: usize,
+        code: u8,
+        payload: [u8; 4],
+        n_prefixes: usize,
+        levels: u16,
+    ) -> NonNull<DataBlock> {
         let copy = self.copy_to(arena);
         // SAFETY: a fresh copy of this block, unpublished: ours to write;
         // `run` < n_runs, so its code and payload lie inside it.
@@ -321,9 +369,9 @@ impl DataBlock {
             (*block).depth = depth as u8;
             let [at_code, at_payload] = (*block).run_addresses(run);
             at_code.cast_mut().write(code);
-            at_payload.cast_mut().cast::<[u8; 4]>().write(new_payload);
+            at_payload.cast_mut().cast::<[u8; 4]>().write(payload);
         }
-        Some(copy)
+        copy
     }
 
     /// Puts into `out` (empty) the prefixes inside `idx`'s byte range
@@ -776,13 +824,17 @@ mod tests {
         }
 
         /// The same for dense nodes of whole-byte prefixes (host routes)
-        /// with a few shorter ones, changed one whole byte at a time: the
-        /// changes `with_prefix` makes by patching or splicing a copy.
+        /// with a few shorter ones, changed mostly one whole byte at a
+        /// time, the others a few bytes: the changes `with_prefix` makes by
+        /// patching or splicing a copy.
         #[test]
-        fn patched_byte_changes_match_full_builds(
+        fn spliced_changes_match_full_builds(
             bytes in any::<[u64; 4]>(),
             shorter in prop::collection::vec((2usize..256, 0u8..3), 0..4),
-            changes in prop::collection::vec((any::<u8>(), prop::option::of(0u8..3)), 1..crate::scaled(24, 3)),
+            changes in prop::collection::vec(
+                (5u32..12, any::<u8>(), prop::option::of(0u8..3)),
+                1..crate::scaled(24, 3),
+            ),
             no_default in any::<bool>(),
         ) {
             let mut set = prefixes_of(&shorter);
@@ -791,7 +843,9 @@ mod tests {
                 set.set(prefix_index(8, b as u8), Some([b as u8 % 3; 4]));
             }
             set.bits.fix_ranks();
-            let changes = changes.into_iter().map(|(b, v)| (prefix_index(8, b), v.map(|v| [v; 4])));
+            let changes = changes
+                .into_iter()
+                .map(|(l, b, v)| (prefix_index(l.min(8), b), v.map(|v| [v; 4])));
             changes_match_full_builds(set, no_default, changes)?;
         }
     }
@@ -843,10 +897,12 @@ mod tests {
     }
 
     /// Host-route churn in a full block of them (the kernel's LPM bench
-    /// shape), removals that join runs and an insert that cuts one all
-    /// take the whole-byte path and give what a full build gives.
+    /// shape), removals that join runs, an insert that cuts one, and a
+    /// shorter prefix stored and removed over them all take the short path
+    /// and give what a full build gives; a prefix that would be hidden
+    /// does not.
     #[test]
-    fn whole_byte_changes_take_the_short_path() {
+    fn spliced_changes_take_the_short_path() {
         let arena = Arena::new();
         let mut set = Prefixes::new();
         for b in 0..=255u8 {
@@ -854,25 +910,34 @@ mod tests {
         }
         set.bits.fix_ranks();
         let mut blocks = vec![DataBlock::build(&arena, 3, &set, Leaf::NONE)];
-        // (byte, new payload, runs after): 7 out and back in (patched
-        // copies), out again; 8 and 6 out (runs joined); 7 back in (a run
-        // of three bytes cut in three).
+        // (prefix length, byte, new payload, runs after or `None` for the
+        // long path): 7 out and back in (patched copies), out again; 8
+        // and 6 out (runs joined); 7 back in (a run of three bytes cut in
+        // three); 5 out (joined with 6); a /6 of the node over bytes 4..8
+        // wins 5 and 6, then goes; one over bytes 12..16, all taken, would
+        // be hidden.
         let steps = [
-            (7, None, 256),
-            (7, Some([1; 4]), 256),
-            (7, None, 256),
-            (8, None, 255),
-            (6, None, 254),
-            (7, Some([3; 4]), 256),
+            (8, 7, None, Some(256)),
+            (8, 7, Some([1; 4]), Some(256)),
+            (8, 7, None, Some(256)),
+            (8, 8, None, Some(255)),
+            (8, 6, None, Some(254)),
+            (8, 7, Some([3; 4]), Some(256)),
+            (8, 5, None, Some(255)),
+            (6, 4, Some([2; 4]), Some(255)),
+            (6, 4, None, Some(255)),
+            (6, 12, Some([2; 4]), None),
         ];
-        for (b, payload, n_runs) in steps {
-            let idx = prefix_index(8, b);
+        for (l, b, payload, n_runs) in steps {
+            let idx = prefix_index(l, b);
             set.set(idx, payload);
             // SAFETY: private blocks, freed below.
             let last = unsafe { blocks.last().expect("one").as_ref() };
-            let next = last
-                .with_whole_byte_prefix(&arena, 3, idx, payload)
-                .expect("short path");
+            let Some(next) = last.with_spliced_prefix(&arena, 3, idx, payload) else {
+                assert_eq!(n_runs, None, "the short path for /{l} at {b}");
+                continue;
+            };
+            assert!(n_runs.is_some(), "the long path for /{l} at {b}");
             let full = DataBlock::build(&arena, 3, &set, Leaf::NONE);
             blocks.extend([full, next]); // `next` last, for the next step
             // SAFETY: private blocks.
@@ -882,7 +947,7 @@ mod tests {
             // Under Miri, a sample: the builds are what it checks.
             let sample = (0..=255u8).step_by(crate::scaled(1, 15));
             assert!(sample.into_iter().all(|x| next.leaf(x) == full.leaf(x)));
-            assert_eq!(next.n_runs(), n_runs);
+            assert_eq!(Some(next.n_runs()), n_runs);
         }
         // SAFETY: private blocks.
         unsafe {

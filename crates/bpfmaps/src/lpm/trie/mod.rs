@@ -50,7 +50,7 @@ use std::sync::{Arc, OnceLock};
 
 use parking_lot::Mutex;
 
-use super::direct::{Depth2, DirectIndex};
+use super::direct::{Change, Depth2, DirectIndex};
 use super::key::{self, mask_host_bits};
 use super::node::{DataBlock, Leaf, Node, Skip, prefix_index};
 use super::routes::{RouteAlloc, RouteStore};
@@ -272,13 +272,11 @@ impl LpmTrie {
         }
     }
 
-    /// After a store into `node` (at `pos`) of a data block (`child`
-    /// `None`) or of a child block that added or removed the child at
-    /// `Some(b)`: refill the direct index, before anything the node pointed
-    /// at is retired.
-    fn mirror(&self, node: &Node, pos: Pos, child: Option<u8>, guard: &Guard) {
+    /// After a store into `node` (at `pos`) that made `change`: refill the
+    /// direct index, before anything the node pointed at is retired.
+    fn mirror(&self, node: &Node, pos: Pos, change: Change, guard: &Guard) {
         if let Some(direct) = self.direct.get() {
-            direct.mirror(&self.root, (pos.depth, pos.top), node, child, guard);
+            direct.mirror(&self.root, (pos.depth, pos.top), node, change, guard);
         }
     }
 

@@ -3,6 +3,7 @@
 //! store, or writes a stored prefix's new payload in place; what it
 //! replaces is retired to the epoch collector.
 
+use std::ops::Range;
 use std::ptr::{self, NonNull};
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -15,6 +16,7 @@ use crate::core::error::{Error, Result, check_len};
 use crate::core::flags::UpdateFlag;
 use crate::core::reclaim::{Guard, drop_in_background, pin};
 use crate::lpm::bits::Bits;
+use crate::lpm::direct::Change;
 use crate::lpm::node::{
     ChildBlock, Children, DataBlock, Entry, Leaf, Node, Skip, free_subtree, index_range,
 };
@@ -170,7 +172,7 @@ impl LpmTrie {
             routes,
             store: Arc::clone(&self.routes),
         };
-        self.mirror(&self.root, Pos::ROOT, None, guard);
+        self.mirror(&self.root, Pos::ROOT, Change::ALL, guard);
         self.len.store(0, Ordering::Relaxed);
         guard.defer(move || drop_in_background(job));
     }
@@ -233,7 +235,7 @@ impl LpmTrie {
             ChildBlock::alloc(&self.arena, bits, entries).as_ptr()
         };
         let old = node.children.swap(new, Ordering::AcqRel);
-        self.mirror(node, pos, Some(b), guard);
+        self.mirror(node, pos, Change::Child(b), guard);
         self.retire_child_block(old, guard);
         node.children(guard)
     }
@@ -370,7 +372,7 @@ impl LpmTrie {
         let old = node.data(guard);
         let new = old.with_prefix(&self.arena, pos.depth, idx, payload);
         let (_, lo, hi) = index_range(idx);
-        self.publish_data(node, pos, new, guard);
+        self.publish_data(node, pos, new, lo..hi, guard);
         self.push_down(node, pos, lo, hi, guard);
     }
 
@@ -385,17 +387,17 @@ impl LpmTrie {
         let Some(node) = found.node else {
             return; // A node without children, found through its slot.
         };
-        self.mirror_payload(node, found.pos, guard);
         let (_, lo, hi) = index_range(idx);
+        self.mirror_payload(node, found.pos, lo..hi, guard);
         self.inherit_payload(node, found.pos, lo..hi, new, guard);
     }
 
     /// After payloads of `node` (at `pos`) changed in place: the direct
     /// index copies the leaves of the root and depth-1 nodes, so refill
     /// it from them; below, its slots hold pointers, which stay.
-    fn mirror_payload(&self, node: &Node, pos: Pos, guard: &Guard) {
+    fn mirror_payload(&self, node: &Node, pos: Pos, bytes: Range<usize>, guard: &Guard) {
         if pos.depth < 2 {
-            self.mirror(node, pos, None, guard);
+            self.mirror(node, pos, Change::Leaves(bytes), guard);
         }
     }
 
@@ -407,7 +409,7 @@ impl LpmTrie {
         &self,
         node: &Node,
         pos: Pos,
-        bytes: std::ops::Range<usize>,
+        bytes: Range<usize>,
         new: Leaf,
         guard: &Guard,
     ) {
@@ -423,7 +425,7 @@ impl LpmTrie {
             }
             data.set_inherited_payload(new.payload);
             let at = pos.child(b as u8, child.skip);
-            self.mirror_payload(child, at, guard);
+            self.mirror_payload(child, at, 0..256, guard);
             self.inherit_payload(child, at, 0..256, new, guard);
         }
     }
@@ -447,15 +449,24 @@ impl LpmTrie {
             if cd.default.load() != inherit {
                 let at = pos.child(b as u8, child.skip);
                 let rebuilt = DataBlock::build(&self.arena, at.depth, &cd.prefixes(), inherit);
-                self.publish_data(child, at, rebuilt, guard);
+                self.publish_data(child, at, rebuilt, 0..256, guard);
                 self.push_down(child, at, 0, 256, guard);
             }
         }
     }
 
-    fn publish_data(&self, node: &Node, pos: Pos, new: NonNull<DataBlock>, guard: &Guard) {
+    /// Replaces `node`'s data block by `new`, whose leaves differ from
+    /// the old one's only in `bytes`.
+    fn publish_data(
+        &self,
+        node: &Node,
+        pos: Pos,
+        new: NonNull<DataBlock>,
+        bytes: Range<usize>,
+        guard: &Guard,
+    ) {
         let old = node.data.swap(new.as_ptr(), Ordering::AcqRel);
-        self.mirror(node, pos, None, guard);
+        self.mirror(node, pos, Change::Leaves(bytes), guard);
         self.retire_data(old, guard);
     }
 
