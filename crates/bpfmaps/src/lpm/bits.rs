@@ -68,6 +68,16 @@ impl<const W: usize> Bits<W> {
         self.words[i >> 6] &= !(1 << (i & 63));
     }
 
+    /// Clears the bits in `lo..hi` (call `fix_ranks` after).
+    #[inline]
+    pub fn clear_range(&mut self, lo: usize, hi: usize) {
+        let inside = self.words_in(lo, hi);
+        self.words
+            .iter_mut()
+            .zip(inside)
+            .for_each(|(a, b)| *a &= !b);
+    }
+
     /// The bits in `lo..hi`, as words.
     #[inline]
     pub fn words_in(&self, lo: usize, hi: usize) -> [u64; W] {

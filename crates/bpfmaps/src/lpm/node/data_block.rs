@@ -2,6 +2,7 @@
 //! and inherited default, built whole and replaced copy-on-write.
 
 use std::alloc::Layout;
+use std::ops::Range;
 use std::ptr::{self, NonNull};
 
 use smallvec::SmallVec;
@@ -11,7 +12,7 @@ use super::leaf::{
     store_payload, winner_of,
 };
 use super::prefixes::in_subtree;
-use super::runs::{Runs, run_offsets, runs_bytes, runs_overlapping};
+use super::runs::{Runs, Splice, copy_runs, run_offsets, runs_bytes, runs_overlapping, write_run};
 use super::{Leaf, LeafCell, Prefixes, index_range, prefix_index};
 use crate::core::arena::Arena;
 use crate::lpm::bits::Bits;
@@ -101,8 +102,33 @@ pub(super) const RUNS_OFFSET: usize = size_of::<DataBlock>();
 const _: () = assert!(RUNS_OFFSET.is_multiple_of(align_of::<PayloadCell>()));
 
 impl DataBlock {
-    /// Layout and the offsets of (hidden indices, hidden payloads).
+    /// Layout and the offsets of (hidden indices, hidden payloads), by
+    /// plain arithmetic (a block is built per write: `Layout::extend`'s
+    /// checks showed in profiles); debug builds check it against
+    /// `Layout::extend`'s.
+    #[inline]
     fn layout(n_runs: usize, n_hidden: usize) -> (Layout, [usize; 2]) {
+        let offsets = Self::offsets(n_runs, n_hidden);
+        let align = align_of::<DataBlock>();
+        let size = (offsets[1] + 4 * n_hidden).next_multiple_of(align);
+        #[cfg(debug_assertions)]
+        {
+            let (checked, at) = Self::layout_checked(n_runs, n_hidden);
+            assert_eq!(
+                (checked.size(), checked.align(), at),
+                (size, align, offsets)
+            );
+        }
+        // SAFETY: the alignment is a type's; the size is at most a few KiB.
+        (
+            unsafe { Layout::from_size_align_unchecked(size, align) },
+            offsets,
+        )
+    }
+
+    /// `layout` by `Layout::extend`.
+    #[cfg(debug_assertions)]
+    fn layout_checked(n_runs: usize, n_hidden: usize) -> (Layout, [usize; 2]) {
         let runs =
             Layout::from_size_align(runs_bytes(n_runs), align_of::<PayloadCell>()).expect("runs");
         let (l, at_runs) = Layout::new::<DataBlock>().extend(runs).expect("layout");
@@ -113,9 +139,7 @@ impl DataBlock {
         let (l, hidden_payloads) = l
             .extend(Layout::array::<PayloadCell>(n_hidden).expect("hidden payloads"))
             .expect("layout");
-        let offsets = [hidden, hidden_payloads];
-        debug_assert_eq!(Self::offsets(n_runs, n_hidden), offsets);
-        (l.pad_to_align(), offsets)
+        (l.pad_to_align(), [hidden, hidden_payloads])
     }
 
     /// The offsets `layout` gives, by plain arithmetic.
@@ -317,33 +341,115 @@ impl DataBlock {
         if one_run && !joins() {
             return Some(self.patched(arena, depth, first, code, new_payload, n_prefixes, levels));
         }
-        let mut runs = Runs::new();
-        runs.copy_old(self, 0, lo);
+        // The new runs from the start of run `first` to the end of run
+        // `last`: the old ones with the changed ones' winner replaced,
+        // those with the same winner joined.
+        let first_start = self.run_bits.last_one_upto(lo).expect("bit 0 is set");
+        let end = self.run_bits.first_one_from(hi).unwrap_or(256);
+        let mut mid = Splice::new();
+        if first_start < lo {
+            mid.push(first_start, self.code(first), self.payload(first));
+        }
         for (run, start) in runs_overlapping(&self.run_bits, lo, hi) {
-            let (c, p) = (self.code(run), self.payload(run));
+            let c = self.code(run);
             if changes(c) {
-                runs.push(start.max(lo), new_payload, code);
+                mid.push(start.max(lo), code, new_payload);
             } else {
-                runs.push(start.max(lo), p, c);
+                mid.push(start.max(lo), c, self.payload(run));
             }
         }
-        if hi < 256 {
-            let run = self.run_of(hi as u8);
-            runs.push(hi, self.payload(run), self.code(run));
-            runs.copy_old(self, hi + 1, 256);
+        if end > hi {
+            mid.push(hi, self.code(last), self.payload(last));
         }
-        runs.finish();
-        // The hidden prefixes stay as they were (the checks above).
-        let (old_hidden, slots) = self.hidden();
-        let hidden: Hidden = old_hidden
-            .iter()
-            .zip(slots)
-            .map(|(&i, slot)| (i, load_payload(slot)))
-            .collect();
-        let default = self.default.load();
-        Some(Self::assemble(
-            arena, depth, default, &runs, &hidden, n_prefixes, levels,
-        ))
+        let (runs, span) = (first..last + 1, first_start..end);
+        Some(self.spliced(arena, depth, runs, span, &mid, n_prefixes, levels))
+    }
+
+    /// This block with old runs `runs` (over bytes `span`) replaced by
+    /// `mid`, the new runs over the same bytes, written straight into the
+    /// new block: the runs before as they are (whole groups at once),
+    /// `mid`, then the runs after; a new run at either edge joins its old
+    /// neighbour when they have the same winner.
+    #[allow(clippy::too_many_arguments)]
+    fn spliced(
+        &self,
+        arena: &Arena,
+        depth: usize,
+        runs: Range<usize>,
+        span: Range<usize>,
+        mid: &Splice,
+        n_prefixes: usize,
+        levels: u16,
+    ) -> NonNull<DataBlock> {
+        let n_old = self.n_runs as usize;
+        let (first, mut after) = (runs.start, runs.end);
+        let mut mid = mid.runs();
+        let mut bits = self.run_bits;
+        bits.clear_range(span.start, span.end);
+        // The run before the ones after `runs`, as (start, code).
+        let mut prev = (first > 0).then(|| {
+            let start = self
+                .run_bits
+                .last_one_upto(span.start - 1)
+                .expect("bit 0 is set");
+            (start, self.code(first - 1))
+        });
+        if let (Some((ps, pc)), Some(&(s, c, _))) = (prev, mid.first())
+            && pc == c
+            && same_winner(c, ps, s)
+        {
+            mid = &mid[1..];
+        }
+        for &(s, c, _) in mid {
+            bits.set_raw(s);
+            prev = Some((s, c));
+        }
+        // Run `after` starts at `span.end` (its bit still set).
+        if let Some((ps, pc)) = prev
+            && after < n_old
+            && self.code(after) == pc
+            && same_winner(pc, ps, span.end)
+        {
+            bits.clear_raw(span.end);
+            after += 1;
+        }
+        bits.fix_ranks();
+        let n_new = first + mid.len() + (n_old - after);
+        let n_hidden = self.n_hidden as usize;
+        let (layout, [at_hidden, at_hidden_payloads]) = Self::layout(n_new, n_hidden);
+        let p = arena.alloc(layout).as_ptr();
+        let block = NonNull::new(p.cast::<DataBlock>()).expect("arena block");
+        let [old_hidden, old_hidden_payloads] = self.offsets_here();
+        // SAFETY: a fresh allocation of the layout for `n_new` runs and
+        // this block's hidden prefixes; the runs written are below
+        // `n_new`, those read below `n_old`.
+        unsafe {
+            block.as_ptr().write(DataBlock {
+                run_bits: bits,
+                default: LeafCell::new(self.default.load()),
+                n_runs: n_new as u16,
+                n_prefixes: n_prefixes as u16,
+                n_hidden: n_hidden as u8,
+                depth: depth as u8,
+                levels,
+            });
+            let (src, dst) = (self.at(RUNS_OFFSET), p.add(RUNS_OFFSET));
+            copy_runs(src, 0, dst, 0, first);
+            for (i, &(_, c, payload)) in mid.iter().enumerate() {
+                write_run(dst, first + i, c, payload);
+            }
+            copy_runs(src, after, dst, first + mid.len(), n_old - after);
+            for run in n_new..n_new.next_multiple_of(4) {
+                dst.add(run_offsets(run)[0]).write(NO_MATCH);
+            }
+            ptr::copy_nonoverlapping(self.at(old_hidden), p.add(at_hidden), 2 * n_hidden);
+            ptr::copy_nonoverlapping(
+                self.at(old_hidden_payloads),
+                p.add(at_hidden_payloads),
+                4 * n_hidden,
+            );
+        }
+        block
     }
 
     /// A copy of this block whose run `run` has `code` and `payload`.

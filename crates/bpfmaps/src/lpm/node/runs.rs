@@ -3,6 +3,8 @@
 use std::mem::MaybeUninit;
 use std::ptr;
 
+use smallvec::SmallVec;
+
 use super::leaf::{NO_MATCH, code_of, default_code, same_winner, winner_of};
 use super::{DataBlock, Leaf, Prefixes, index_range, prefix_index};
 use crate::lpm::bits::Bits;
@@ -318,4 +320,85 @@ pub(super) fn runs_overlapping(
         .chain(bits.ones_in(lo + 1, hi))
         .enumerate()
         .map(move |(i, start)| (first + i, start))
+}
+
+/// The new runs of a splice (`DataBlock::spliced`) as (start, code,
+/// payload), each pushed run joined with the one before when they have
+/// the same winner. Few: those over one prefix's bytes.
+pub(super) struct Splice(SmallVec<[(usize, u8, [u8; 4]); 8]>);
+
+impl Splice {
+    pub(super) fn new() -> Self {
+        Splice(SmallVec::new())
+    }
+
+    /// Bytes from `start` on are won by the run with `code` and `payload`.
+    pub(super) fn push(&mut self, start: usize, code: u8, payload: [u8; 4]) {
+        if let Some(&(s, c, _)) = self.0.last()
+            && c == code
+            && same_winner(code, s, start)
+        {
+            return;
+        }
+        self.0.push((start, code, payload));
+    }
+
+    pub(super) fn runs(&self) -> &[(usize, u8, [u8; 4])] {
+        &self.0
+    }
+}
+
+/// Writes run `run`'s code and payload into the runs at `dst`.
+///
+/// # Safety
+/// `dst` is the start of a block's runs with room for run `run`.
+pub(super) unsafe fn write_run(dst: *mut u8, run: usize, code: u8, payload: [u8; 4]) {
+    let [at_code, at_payload] = run_offsets(run);
+    // SAFETY: the caller's.
+    unsafe {
+        dst.add(at_code).write(code);
+        dst.add(at_payload)
+            .cast::<[u8; 4]>()
+            .write_unaligned(payload);
+    }
+}
+
+/// Copies `count` runs from run `from` of the runs at `src` to run `to`
+/// of those at `dst`: whole groups of four with one copy when both sides
+/// line up, the rest one at a time.
+///
+/// # Safety
+/// `src` is the start of a block's runs holding runs `from..from +
+/// count`, `dst` of another's with room for runs `to..to + count`, and
+/// no one writes the source meanwhile.
+pub(super) unsafe fn copy_runs(src: *const u8, from: usize, dst: *mut u8, to: usize, count: usize) {
+    let one = |i: usize| {
+        let [at_code, at_payload] = run_offsets(from + i);
+        // SAFETY: the caller's.
+        unsafe {
+            let payload = src.add(at_payload).cast::<[u8; 4]>().read_unaligned();
+            write_run(dst, to + i, *src.add(at_code), payload);
+        }
+    };
+    let mut i = 0;
+    if from % 4 == to % 4 {
+        while i < count && !(from + i).is_multiple_of(4) {
+            one(i);
+            i += 1;
+        }
+        let groups = (count - i) / 4;
+        // SAFETY: whole groups on both sides, in bounds (the caller's).
+        unsafe {
+            ptr::copy_nonoverlapping(
+                src.add(run_offsets(from + i)[0]),
+                dst.add(run_offsets(to + i)[0]),
+                20 * groups,
+            )
+        };
+        i += 4 * groups;
+    }
+    while i < count {
+        one(i);
+        i += 1;
+    }
 }
