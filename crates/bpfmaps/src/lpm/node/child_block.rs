@@ -135,17 +135,18 @@ impl ChildBlock {
         // SAFETY: the caller's block is live; its header is never written
         // after `alloc`.
         let len = unsafe { block.as_ref() }.len as usize;
-        (0..len)
-            .map(|i| {
-                // SAFETY: i < len, in a live block.
-                let n = unsafe { Self::node_ptr(block, i).as_ref() };
-                (
-                    n.children.load(Ordering::Relaxed),
-                    n.data.load(Ordering::Relaxed),
-                    n.skip,
-                )
-            })
-            .collect()
+        // Room for one more: adding a child inserts one.
+        let mut out = Vec::with_capacity(len + 1);
+        out.extend((0..len).map(|i| {
+            // SAFETY: i < len, in a live block.
+            let n = unsafe { Self::node_ptr(block, i).as_ref() };
+            (
+                n.children.load(Ordering::Relaxed),
+                n.data.load(Ordering::Relaxed),
+                n.skip,
+            )
+        }));
+        out
     }
 
     /// Bytes of the block at `block`.

@@ -587,9 +587,30 @@ impl DataBlock {
         block
     }
 
-    /// A block with no prefixes: every byte maps to `default`.
+    /// A block with no prefixes: every byte maps to `default` (what
+    /// `build` gives for no prefixes, written directly: every new node
+    /// starts with one).
     pub fn empty(arena: &Arena, default: Leaf) -> NonNull<DataBlock> {
-        Self::build(arena, 0, &Prefixes::new(), default)
+        let (layout, _) = Self::layout(1, 0);
+        let p = arena.alloc(layout).as_ptr();
+        let block = NonNull::new(p.cast::<DataBlock>()).expect("arena block");
+        // SAFETY: a fresh allocation of the layout for one run, whose
+        // group of four codes is written whole.
+        unsafe {
+            block.as_ptr().write(DataBlock {
+                run_bits: Bits::FIRST,
+                default: LeafCell::new(default),
+                n_runs: 1,
+                n_prefixes: 0,
+                n_hidden: 0,
+                depth: 0,
+                levels: 0,
+            });
+            let runs = p.add(RUNS_OFFSET);
+            write_run(runs, 0, default_code(default), default.payload);
+            (1..4).for_each(|run| runs.add(run_offsets(run)[0]).write(NO_MATCH));
+        }
+        block
     }
 
     #[inline(always)]
@@ -880,6 +901,29 @@ mod tests {
             (0..=255).map(|b| full.leaf(b)).collect::<Vec<_>>()
         );
         assert_eq!(after.prefixes(), set);
+    }
+
+    /// `empty` writes what `build` gives for no prefixes.
+    #[test]
+    fn empty_blocks_are_builds_of_nothing() {
+        let arena = Arena::new();
+        for default in [Leaf::NONE, default_leaf()] {
+            let (empty, built) = (
+                DataBlock::empty(&arena, default),
+                DataBlock::build(&arena, 0, &Prefixes::new(), default),
+            );
+            // SAFETY: private blocks of the same size, freed below.
+            unsafe {
+                let size = built.as_ref().size();
+                assert_eq!(empty.as_ref().size(), size);
+                let bytes = |b: NonNull<DataBlock>| {
+                    std::slice::from_raw_parts(b.as_ptr().cast::<u8>(), size)
+                };
+                assert_eq!(bytes(empty), bytes(built));
+                DataBlock::free(&arena, empty.as_ptr());
+                DataBlock::free(&arena, built.as_ptr());
+            }
+        }
     }
 
     #[test]
