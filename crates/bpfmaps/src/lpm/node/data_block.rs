@@ -624,8 +624,9 @@ impl DataBlock {
         Self::offsets(self.n_runs as usize, self.n_hidden as usize)
     }
 
-    /// Number of runs.
-    pub(super) fn n_runs(&self) -> usize {
+    /// Number of runs (for tests).
+    #[cfg(test)]
+    fn n_runs(&self) -> usize {
         self.n_runs as usize
     }
 

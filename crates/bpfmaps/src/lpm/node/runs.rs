@@ -102,74 +102,21 @@ impl Runs {
             }
         }
         self.bits.or_words(&starts);
-        let end = first + count;
-        let mut run = first;
-        if first % 4 == self.n % 4 {
-            while run < end && !run.is_multiple_of(4) {
-                self.append(old.payload(run), old.code(run));
-                run += 1;
-            }
-            let groups = (end - run) / 4;
-            if groups > 0 {
-                // SAFETY: both are whole groups of runs: `groups` of the
-                // old block's from `run` and of ours from `n`, in bounds.
-                unsafe {
-                    ptr::copy_nonoverlapping(
-                        old.run_addresses(run)[0],
-                        self.buf[run_offsets(self.n)[0]..].as_mut_ptr().cast::<u8>(),
-                        20 * groups,
-                    )
-                };
-                self.n += 4 * groups;
-                run += 4 * groups;
-                self.last_code = old.code(run - 1);
-            }
-        }
-        if run < end {
-            self.copy_runs_one_by_one(old, run, end);
-        }
+        // SAFETY: the old block holds runs `first..first + count`; our
+        // buffer has room for 256 runs, and `n + count` <= 256.
+        unsafe {
+            copy_runs(
+                old.run_addresses(0)[0],
+                first,
+                self.buf.as_mut_ptr().cast::<u8>(),
+                self.n,
+                count,
+            )
+        };
+        self.n += count;
+        self.last_code = old.code(first + count - 1);
         let w = starts.iter().rposition(|w| *w != 0).expect("count > 0");
         self.last_start = 64 * w + 63 - starts[w].leading_zeros() as usize;
-    }
-
-    /// Appends old runs `first..end` (at least one) one at a time, for
-    /// when old and new groups do not line up: each run's code and
-    /// payload bytes copied as they are, the offsets on both sides
-    /// stepped along their groups rather than computed per run.
-    fn copy_runs_one_by_one(&mut self, old: &DataBlock, first: usize, end: usize) {
-        debug_assert!(first < end && end <= old.n_runs() && self.n + (end - first) <= 256);
-        let src = old.run_addresses(0)[0];
-        let (mut from, mut from_lane) = (20 * (first / 4), first % 4);
-        let (mut to, mut to_lane) = (20 * (self.n / 4), self.n % 4);
-        for _ in first..end {
-            let (code, payload) = (to + to_lane, to + 4 + 4 * to_lane);
-            // SAFETY: run `first + i` < n_runs of the old block, whose
-            // runs lie at these offsets from its first; only the writer
-            // (the caller) ever stores into them.
-            let (c, p) = unsafe {
-                (
-                    *src.add(from + from_lane),
-                    ptr::read_unaligned(src.add(from + 4 + 4 * from_lane).cast::<[u8; 4]>()),
-                )
-            };
-            self.buf[code].write(c);
-            let cell: &mut [MaybeUninit<u8>; 4] = (&mut self.buf[payload..payload + 4])
-                .try_into()
-                .expect("4 bytes");
-            *cell = p.map(MaybeUninit::new);
-            (from, from_lane) = if from_lane == 3 {
-                (from + 20, 0)
-            } else {
-                (from, from_lane + 1)
-            };
-            (to, to_lane) = if to_lane == 3 {
-                (to + 20, 0)
-            } else {
-                (to, to_lane + 1)
-            };
-        }
-        self.n += end - first;
-        self.last_code = old.code(end - 1);
     }
 
     /// Fresh runs for bytes `lo..hi` from `prefixes` (all those inside
@@ -365,40 +312,45 @@ pub(super) unsafe fn write_run(dst: *mut u8, run: usize, code: u8, payload: [u8;
 
 /// Copies `count` runs from run `from` of the runs at `src` to run `to`
 /// of those at `dst`: whole groups of four with one copy when both sides
-/// line up, the rest one at a time.
+/// line up, the rest one at a time, each run's code and payload bytes as
+/// they are, the offsets on both sides stepped along their groups rather
+/// than computed per run.
 ///
 /// # Safety
 /// `src` is the start of a block's runs holding runs `from..from +
-/// count`, `dst` of another's with room for runs `to..to + count`, and
-/// no one writes the source meanwhile.
+/// count`, `dst` of another's (or a buffer's) with room for runs `to..to
+/// + count`, and no one writes the source meanwhile (only the writer, the
+/// caller, ever stores into a block).
 pub(super) unsafe fn copy_runs(src: *const u8, from: usize, dst: *mut u8, to: usize, count: usize) {
-    let one = |i: usize| {
-        let [at_code, at_payload] = run_offsets(from + i);
-        // SAFETY: the caller's.
-        unsafe {
-            let payload = src.add(at_payload).cast::<[u8; 4]>().read_unaligned();
-            write_run(dst, to + i, *src.add(at_code), payload);
+    // A run's group offset and lane.
+    let at = |run: usize| (20 * (run / 4), run % 4);
+    let step = |(group, lane): (usize, usize)| {
+        if lane == 3 {
+            (group + 20, 0)
+        } else {
+            (group, lane + 1)
         }
     };
-    let mut i = 0;
-    if from % 4 == to % 4 {
-        while i < count && !(from + i).is_multiple_of(4) {
-            one(i);
-            i += 1;
-        }
-        let groups = (count - i) / 4;
-        // SAFETY: whole groups on both sides, in bounds (the caller's).
+    let one = |(sg, sl): (usize, usize), (dg, dl): (usize, usize)| {
+        // SAFETY: runs in bounds on both sides (the caller's).
         unsafe {
-            ptr::copy_nonoverlapping(
-                src.add(run_offsets(from + i)[0]),
-                dst.add(run_offsets(to + i)[0]),
-                20 * groups,
-            )
-        };
-        i += 4 * groups;
+            dst.add(dg + dl).write(*src.add(sg + sl));
+            ptr::copy_nonoverlapping(src.add(sg + 4 + 4 * sl), dst.add(dg + 4 + 4 * dl), 4);
+        }
+    };
+    let (mut s, mut d, mut left) = (at(from), at(to), count);
+    if s.1 == d.1 {
+        while left > 0 && s.1 != 0 {
+            one(s, d);
+            (s, d, left) = (step(s), step(d), left - 1);
+        }
+        let groups = left / 4;
+        // SAFETY: whole groups on both sides, in bounds (the caller's).
+        unsafe { ptr::copy_nonoverlapping(src.add(s.0), dst.add(d.0), 20 * groups) };
+        (s.0, d.0, left) = (s.0 + 20 * groups, d.0 + 20 * groups, left - 4 * groups);
     }
-    while i < count {
-        one(i);
-        i += 1;
+    while left > 0 {
+        one(s, d);
+        (s, d, left) = (step(s), step(d), left - 1);
     }
 }
