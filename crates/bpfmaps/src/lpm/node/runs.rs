@@ -317,10 +317,10 @@ pub(super) unsafe fn write_run(dst: *mut u8, run: usize, code: u8, payload: [u8;
 /// than computed per run.
 ///
 /// # Safety
-/// `src` is the start of a block's runs holding runs `from..from +
-/// count`, `dst` of another's (or a buffer's) with room for runs `to..to
-/// + count`, and no one writes the source meanwhile (only the writer, the
-/// caller, ever stores into a block).
+/// `src` is the start of a block's runs holding runs `from..from+count`,
+/// `dst` of another's (or a buffer's) with room for runs `to..to+count`,
+/// and no one writes the source meanwhile (only the writer, the caller,
+/// ever stores into a block).
 pub(super) unsafe fn copy_runs(src: *const u8, from: usize, dst: *mut u8, to: usize, count: usize) {
     // A run's group offset and lane.
     let at = |run: usize| (20 * (run / 4), run % 4);
