@@ -280,8 +280,7 @@ impl DirectIndex {
             }
             (1, Change::Child(b1)) => {
                 let children = node.children(guard);
-                let has = |b: usize| children.as_ref().is_some_and(|c| c.bits.get(b));
-                if !has(b1 as usize) {
+                if children.as_ref().is_none_or(|c| !c.bits.get(b1 as usize)) {
                     let leaf = node.data(guard).leaf(b1);
                     self.slot(top[0], b1).store(pack(leaf), Ordering::Release);
                 }

@@ -251,11 +251,11 @@ impl DataBlock {
     /// longest prefix above it (the only shorter prefix that can win a
     /// byte there) go to the new prefix; on a removal, the prefix's runs
     /// go to the longest prefix above it that is stored, else the
-    /// default. The old runs around `lo..hi` are copied as they
-    /// are (`splice`), or, when `lo..hi` is one run that stays one (a /24
-    /// or host route whose byte's neighbours keep other winners), the new
-    /// block is the old one's bytes with that run's code and payload
-    /// changed. `None` when the change is not of this kind.
+    /// default. The new block is spliced from the old one (`spliced`),
+    /// or, when `lo..hi` is one run that stays one (a /24 or host route
+    /// whose byte's neighbours keep other winners), it is the old one's
+    /// bytes with that run's code and payload changed (`patched`). `None`
+    /// when the change is not of this kind.
     fn with_spliced_prefix(
         &self,
         arena: &Arena,
