@@ -13,6 +13,8 @@
 //! only then from a new chunk. Releases arrive from epoch-deferred
 //! closures on any thread, so they go onto the per-class lock-free free
 //! lists (`core::free_list`), linked through the dead block's first word.
+//! The writer retires blocks in batches ([`Arena::retire`]): one
+//! deferred call and one update of the counts per 64 blocks.
 //!
 //! Freed blocks of one class do not make a block of another, so churn
 //! that moves blocks between classes leaves the chunks holding more than
@@ -26,17 +28,22 @@
 
 use std::alloc::{Layout, alloc, dealloc};
 use std::ptr::NonNull;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
 use parking_lot::{Mutex, RwLock, RwLockReadGuard};
+use smallvec::SmallVec;
 
 use super::free_list::{Chain, FirstWord, FreeList};
+use super::reclaim::Guard;
 
 const GRANULE: usize = 16;
 /// Largest block: 8 KiB (an LPM data block with 256 runs and 511
 /// prefixes, or a child block of 256 nodes, is under 5 KiB).
 pub(crate) const MAX_BLOCK: usize = 8 << 10;
 const CLASSES: usize = MAX_BLOCK / GRANULE + 1;
+/// Retired blocks released together after one grace period.
+const RETIRE_BATCH: usize = 64;
 /// Small maps stay small: chunks start at 4 KiB and double up to 2 MiB.
 const FIRST_CHUNK: usize = 4 << 10;
 const HUGE_PAGE: usize = 2 << 20;
@@ -62,6 +69,8 @@ pub(crate) struct Arena {
     /// Set when the arena grew with many free blocks: `fragmented` says
     /// so once.
     compact_wanted: AtomicBool,
+    /// Retired blocks (address, class) waiting to fill a batch.
+    retired: Mutex<Vec<(usize, usize)>>,
 }
 
 /// One chunk of blocks.
@@ -172,6 +181,7 @@ impl Arena {
             current_live: AtomicUsize::new(0),
             current_retired: AtomicUsize::new(0),
             compact_wanted: AtomicBool::new(false),
+            retired: Mutex::new(Vec::with_capacity(RETIRE_BATCH)),
         }
     }
 
@@ -284,14 +294,6 @@ impl Arena {
     /// `block` came from `alloc` with a layout of `size` bytes and is
     /// unreachable.
     pub unsafe fn release(&self, block: *mut u8, size: usize) {
-        // SAFETY: the caller's.
-        unsafe { self.release_counted(block, size, false) }
-    }
-
-    /// `release`, and for a current block, whether it was counted by
-    /// `retire`. (A retired block of an old generation was counted there
-    /// as live.)
-    unsafe fn release_counted(&self, block: *mut u8, size: usize, retired: bool) {
         let class = class_of(size);
         let bytes = class * GRANULE;
         let chunks = self.chunks.read();
@@ -301,29 +303,84 @@ impl Arena {
         }
         self.live_bytes.fetch_sub(bytes, Ordering::Relaxed);
         self.current_live.fetch_sub(bytes, Ordering::Relaxed);
-        if retired {
-            self.current_retired.fetch_sub(bytes, Ordering::Relaxed);
-        }
         // SAFETY: the block is dead, and at least a granule of ours.
         unsafe { self.returned[class].release(&FirstWord, block as usize) };
     }
 
-    /// Counts a block of `size` bytes as retired: unreachable, to be
-    /// passed to [`release_retired`](Self::release_retired) after its
-    /// grace period.
-    /// (Writer only: every block the writer can retire is current.)
-    pub fn retire(&self, size: usize) {
-        self.current_retired
-            .fetch_add(Self::block_bytes(size), Ordering::Relaxed);
-    }
-
-    /// `release` for a block counted by [`retire`](Self::retire).
+    /// Retires a block the writer just made unreachable: it goes back to
+    /// the arena after a grace period, with a batch of others
+    /// (`RETIRE_BATCH`), so the epoch collector gets one deferred call
+    /// and the counts one update per batch instead of per block. A batch
+    /// not yet full waits for the next retirements or for
+    /// [`flush_retired`](Self::flush_retired).
     ///
     /// # Safety
-    /// As for `release`.
-    pub unsafe fn release_retired(&self, block: *mut u8, size: usize) {
-        // SAFETY: the caller's.
-        unsafe { self.release_counted(block, size, true) }
+    /// `block` came from `alloc` with a layout of `size` bytes, and no
+    /// reader that pins after now can reach it.
+    pub unsafe fn retire(self: &Arc<Self>, block: *mut u8, size: usize, guard: &Guard) {
+        let class = class_of(size);
+        self.current_retired
+            .fetch_add(class * GRANULE, Ordering::Relaxed);
+        let mut retired = self.retired.lock();
+        retired.push((block as usize, class));
+        if retired.len() >= RETIRE_BATCH {
+            let batch = std::mem::replace(&mut *retired, Vec::with_capacity(RETIRE_BATCH));
+            drop(retired);
+            self.release_after_grace(batch, guard);
+        }
+    }
+
+    /// Hands the retired blocks not yet in a full batch to the collector
+    /// (a writer that wants them back soon: `clear`, compaction).
+    pub fn flush_retired(self: &Arc<Self>, guard: &Guard) {
+        let batch = std::mem::take(&mut *self.retired.lock());
+        if !batch.is_empty() {
+            self.release_after_grace(batch, guard);
+        }
+    }
+
+    fn release_after_grace(self: &Arc<Self>, batch: Vec<(usize, usize)>, guard: &Guard) {
+        let arena = Arc::clone(self);
+        // SAFETY: every block is unreachable for readers pinned after its
+        // retirement, which came before this; released after the grace
+        // period.
+        guard.defer(move || unsafe { arena.release_retired(batch) });
+        // Into the global queue now: the thread's bag holds 64 deferred
+        // calls before it goes by itself, which is 64 batches here.
+        guard.flush();
+    }
+
+    /// Releases a batch of retired blocks: under one read of the chunks,
+    /// current ones onto the free lists with one update of the counts,
+    /// an old generation's counted out of it.
+    ///
+    /// # Safety
+    /// Every block is past its grace period.
+    unsafe fn release_retired(&self, batch: Vec<(usize, usize)>) {
+        let chunks = self.chunks.read();
+        let mut current = 0;
+        let mut old: SmallVec<[(u64, usize); 2]> = SmallVec::new();
+        for (block, class) in batch {
+            let bytes = class * GRANULE;
+            match chunks.old_holding(block) {
+                Some(generation) => match old.iter_mut().find(|(id, _)| *id == generation.id) {
+                    Some((_, sum)) => *sum += bytes,
+                    None => old.push((generation.id, bytes)),
+                },
+                None => {
+                    current += bytes;
+                    // SAFETY: the block is dead, and at least a granule of ours.
+                    unsafe { self.returned[class].release(&FirstWord, block) };
+                }
+            }
+        }
+        self.live_bytes.fetch_sub(current, Ordering::Relaxed);
+        self.current_live.fetch_sub(current, Ordering::Relaxed);
+        self.current_retired.fetch_sub(current, Ordering::Relaxed);
+        drop(chunks);
+        for (id, bytes) in old {
+            self.release_old(self.chunks.read(), id, bytes);
+        }
     }
 
     /// The bytes a block of `size` bytes takes (its size class).
@@ -524,6 +581,7 @@ impl Drop for Arena {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::core::reclaim::pin;
 
     #[test]
     fn blocks_are_reused_after_release_and_chunks_grow() {
@@ -558,7 +616,7 @@ mod tests {
         /// it, through block reuse, splitting and chunk tails.
         #[test]
         fn live_blocks_never_overlap(ops in prop::collection::vec((0u8..10, 1usize..TEST_MAX_BLOCK, any::<u8>()), 1..TEST_OPS)) {
-            let arena = Arena::new();
+            let arena = Arc::new(Arena::new());
             let mut live: Vec<(*mut u8, usize, u8)> = Vec::new();
             // Per old generation, bytes of relocated blocks not yet
             // released.
@@ -589,7 +647,13 @@ mod tests {
                     let bytes = unsafe { std::slice::from_raw_parts(p, n) };
                     prop_assert!(bytes.iter().all(|&b| b == f), "a live block was overwritten");
                     // SAFETY: unreachable from here on.
-                    unsafe { arena.release(p, n) };
+                    unsafe {
+                        if op < 4 {
+                            arena.release(p, n);
+                        } else {
+                            arena.retire(p, n, &pin());
+                        }
+                    }
                 } else {
                     let p = arena.alloc(Layout::from_size_align(size, 16).unwrap()).as_ptr();
                     prop_assert_eq!(p as usize % 16, 0);
@@ -604,7 +668,12 @@ mod tests {
             }
             let in_use: usize = live.iter().map(|&(_, n, _)| Arena::block_bytes(n)).sum();
             let pending: usize = relocated.iter().map(|r| r.1).sum();
+            // Retired blocks come back after their grace period, a batch
+            // not yet full once flushed.
+            arena.flush_retired(&pin());
+            wait_for_grace(|| arena.live_bytes() == in_use + pending);
             prop_assert_eq!(arena.live_bytes(), in_use + pending);
+            prop_assert_eq!(arena.reachable(), in_use);
             for (p, n, f) in live {
                 // SAFETY: as above.
                 let bytes = unsafe { std::slice::from_raw_parts(p, n) };
@@ -619,6 +688,49 @@ mod tests {
             prop_assert!(!arena.draining(), "an old generation never drained");
             prop_assert_eq!(arena.live_bytes(), 0);
         }
+    }
+
+    /// Pushes the epoch along until `done` (or a deadline: the caller's
+    /// assertion then fails).
+    fn wait_for_grace(done: impl Fn() -> bool) {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+        while !done() && std::time::Instant::now() < deadline {
+            pin().flush();
+        }
+    }
+
+    /// Retired blocks come back in batches, a partial one when flushed,
+    /// and those of an old generation drain it.
+    #[test]
+    fn retired_blocks_come_back_in_batches() {
+        let arena = Arc::new(Arena::new());
+        let l = Layout::from_size_align(100, 8).unwrap();
+        let bytes = Arena::block_bytes(100);
+        let blocks: Vec<_> = (0..RETIRE_BATCH + 3)
+            .map(|_| arena.alloc(l).as_ptr())
+            .collect();
+        let guard = pin();
+        for &b in &blocks[..RETIRE_BATCH + 1] {
+            // SAFETY: unused, retired once.
+            unsafe { arena.retire(b, 100, &guard) };
+        }
+        drop(guard);
+        assert_eq!(arena.reachable(), 2 * bytes);
+        wait_for_grace(|| arena.live_bytes() == 3 * bytes);
+        assert_eq!(arena.live_bytes(), 3 * bytes, "a full batch came back");
+        assert!(arena.has_returned());
+        // The one left over is in an old generation now; it drains it
+        // with the two relocated.
+        let id = arena.start_generation().unwrap();
+        arena.flush_retired(&pin());
+        // SAFETY: the last two, as if copied to the new generation.
+        unsafe { arena.release_relocated(id, 2 * bytes) };
+        wait_for_grace(|| !arena.draining());
+        assert!(
+            !arena.draining(),
+            "the flushed block drained the old generation"
+        );
+        assert_eq!((arena.live_bytes(), arena.bytes()), (0, 0));
     }
 
     /// Blocks from before a generation are never handed out again; its

@@ -63,8 +63,9 @@ impl LpmTrie {
         // the tree held (`moved` bytes); after the grace period no reader
         // is in one, and none is retired on its own.
         guard.defer(move || unsafe { arena.release_relocated(generation, moved) });
-        // Hand this thread's retired blocks to the collector now, so the
-        // old generation drains without waiting for the bag to fill.
+        // Hand the retired blocks to the collector now, so the old
+        // generation drains without waiting for a batch or the bag to fill.
+        self.arena.flush_retired(guard);
         guard.flush();
         true
     }

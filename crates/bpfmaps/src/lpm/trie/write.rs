@@ -22,11 +22,6 @@ use crate::lpm::node::{
 };
 use crate::lpm::routes::{RouteAlloc, RouteStore};
 
-/// A raw pointer moved into a deferred free.
-struct Owned<T>(*mut T);
-// SAFETY: the pointee is unreachable and owned by the closure that frees it.
-unsafe impl<T> Send for Owned<T> {}
-
 /// What `clear` leaves behind: the old tree and its routes, given back to
 /// the arena and the route store on the reaper thread once the grace period
 /// is over, so no reader or writer pays for walking it.
@@ -175,6 +170,8 @@ impl LpmTrie {
         self.mirror(&self.root, Pos::ROOT, Change::ALL, guard);
         self.len.store(0, Ordering::Relaxed);
         guard.defer(move || drop_in_background(job));
+        // The blocks retired before come back with the tree.
+        self.arena.flush_retired(guard);
     }
 
     /// The node at depth `path.len()` along `path`, created if missing:
@@ -487,10 +484,9 @@ impl LpmTrie {
     /// Gives an unreachable block of `size` bytes back to the arena after
     /// the grace period.
     fn retire_block(&self, block: *mut u8, size: usize, guard: &Guard) {
-        self.arena.retire(size);
-        let (arena, block) = (Arc::clone(&self.arena), Owned(block));
-        // SAFETY: unreachable for new readers; freed after the grace period.
-        guard.defer(move || unsafe { arena.release_retired({ block }.0, size) });
+        // SAFETY: unreachable for new readers; released after the grace
+        // period.
+        unsafe { self.arena.retire(block, size, guard) };
     }
 
     /// A replaced payload: its route slot (if any) is reused after the
