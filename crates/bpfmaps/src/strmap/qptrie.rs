@@ -676,6 +676,14 @@ impl QpTrieMap {
             f(key, value)?;
         }
         for i in 0..node.len() {
+            // The next child node's children, asked for a subtree ahead:
+            // entering a node, the walk goes straight to its first child,
+            // too soon for that node's own prefetch to help.
+            if i + 1 < node.len()
+                && let Child::Node(next) = node.child(i + 1, self.limits.value_size)
+            {
+                next.prefetch_children();
+            }
             key.push(node.labels()[i]);
             match node.child(i, self.limits.value_size) {
                 Child::Node(child) => self.walk(child, key, lower, f)?,
