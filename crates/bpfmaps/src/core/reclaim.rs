@@ -88,6 +88,22 @@ pub fn drop_in_background<T: Send + 'static>(value: T) {
     }
 }
 
+/// Pushes the epoch along (and gives the reaper time) until `done`, or
+/// until a deadline: a minute natively, an hour of Miri's virtual clock,
+/// which runs with the interpreted work. Returns `done()`, for the
+/// caller's assertion.
+#[cfg(test)]
+pub(crate) fn wait_for_grace(done: impl Fn() -> bool) -> bool {
+    let wait = if cfg!(miri) { 3600 } else { 60 };
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(wait);
+    while !done() && std::time::Instant::now() < deadline {
+        pin().flush();
+        let pause = crate::scaled(1, 50) as u64;
+        std::thread::sleep(std::time::Duration::from_millis(pause));
+    }
+    done()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -307,15 +307,8 @@ fn clear_returns_blocks_for_reuse() {
     assert_eq!((t.len(), get(&t, &[0, 0, 1, 1])), (0, None));
     assert!(t.direct_index_matches_tree());
     // Wait (epochs advance as threads pin) for the reaper to hand the old
-    // blocks back to the arena. Under Miri the clock is virtual and runs
-    // with the work interpreted, the reaper's included: a longer wait.
-    let wait = if cfg!(miri) { 3600 } else { 30 };
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(wait);
-    while t.memory_live() > empty && std::time::Instant::now() < deadline {
-        pin().flush();
-        // Under Miri, longer: the reaper's work is interpreted too.
-        std::thread::sleep(std::time::Duration::from_millis(crate::scaled(2, 50) as u64));
-    }
+    // blocks back to the arena.
+    crate::core::reclaim::wait_for_grace(|| t.memory_live() <= empty);
     assert!(t.arena_has_returned(), "cleared blocks never came back");
     assert_eq!(t.memory_live(), empty, "cleared blocks still live");
     for i in 0..n {

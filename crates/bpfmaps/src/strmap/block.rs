@@ -173,6 +173,15 @@ impl<'g> Node<'g> {
         Child::Leaf { tail, value }
     }
 
+    /// Child `i` if there is one and it is a node (no leaf record
+    /// looked at).
+    #[inline(always)]
+    pub fn node_child(self, i: usize) -> Option<Node<'g>> {
+        let word = (i < self.len()).then(|| self.slot(i).load(Ordering::Acquire))?;
+        // SAFETY: a node pointer read from a live node's slot.
+        (word & 1 == 0).then(|| unsafe { Node::from_word(word) })
+    }
+
     /// Asks for this node's first two cache lines (most nodes are under
     /// 128 bytes), before they are read.
     #[inline(always)]

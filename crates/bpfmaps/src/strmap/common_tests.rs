@@ -338,15 +338,10 @@ pub(super) fn clear_empties_the_map_and_gives_the_memory_back<M: StringMap>() {
     assert_eq!((m.len(), m.keys().len(), m.live_bytes()), (0, 0, 0));
     m.insert(b"again", &v(1), BPF_NOEXIST).unwrap();
     m.remove(b"again", None).unwrap();
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
-    while m.memory_usage() > empty {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "memory never came back"
-        );
-        pin().flush();
-        std::thread::sleep(std::time::Duration::from_millis(1));
-    }
+    assert!(
+        crate::core::reclaim::wait_for_grace(|| m.memory_usage() <= empty),
+        "memory never came back"
+    );
 }
 
 /// The model-based tests' cases (2 under Miri).

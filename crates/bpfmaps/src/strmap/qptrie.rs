@@ -679,9 +679,7 @@ impl QpTrieMap {
             // The next child node's children, asked for a subtree ahead:
             // entering a node, the walk goes straight to its first child,
             // too soon for that node's own prefetch to help.
-            if i + 1 < node.len()
-                && let Child::Node(next) = node.child(i + 1, self.limits.value_size)
-            {
+            if let Some(next) = node.node_child(i + 1) {
                 next.prefetch_children();
             }
             key.push(node.labels()[i]);
