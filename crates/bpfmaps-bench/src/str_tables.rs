@@ -5,7 +5,7 @@
 //!
 //! | name | type | lookup | ordered walk |
 //! |---|---|---|---|
-//! | `bpfmaps-qp-trie` | [`bpfmaps::strmap::QpTrieMap`], `key_size` = the longest key | `get(key, &guard)`, one guard per batch | `for_each` |
+//! | `bpfmaps-qp-trie` | [`bpfmaps::strmap::QpTrieMap`], `key_size` = the longest key, built one key at a time and then `compact()`ed (in the build's time) | `get(key, &guard)`, one guard per batch | `for_each` |
 //! | `bpfmaps-qp-trie-many` | the same map | `get_many`, groups of 16 keys side by side | - (the walk is `bpfmaps-qp-trie`'s) |
 //! | `bpfmaps-tst` | [`bpfmaps::strmap::TstMap`] (the 2022 ternary search tree, the baseline), `key_size` = the longest key | `get(key, &guard)`, one guard per batch | `for_each` |
 //! | `btreemap` | `BTreeMap<Box<[u8]>, u64>` | `get` | `iter` |
@@ -143,14 +143,32 @@ pub fn lookup_batches<'a, T: StrTable>(t: &'a T, probes: &'a Keys) -> impl FnMut
     }
 }
 
-/// One whole ordered walk, touching each key's length and value; returns
-/// the keys seen.
-fn walk_once<T: StrTable>(t: &T) -> u64 {
+/// What an ordered walk does with each key it is given.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WalkUse {
+    /// Touches its length and value only (`walk=iter`): a structure that
+    /// keeps each key behind a pointer (`BTreeMap<Box<[u8]>, _>`) never
+    /// reads it.
+    Length,
+    /// Reads every byte of it too (`walk=read`), as a caller that prints,
+    /// compares or hashes the keys does.
+    Bytes,
+}
+
+/// One whole ordered walk; returns the keys seen.
+fn walk_once<T: StrTable>(t: &T, with: WalkUse) -> u64 {
     let (mut count, mut sum) = (0u64, 0u64);
-    t.for_each_ordered(|k, v| {
-        count += 1;
-        sum = sum.wrapping_add(v + k.len() as u64);
-    });
+    match with {
+        WalkUse::Length => t.for_each_ordered(|k, v| {
+            count += 1;
+            sum = sum.wrapping_add(v + k.len() as u64);
+        }),
+        WalkUse::Bytes => t.for_each_ordered(|k, v| {
+            count += 1;
+            let bytes = k.iter().fold(0u64, |a, &b| a.wrapping_add(u64::from(b)));
+            sum = sum.wrapping_add(v + bytes);
+        }),
+    }
     black_box(sum);
     count
 }
@@ -174,7 +192,7 @@ pub trait AnyStr {
     fn lookups<'a>(&'a self, probes: &'a Keys) -> Box<dyn FnMut() -> u64 + 'a>;
     /// One whole ordered walk per call (returning the keys seen), if the
     /// structure is ordered.
-    fn walk(&self) -> Option<Box<dyn FnMut() -> u64 + '_>>;
+    fn walk(&self, with: WalkUse) -> Option<Box<dyn FnMut() -> u64 + '_>>;
     /// [`wrong_answers`].
     fn wrong_answers(&self, probes: &Keys, expect: &[Option<u64>]) -> usize;
     /// The keys an ordered walk sees and a digest of them in order.
@@ -194,8 +212,8 @@ impl<T: StrTable> AnyStr for T {
     fn lookups<'a>(&'a self, probes: &'a Keys) -> Box<dyn FnMut() -> u64 + 'a> {
         Box::new(lookup_batches(self, probes))
     }
-    fn walk(&self) -> Option<Box<dyn FnMut() -> u64 + '_>> {
-        T::ORDERED.then(|| Box::new(move || walk_once(self)) as Box<dyn FnMut() -> u64>)
+    fn walk(&self, with: WalkUse) -> Option<Box<dyn FnMut() -> u64 + '_>> {
+        T::ORDERED.then(|| Box::new(move || walk_once(self, with)) as Box<dyn FnMut() -> u64>)
     }
     fn wrong_answers(&self, probes: &Keys, expect: &[Option<u64>]) -> usize {
         wrong_answers(self, probes, expect)
@@ -322,9 +340,10 @@ impl StrTable for HashMap<Box<[u8]>, u64> {
 
 /// bpfmaps' string maps: keys of any length up to the set's longest, one
 /// guard per batch of lookups, walks by `for_each`. They share this API,
-/// so one definition serves them.
+/// so one definition serves them; `then m` names a method the build calls
+/// after its inserts (part of the build's time).
 macro_rules! bpfmaps_str_table {
-    ($($(#[$doc:meta])* $map:ident => $name:literal,)*) => {$(
+    ($($(#[$doc:meta])* $map:ident => $name:literal $(then $after:ident)?,)*) => {$(
         $(#[$doc])*
         impl StrTable for $map {
             const NAME: &'static str = $name;
@@ -345,6 +364,7 @@ macro_rules! bpfmaps_str_table {
                     map.insert(k, &(i as u64).to_ne_bytes(), BPF_ANY)
                         .expect("insert");
                 }
+                $(map.$after();)?
                 map
             }
             fn get(&self, key: &[u8]) -> Option<u64> {
@@ -378,8 +398,9 @@ macro_rules! bpfmaps_str_table {
 }
 
 bpfmaps_str_table! {
-    /// The qp-trie map.
-    QpTrieMap => "bpfmaps-qp-trie",
+    /// The qp-trie map, compacted after its inserts (as a bulk load is:
+    /// its walks then read memory in order).
+    QpTrieMap => "bpfmaps-qp-trie" then compact,
     /// The ternary search tree map of 2022, bpfmaps' baseline for the
     /// qp-trie.
     TstMap => "bpfmaps-tst",
@@ -778,7 +799,9 @@ mod tests {
                 assert_eq!(done, self.hits.len() as u64, "whole passes");
                 if let Some(walk) = t.walk_digest() {
                     assert_eq!(walk, self.ordered, "{}: order", T::NAME);
-                    assert_eq!(t.walk().unwrap()(), self.ordered.0);
+                    for with in [WalkUse::Length, WalkUse::Bytes] {
+                        assert_eq!(t.walk(with).unwrap()(), self.ordered.0);
+                    }
                 }
                 (T::NAME, t.walk_digest().is_some())
             }

@@ -11,7 +11,8 @@
 //! implementations are built first and kept; their lookups are then timed
 //! in turns (one repetition of each at a time, the first rotating), so
 //! that load drifting on the machine falls on all of them alike. Walks are
-//! timed the same way, one whole walk per batch.
+//! timed the same way, one whole walk per batch: walks that touch each
+//! key's length and value, then walks that read every byte of each key.
 
 use clap::Args;
 
@@ -22,7 +23,7 @@ use crate::record::{
     case_param, find, ratio,
 };
 use crate::stats::Stats;
-use crate::str_tables::{AnyStr, BASELINE, str_table_names};
+use crate::str_tables::{AnyStr, BASELINE, WalkUse, str_table_names};
 use crate::strings::{DATA_SETS, hit_order, misses, shuffled};
 use crate::suite::{Ctx, Suite};
 use crate::suites::strmap_common::{
@@ -62,14 +63,14 @@ const QUICK_CHECKED: usize = 1 << 16;
 
 /// Times whole ordered walks of every ordered implementation in turns,
 /// after checking that each gives the keys, values and order of the first
-/// (`btreemap`).
+/// (`btreemap`): walks that touch each key's length (`walk=iter`), then
+/// walks that read each key's bytes (`walk=read`).
 fn walks(set: &KeySetRun, kept: &[Kept]) -> Vec<Record> {
     let s = set.ctx.suite();
-    let c = format!("{},walk=iter", set.base);
     let ordered: Vec<&dyn AnyStr> = kept
         .iter()
         .map(|k| k.table.as_ref())
-        .filter(|t| t.walk().is_some())
+        .filter(|t| t.walk(WalkUse::Length).is_some())
         .collect();
     let digests: Vec<_> = ordered.iter().map(|t| t.walk_digest()).collect();
     let bad: Vec<bool> = digests
@@ -86,29 +87,37 @@ fn walks(set: &KeySetRun, kept: &[Kept]) -> Vec<Record> {
             ));
         }
     }
-    let rates = {
-        let mut loops: Vec<_> = ordered.iter().map(|t| t.walk().expect("ordered")).collect();
-        rate_samples_interleaved(set.ctx.plan(), &mut loops)
-    };
     let mut recs = Vec::new();
-    for ((t, samples), bad) in ordered.iter().zip(rates).zip(bad) {
-        recs.push(Record::stats(
-            s,
-            &c,
-            t.name(),
-            &ITER_NS_PER_KEY,
-            Stats::inverse_of(&samples, 1e9),
-        ));
-        recs.push(Record::single(
-            s,
-            &c,
-            t.name(),
-            &STRMAP_DISAGREEMENTS,
-            f64::from(u8::from(bad)),
-        ));
+    for (name, with) in [("iter", WalkUse::Length), ("read", WalkUse::Bytes)] {
+        let c = format!("{},walk={name}", set.base);
+        let rates = {
+            let mut loops: Vec<_> = ordered
+                .iter()
+                .map(|t| t.walk(with).expect("ordered"))
+                .collect();
+            rate_samples_interleaved(set.ctx.plan(), &mut loops)
+        };
+        let mut these = Vec::new();
+        for ((t, samples), &bad) in ordered.iter().zip(rates).zip(&bad) {
+            these.push(Record::stats(
+                s,
+                &c,
+                t.name(),
+                &ITER_NS_PER_KEY,
+                Stats::inverse_of(&samples, 1e9),
+            ));
+            these.push(Record::single(
+                s,
+                &c,
+                t.name(),
+                &STRMAP_DISAGREEMENTS,
+                f64::from(u8::from(bad)),
+            ));
+        }
+        set.ctx.step();
+        set.ctx.print(&these);
+        recs.extend(these);
     }
-    set.ctx.step();
-    set.ctx.print(&recs);
     recs
 }
 
@@ -138,7 +147,9 @@ impl Suite for StrmapReal {
          stored key), laid out back to back and cycled through in batches \
          of 256; the answers are checked over the whole set, the first 65,536 \
          with `--quick` (`strmap_disagreements`). `walk=iter` is whole walks in key order \
-         (`iter_ns_per_key`), for the structures that walk in byte order, \
+         (`iter_ns_per_key`) touching each key's length and value, `walk=read` \
+         the same walks reading every byte of every key (summing them), \
+         for the structures that walk in byte order, \
          whose keys, values and order must match `btreemap`'s (`qp-trie`'s \
          iterator goes by low nibble first, so it has none). All implementations of a set are \
          built first and kept; lookups, then walks, are timed in turns \
@@ -257,6 +268,7 @@ impl Suite for StrmapReal {
                     "hit ns",
                     "miss ns",
                     "iter ns/key",
+                    "read ns/key",
                     &format!("memory vs {BASELINE}"),
                     &format!("hit vs {BASELINE}"),
                     &format!("miss vs {BASELINE}"),
@@ -282,6 +294,7 @@ impl Suite for StrmapReal {
                     ns(look("hit", imp)),
                     ns(look("miss", imp)),
                     ns(get(&format!("{base},walk=iter"), imp, ITER_NS_PER_KEY.name)),
+                    ns(get(&format!("{base},walk=read"), imp, ITER_NS_PER_KEY.name)),
                     fmt_ratio(ratio(
                         mem.map(|m| m.0),
                         memory(records, base, BASELINE).map(|m| m.0),
@@ -429,17 +442,19 @@ mod tests {
                 let hit = format!("{base},lookup=hit");
                 assert!(find(&records, &hit, imp, NS_PER_LOOKUP.name).is_some());
             }
-            let walks = records
-                .iter()
-                .filter(|r| {
-                    r.case == format!("{base},walk=iter") && r.metric == ITER_NS_PER_KEY.name
-                })
-                .count();
-            assert_eq!(
-                walks,
-                names.len() - 4,
-                "all but the hash maps, qp-trie and the get_many view"
-            );
+            for walk in ["iter", "read"] {
+                let walks = records
+                    .iter()
+                    .filter(|r| {
+                        r.case == format!("{base},walk={walk}") && r.metric == ITER_NS_PER_KEY.name
+                    })
+                    .count();
+                assert_eq!(
+                    walks,
+                    names.len() - 4,
+                    "all but the hash maps, qp-trie and the get_many view"
+                );
+            }
         }
         let tables = suite.summaries(&records);
         assert_eq!(tables.len(), 3);

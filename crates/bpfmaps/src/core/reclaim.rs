@@ -88,6 +88,36 @@ pub fn drop_in_background<T: Send + 'static>(value: T) {
     }
 }
 
+/// Waits for a grace period, as the kernel's `synchronize_rcu()`: every
+/// thread pinned when it is called has unpinned by the time it returns,
+/// so what was unlinked before the call can be freed on this thread (a
+/// bulk free on the caller's own time, never on a reader's). Returns
+/// false at once, without waiting, when this thread is pinned itself:
+/// its own pin would hold the epoch back for ever.
+pub fn synchronize() -> bool {
+    if crossbeam_epoch::is_pinned() {
+        return false;
+    }
+    let passed = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    {
+        let passed = passed.clone();
+        let guard = pin();
+        guard.defer(move || passed.store(true, std::sync::atomic::Ordering::Release));
+        guard.flush();
+    }
+    let mut rounds = 0u32;
+    while !passed.load(std::sync::atomic::Ordering::Acquire) {
+        pin().flush();
+        rounds += 1;
+        if rounds < 64 {
+            std::thread::yield_now();
+        } else {
+            std::thread::sleep(std::time::Duration::from_micros(100));
+        }
+    }
+    true
+}
+
 /// Pushes the epoch along (and gives the reaper time) until `done`, or
 /// until a deadline: a minute natively, an hour of Miri's virtual clock,
 /// which runs with the interpreted work. Returns `done()`, for the

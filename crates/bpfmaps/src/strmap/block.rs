@@ -19,6 +19,11 @@
 //! A node is immutable once published, except the slots of node children,
 //! which the writer swaps (release) when it replaces a child; every other
 //! change builds a new node and publishes it through its parent's slot.
+//!
+//! A node is its own heap allocation, or one of many copied into a
+//! [`Slab`] (its header's packed bit set) by a compaction that lays a
+//! subtree out in walk order; a packed node is never freed alone, its slab
+//! is, once its last node is retired.
 
 use std::alloc::{Layout, alloc_zeroed, dealloc};
 use std::marker::PhantomData;
@@ -34,6 +39,8 @@ const N_BITS: u32 = 9;
 const END_BIT: u64 = 1 << N_BITS;
 const SKIP_SHIFT: u32 = N_BITS + 1;
 const SKIP_BITS: u32 = 13;
+/// Set in the header of a node that lives in a [`Slab`].
+const PACKED_BIT: u64 = 1 << (SKIP_SHIFT + SKIP_BITS);
 const WORDS_SHIFT: u32 = 32;
 /// Where a leaf's slot keeps its tail's length (its record's offset, in
 /// the bits below, is under 2^31: a node's byte area is at most 256
@@ -110,6 +117,41 @@ impl<'g> Node<'g> {
         (self.header() >> WORDS_SHIFT) as usize
     }
 
+    /// Whether this node lives in a [`Slab`] (and is freed with it).
+    #[inline]
+    pub fn is_packed(self) -> bool {
+        self.header() & PACKED_BIT != 0
+    }
+
+    /// Copies this node, marked packed, to `dst` (room for
+    /// `size() / 8` words); returns the copy's word. Its node slots still
+    /// point at this node's children: the caller repoints them.
+    ///
+    /// # Safety
+    /// `dst` is valid for writes of this node's words, 8-byte aligned,
+    /// and unpublished; the caller holds the writer lock, so no slot of
+    /// this node changes during the copy.
+    pub unsafe fn copy_packed(self, dst: NonNull<u64>) -> u64 {
+        let words = self.words();
+        let n = self.len();
+        // SAFETY: `dst` holds `words` words (caller); the header and the
+        // byte area are never written after publication, and the slots
+        // are read atomically.
+        unsafe {
+            let dst = dst.as_ptr();
+            dst.write(self.header() | PACKED_BIT);
+            for i in 0..n {
+                dst.add(1 + i).write(self.slot(i).load(Ordering::Relaxed));
+            }
+            std::ptr::copy_nonoverlapping(
+                self.base.as_ptr().add(1 + n) as *const u64,
+                dst.add(1 + n),
+                words - 1 - n,
+            );
+            dst as usize as u64
+        }
+    }
+
     /// Bytes this node's allocation takes.
     pub fn size(self) -> usize {
         self.words() * 8
@@ -173,6 +215,24 @@ impl<'g> Node<'g> {
         Child::Leaf { tail, value }
     }
 
+    /// Its fields decoded once, for a loop over its children.
+    #[inline(always)]
+    pub fn parts(self, value_size: usize) -> Parts<'g> {
+        let (n, skip_len) = (self.len(), self.skip_len());
+        let bytes = self.bytes();
+        let (labels, rest) = bytes.split_at(n);
+        let (skip, rest) = rest.split_at(skip_len);
+        Parts {
+            labels,
+            skip,
+            end: self.has_end().then(|| &rest[..value_size]),
+            // SAFETY: `n` slots follow the header.
+            slots: unsafe { std::slice::from_raw_parts(self.base.as_ptr().add(1), n) },
+            bytes,
+            value_size,
+        }
+    }
+
     /// Child `i` if there is one and it is a node (no leaf record
     /// looked at).
     #[inline(always)]
@@ -215,6 +275,36 @@ impl<'g> Node<'g> {
         } else {
             labels.binary_search(&label).ok()
         }
+    }
+}
+
+/// A node's fields, decoded from its header once ([`Node::parts`]).
+pub struct Parts<'g> {
+    /// The children's labels, ascending.
+    pub labels: &'g [u8],
+    /// The bytes every key below has next.
+    pub skip: &'g [u8],
+    /// The value of the key that ends here.
+    pub end: Option<&'g [u8]>,
+    slots: &'g [AtomicU64],
+    bytes: &'g [u8],
+    value_size: usize,
+}
+
+impl<'g> Parts<'g> {
+    /// Child `i` ([`Node::child`]).
+    #[inline(always)]
+    pub fn child(&self, i: usize) -> Child<'g> {
+        let word = self.slots[i].load(Ordering::Acquire);
+        if word & 1 == 0 {
+            // SAFETY: a node pointer read from a live node's slot.
+            return Child::Node(unsafe { Node::from_word(word) });
+        }
+        let at = (word as u32 >> 1) as usize;
+        let tail_len = (word >> LEAF_LEN_SHIFT) as usize;
+        let record = &self.bytes[at..at + tail_len + self.value_size];
+        let (tail, value) = record.split_at(tail_len);
+        Child::Leaf { tail, value }
     }
 }
 
@@ -339,13 +429,84 @@ fn layout(words: usize) -> Layout {
 ///
 /// # Safety
 /// The node is unreachable for every reader (unpublished, or past the
-/// grace period of its retirement) and freed once.
+/// grace period of its retirement), not packed, and freed once.
 pub unsafe fn free(word: u64) {
     // SAFETY: a node pointer (caller); read its size before freeing.
     let node = unsafe { Node::from_word(word) };
+    debug_assert!(!node.is_packed(), "a packed node is freed with its slab");
     let words = node.words();
     // SAFETY: allocated by `Spec::build` with this layout.
     unsafe { dealloc(word as usize as *mut u8, layout(words)) };
+}
+
+/// One allocation holding many packed nodes back to back, freed whole
+/// (dropped) once the last of them is retired and its grace period is
+/// over: a compaction copies a subtree here in walk order, so that an
+/// ordered walk reads memory front to back.
+pub struct Slab {
+    base: NonNull<u64>,
+    words: usize,
+    /// Nodes in it not yet retired.
+    live: usize,
+}
+
+// SAFETY: plain memory; its owner (a subtree's writer, then a deferred
+// free) is the only one to free it.
+unsafe impl Send for Slab {}
+
+impl Slab {
+    /// Room for `words` words and `nodes` live nodes.
+    pub fn new(words: usize, nodes: usize) -> Self {
+        let layout = layout(words);
+        // SAFETY: non-zero size (a subtree has a node of 2 words or more).
+        let base = unsafe { alloc_zeroed(layout) } as *mut u64;
+        let Some(base) = NonNull::new(base) else {
+            std::alloc::handle_alloc_error(layout);
+        };
+        Slab {
+            base,
+            words,
+            live: nodes,
+        }
+    }
+
+    /// Where word `at` of the slab is.
+    pub fn at(&self, at: usize) -> NonNull<u64> {
+        assert!(at < self.words, "inside the slab");
+        // SAFETY: in bounds.
+        unsafe { self.base.add(at) }
+    }
+
+    /// Its first address, for ordering slabs.
+    pub fn start(&self) -> usize {
+        self.base.as_ptr() as usize
+    }
+
+    /// Bytes it takes.
+    pub fn size(&self) -> usize {
+        self.words * 8
+    }
+
+    /// Whether the node `word` is inside it.
+    pub fn holds(&self, word: u64) -> bool {
+        (self.start()..self.start() + self.size()).contains(&(word as usize))
+    }
+
+    /// One of its nodes retired; true when that was the last.
+    pub fn retire_one(&mut self) -> bool {
+        self.live -= 1;
+        self.live == 0
+    }
+}
+
+/// Dropping a slab frees its nodes: its owner drops it only once no reader
+/// can reach them (past the grace period of the last one's retirement, or
+/// with the map).
+impl Drop for Slab {
+    fn drop(&mut self) {
+        // SAFETY: allocated in `new` with this layout; unreachable (above).
+        unsafe { dealloc(self.base.as_ptr() as *mut u8, layout(self.words)) };
+    }
 }
 
 #[cfg(test)]

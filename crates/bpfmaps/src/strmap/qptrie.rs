@@ -23,11 +23,11 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
 use parking_lot::Mutex;
 
-use super::block::{self, Child, ChildSpec, Node, Spec};
+use super::block::{self, Child, ChildSpec, Node, Slab, Spec};
 use super::limits::{Counts, Limits, string_map_methods};
 use crate::core::error::{Error, Result, check_len};
 use crate::core::flags::UpdateFlag;
-use crate::core::reclaim::{Guard, drop_in_background, pin};
+use crate::core::reclaim::{Guard, drop_in_background, pin, synchronize};
 
 /// Longest tail a leaf keeps inside its parent node; a longer one gets a
 /// node of its own. Every write copies the node it changes, inline leaves
@@ -77,7 +77,17 @@ enum Step<'g, 'k> {
 struct Root {
     /// The subtree's top node, 0 when it is empty.
     top: AtomicU64,
-    writer: Mutex<()>,
+    writer: Mutex<Packing>,
+}
+
+/// What a subtree's writer keeps besides its nodes: the slabs its packed
+/// nodes live in ([`QpTrieMap::compact`]).
+#[derive(Default)]
+struct Packing {
+    /// By address, each with its count of nodes not yet retired.
+    slabs: Vec<Slab>,
+    /// Whether a node was built since the last compaction.
+    changed: bool,
 }
 
 /// What a write below a node asks of the node's parent. On every change
@@ -97,6 +107,7 @@ enum Change {
 /// One write's bookkeeping: nodes to retire once it is published.
 struct Write<'a> {
     map: &'a QpTrieMap,
+    packing: &'a mut Packing,
     retired: Vec<u64>,
 }
 
@@ -120,6 +131,7 @@ impl Write<'_> {
     }
 
     fn build(&mut self, spec: &Spec) -> u64 {
+        self.packing.changed = true;
         let (word, size) = spec.build();
         self.map
             .counts
@@ -129,21 +141,84 @@ impl Write<'_> {
     }
 
     /// Frees the replaced nodes after the grace period (their
-    /// replacements are published by now).
+    /// replacements are published by now); a packed node, by freeing its
+    /// slab once it was the slab's last.
     fn finish(self, guard: &Guard) {
         for word in self.retired {
             let bytes = Arc::clone(&self.map.counts.node_bytes);
-            let node = SendWord(word);
-            guard.defer(move || {
-                let node = node;
-                // SAFETY: unlinked before this was deferred, past its
-                // grace period now; freed once.
-                let size = unsafe { Node::from_word(node.0) }.size();
-                // SAFETY: as above.
-                unsafe { block::free(node.0) };
-                bytes.fetch_sub(size, Ordering::Relaxed);
-            });
+            match self.packing.retire(word) {
+                Retire::Node => {
+                    let node = SendWord(word);
+                    guard.defer(move || {
+                        let node = node;
+                        // SAFETY: unlinked before this was deferred, past
+                        // its grace period now; freed once.
+                        let size = unsafe { Node::from_word(node.0) }.size();
+                        // SAFETY: as above.
+                        unsafe { block::free(node.0) };
+                        bytes.fetch_sub(size, Ordering::Relaxed);
+                    });
+                }
+                Retire::Kept => {}
+                Retire::Slab(slab) => guard.defer(move || {
+                    bytes.fetch_sub(slab.size(), Ordering::Relaxed);
+                    drop(slab);
+                }),
+            }
         }
+    }
+}
+
+/// What retiring a node frees after the grace period.
+enum Retire {
+    /// The node itself (a heap node).
+    Node,
+    /// Nothing: it is packed, and its slab holds live nodes still.
+    Kept,
+    /// Its slab: it was the last live node there.
+    Slab(Slab),
+}
+
+impl Packing {
+    /// Retires `word`, an unlinked node of this subtree: a packed one
+    /// counted out of its slab.
+    fn retire(&mut self, word: u64) -> Retire {
+        // SAFETY: a node just unlinked, still allocated.
+        if !unsafe { Node::from_word(word) }.is_packed() {
+            return Retire::Node;
+        }
+        let i = self.slabs.partition_point(|s| s.start() <= word as usize) - 1;
+        debug_assert!(self.slabs[i].holds(word));
+        if self.slabs[i].retire_one() {
+            Retire::Slab(self.slabs.remove(i))
+        } else {
+            Retire::Kept
+        }
+    }
+}
+
+/// What a compaction replaced, freed in one deferred call.
+struct Replaced {
+    nodes: Vec<u64>,
+    slabs: Vec<Slab>,
+    bytes: Arc<AtomicUsize>,
+}
+
+// SAFETY: nodes are plain memory; only this batch frees them.
+unsafe impl Send for Replaced {}
+
+impl Drop for Replaced {
+    fn drop(&mut self) {
+        let mut freed = self.slabs.iter().map(Slab::size).sum::<usize>();
+        self.slabs.clear();
+        for &word in &self.nodes {
+            // SAFETY: unlinked before this was deferred, past its grace
+            // period now (or never published); freed once.
+            freed += unsafe { Node::from_word(word) }.size();
+            // SAFETY: as above.
+            unsafe { block::free(word) };
+        }
+        self.bytes.fetch_sub(freed, Ordering::Relaxed);
     }
 }
 
@@ -161,7 +236,7 @@ impl QpTrieMap {
             roots: (0..256)
                 .map(|_| Root {
                     top: AtomicU64::new(0),
-                    writer: Mutex::new(()),
+                    writer: Mutex::new(Packing::default()),
                 })
                 .collect(),
             limits,
@@ -348,10 +423,11 @@ impl QpTrieMap {
         self.check_key(key)?;
         check_len("value", value.len(), self.limits.value_size)?;
         let root = &self.roots[key[0] as usize];
-        let _writer = root.writer.lock();
+        let mut packing = root.writer.lock();
         let guard = &pin();
         let mut write = Write {
             map: self,
+            packing: &mut packing,
             retired: Vec::new(),
         };
         let top = root.top.load(Ordering::Acquire);
@@ -483,7 +559,7 @@ impl QpTrieMap {
             check_len("value", out.len(), self.limits.value_size)?;
         }
         let root = &self.roots[key[0] as usize];
-        let _writer = root.writer.lock();
+        let mut packing = root.writer.lock();
         let guard = &pin();
         let top = root.top.load(Ordering::Acquire);
         if top == 0 {
@@ -491,6 +567,7 @@ impl QpTrieMap {
         }
         let mut write = Write {
             map: self,
+            packing: &mut packing,
             retired: Vec::new(),
         };
         // SAFETY: the published top, under the writer lock and guard.
@@ -624,73 +701,78 @@ impl QpTrieMap {
         mut f: impl FnMut(&[u8], &'g [u8]) -> ControlFlow<()>,
     ) {
         let mut key = Vec::with_capacity(64);
-        let lower = range.0;
-        let first = match lower {
+        let first = match range.0 {
             Bound::Included(k) | Bound::Excluded(k) => k.first().copied().unwrap_or(0),
             Bound::Unbounded => 0,
         };
+        let whole = matches!(range, (Bound::Unbounded, Bound::Unbounded));
         for b in first..=255u8 {
             let Some(top) = self.top(b, guard) else {
                 continue;
             };
             key.clear();
             key.push(b);
-            let mut visit = |k: &[u8], v: &'g [u8]| {
-                if above(k, range.1) {
-                    return ControlFlow::Break(());
-                }
-                f(k, v)
+            let flow = if whole {
+                self.walk::<false>(top, &mut key, range, &mut f)
+            } else {
+                self.walk::<true>(top, &mut key, range, &mut f)
             };
-            if self.walk(top, &mut key, lower, &mut visit).is_break() {
+            if flow.is_break() {
                 return;
             }
         }
     }
 
-    /// Visits the keys of `node`'s subtree (whose path is `key`) from the
-    /// first not below `lower`, in order.
-    fn walk<'g>(
+    /// Visits the keys of `node`'s subtree (whose path is `key`) in
+    /// `range`, in order. `BOUNDED` false: the range is everything (no
+    /// checks compiled in, for whole walks).
+    fn walk<'g, const BOUNDED: bool>(
         &self,
         node: Node<'g>,
         key: &mut Vec<u8>,
-        lower: Bound<&[u8]>,
+        range: (Bound<&[u8]>, Bound<&[u8]>),
         f: &mut impl FnMut(&[u8], &'g [u8]) -> ControlFlow<()>,
     ) -> ControlFlow<()> {
         let at = key.len();
-        key.extend_from_slice(node.skip());
-        // Where the subtree stands against the bound: all of it below
-        // (skip it), all of it above (no more checks), or the bound runs
-        // through it.
-        let lower = match bound_vs_prefix(lower, key) {
-            Side::Below => {
-                key.truncate(at);
-                return ControlFlow::Continue(());
+        let parts = node.parts(self.limits.value_size);
+        key.extend_from_slice(parts.skip);
+        let (mut lower, upper) = range;
+        if BOUNDED {
+            // Where the subtree stands against the lower bound: all of it
+            // below (skip it), all of it above (no more checks), or the
+            // bound runs through it.
+            match bound_vs_prefix(lower, key) {
+                Side::Below => {
+                    key.truncate(at);
+                    return ControlFlow::Continue(());
+                }
+                Side::Above => lower = Bound::Unbounded,
+                Side::Inside => {}
             }
-            Side::Above => Bound::Unbounded,
-            Side::Inside => lower,
-        };
-        node.prefetch_children();
-        if let Some(value) = node.end_value(self.limits.value_size)
-            && !below(key, lower)
-        {
-            f(key, value)?;
         }
-        for i in 0..node.len() {
+        // A packed subtree is read front to back: the hardware prefetcher
+        // is ahead of the walk there.
+        let scattered = !node.is_packed();
+        if scattered {
+            node.prefetch_children();
+        }
+        if let Some(value) = parts.end {
+            visit::<BOUNDED, _>(key, value, (lower, upper), f)?;
+        }
+        for (i, &label) in parts.labels.iter().enumerate() {
             // The next child node's children, asked for a subtree ahead:
             // entering a node, the walk goes straight to its first child,
             // too soon for that node's own prefetch to help.
-            if let Some(next) = node.node_child(i + 1) {
+            if scattered && let Some(next) = node.node_child(i + 1) {
                 next.prefetch_children();
             }
-            key.push(node.labels()[i]);
-            match node.child(i, self.limits.value_size) {
-                Child::Node(child) => self.walk(child, key, lower, f)?,
+            key.push(label);
+            match parts.child(i) {
+                Child::Node(child) => self.walk::<BOUNDED>(child, key, (lower, upper), f)?,
                 Child::Leaf { tail, value } => {
                     let before = key.len();
                     key.extend_from_slice(tail);
-                    if !below(key, lower) {
-                        f(key, value)?;
-                    }
+                    visit::<BOUNDED, _>(key, value, (lower, upper), f)?;
                     key.truncate(before);
                 }
             }
@@ -747,7 +829,7 @@ impl QpTrieMap {
     pub fn clear(&self) {
         let guard = &pin();
         for root in self.roots.iter() {
-            let _writer = root.writer.lock();
+            let mut packing = root.writer.lock();
             let top = root.top.swap(0, Ordering::AcqRel);
             if top == 0 {
                 continue;
@@ -757,11 +839,125 @@ impl QpTrieMap {
             self.counts.keys.fetch_sub(n, Ordering::Relaxed);
             let job = SubtreeFree {
                 top,
+                slabs: std::mem::take(&mut packing.slabs),
                 value_size: self.limits.value_size,
                 bytes: Arc::clone(&self.counts.node_bytes),
             };
             guard.defer(move || drop_in_background(job));
         }
+    }
+
+    /// Lays each subtree changed since its last compaction out again in
+    /// one allocation, its nodes in the order an ordered walk reads them,
+    /// so that the walk reads memory front to back instead of one
+    /// scattered node after another (the nodes of a build one key at a
+    /// time are as scattered as its inserts). Call it after a bulk load.
+    /// Readers go on throughout (each subtree is copied and published
+    /// whole, under its writer lock). It returns once the old nodes are
+    /// freed: it waits for the readers that might hold them, as
+    /// `synchronize_rcu()` does, and frees them itself, so a reader never
+    /// pays for the free (called with a guard pinned, it cannot wait, and
+    /// they are freed on the reaper thread after the grace period).
+    /// Later writes allocate their nodes outside the slab,
+    /// and a slab is freed when its last node is replaced, so a map
+    /// rewritten since holds the slab's replaced nodes until then:
+    /// compacting again returns them.
+    ///
+    /// ```
+    /// use bpfmaps::strmap::QpTrieMap;
+    /// use bpfmaps::{BPF_ANY, pin};
+    ///
+    /// let m = QpTrieMap::new(16, 1, 100).unwrap();
+    /// for (i, k) in ["vfs_read", "vfs_write", "vfs_readv"].iter().enumerate() {
+    ///     m.insert(k.as_bytes(), &[i as u8], BPF_ANY).unwrap();
+    /// }
+    /// m.compact();
+    /// let keys: Vec<_> = m.iter(&pin()).map(|(k, _)| k).collect();
+    /// assert_eq!(keys, [&b"vfs_read"[..], b"vfs_readv", b"vfs_write"]);
+    /// ```
+    pub fn compact(&self) {
+        let mut replaced = Replaced {
+            nodes: Vec::new(),
+            slabs: Vec::new(),
+            bytes: Arc::clone(&self.counts.node_bytes),
+        };
+        let guard = pin();
+        for root in self.roots.iter() {
+            let mut packing = root.writer.lock();
+            let top = root.top.load(Ordering::Acquire);
+            if top == 0 || !packing.changed {
+                continue;
+            }
+            // SAFETY: the published top, under the writer lock and guard.
+            let top_node = unsafe { Node::from_word(top) };
+            let mut old = Vec::new();
+            let words = self.subtree_nodes(top_node, &mut old);
+            let mut slab = Slab::new(words, old.len());
+            let mut at = 0;
+            // SAFETY: the slab has room for every node of the subtree,
+            // whose slots only this writer changes.
+            let packed = unsafe { self.pack(top_node, &mut slab, &mut at) };
+            debug_assert_eq!(at, words);
+            self.counts
+                .node_bytes
+                .fetch_add(slab.size(), Ordering::Relaxed);
+            root.top.store(packed, Ordering::Release);
+            for word in old {
+                match packing.retire(word) {
+                    Retire::Node => replaced.nodes.push(word),
+                    Retire::Kept => {}
+                    Retire::Slab(slab) => replaced.slabs.push(slab),
+                }
+            }
+            let i = packing.slabs.partition_point(|s| s.start() < slab.start());
+            packing.slabs.insert(i, slab);
+            packing.changed = false;
+        }
+        drop(guard);
+        // The replaced nodes are freed here, on the caller's time, once
+        // the readers that might hold them are gone; inside a pinned
+        // caller, which cannot wait, on the reaper thread after the
+        // grace period (never inside whichever reader runs a deferred
+        // call).
+        if !synchronize() {
+            pin().defer(move || drop_in_background(replaced));
+        }
+    }
+
+    /// The words of the nodes of `node`'s subtree; pushes their words to
+    /// `nodes`.
+    fn subtree_nodes(&self, node: Node<'_>, nodes: &mut Vec<u64>) -> usize {
+        nodes.push(node.word());
+        let mut words = node.size() / 8;
+        for i in 0..node.len() {
+            if let Some(child) = node.node_child(i) {
+                words += self.subtree_nodes(child, nodes);
+            }
+        }
+        words
+    }
+
+    /// Copies `node`'s subtree into `slab` from word `at` on, each node
+    /// before its children and the children in order; returns the copy's
+    /// word.
+    ///
+    /// # Safety
+    /// The slab has room for the subtree from `at` on; the caller holds
+    /// the subtree's writer lock.
+    unsafe fn pack(&self, node: Node<'_>, slab: &mut Slab, at: &mut usize) -> u64 {
+        // SAFETY: room for it (caller); no slot changes (writer lock).
+        let word = unsafe { node.copy_packed(slab.at(*at)) };
+        *at += node.size() / 8;
+        // SAFETY: just written, unpublished.
+        let copy = unsafe { Node::from_word(word) };
+        for i in 0..node.len() {
+            if let Some(child) = node.node_child(i) {
+                // SAFETY: as above.
+                let child = unsafe { self.pack(child, slab, at) };
+                copy.slot(i).store(child, Ordering::Relaxed);
+            }
+        }
+        word
     }
 }
 
@@ -783,6 +979,28 @@ impl QpTrieMap {
             .filter_map(|b| self.top(b, guard))
             .map(|top| sum(top, self.limits.value_size))
             .sum()
+    }
+
+    /// Each subtree's nodes in walk order (each before its children):
+    /// their addresses and whether they are packed.
+    pub(super) fn node_words_in_walk_order(&self) -> Vec<Vec<(u64, bool)>> {
+        fn visit(node: Node<'_>, out: &mut Vec<(u64, bool)>) {
+            out.push((node.word(), node.is_packed()));
+            for i in 0..node.len() {
+                if let Some(child) = node.node_child(i) {
+                    visit(child, out);
+                }
+            }
+        }
+        let guard = &pin();
+        (0..=255u8)
+            .filter_map(|b| self.top(b, guard))
+            .map(|top| {
+                let mut out = Vec::new();
+                visit(top, &mut out);
+                out
+            })
+            .collect()
     }
 
     /// Keys reachable now, counted in the nodes.
@@ -835,9 +1053,11 @@ impl<'g> Iterator for Chunks<'g, 'g> {
     }
 }
 
-/// A detached subtree, freed whole (after its grace period).
+/// A detached subtree, freed whole (after its grace period): its own
+/// nodes one by one, then the slabs that hold its packed ones.
 struct SubtreeFree {
     top: u64,
+    slabs: Vec<Slab>,
     value_size: usize,
     bytes: Arc<AtomicUsize>,
 }
@@ -846,7 +1066,9 @@ impl Drop for SubtreeFree {
     fn drop(&mut self) {
         // SAFETY: detached and past its grace period (or the map is
         // dropped); each node is freed once.
-        let freed = unsafe { free_subtree(self.top, self.value_size) };
+        let mut freed = unsafe { free_subtree(self.top, self.value_size) };
+        freed += self.slabs.iter().map(Slab::size).sum::<usize>();
+        self.slabs.clear();
         self.bytes.fetch_sub(freed, Ordering::Relaxed);
     }
 }
@@ -858,6 +1080,7 @@ impl Drop for QpTrieMap {
             if top != 0 {
                 drop_in_background(SubtreeFree {
                     top,
+                    slabs: std::mem::take(&mut root.writer.get_mut().slabs),
                     value_size: self.limits.value_size,
                     bytes: Arc::clone(&self.counts.node_bytes),
                 });
@@ -866,22 +1089,26 @@ impl Drop for QpTrieMap {
     }
 }
 
-/// Frees a subtree; returns the bytes freed.
+/// Frees a subtree's nodes but the packed ones (their slabs are freed
+/// whole); returns the bytes freed.
 ///
 /// # Safety
 /// No reader can reach it, and it is freed once.
 unsafe fn free_subtree(word: u64, value_size: usize) -> usize {
     // SAFETY: caller.
     let node = unsafe { Node::from_word(word) };
-    let mut freed = node.size();
+    let mut freed = 0;
     for i in 0..node.len() {
         if let Child::Node(child) = node.child(i, value_size) {
             // SAFETY: a child of a detached subtree.
             freed += unsafe { free_subtree(child.word(), value_size) };
         }
     }
-    // SAFETY: caller.
-    unsafe { block::free(word) };
+    if !node.is_packed() {
+        freed += node.size();
+        // SAFETY: caller.
+        unsafe { block::free(word) };
+    }
     freed
 }
 
@@ -910,6 +1137,29 @@ fn prefix_end(prefix: &[u8]) -> Option<Vec<u8>> {
         }
     }
     None
+}
+
+/// `f` of a key the walk reached, if it is in `range` (`BOUNDED` false:
+/// the range is everything); breaks past its upper bound.
+#[inline(always)]
+fn visit<'g, const BOUNDED: bool, F>(
+    key: &[u8],
+    value: &'g [u8],
+    (lower, upper): (Bound<&[u8]>, Bound<&[u8]>),
+    f: &mut F,
+) -> ControlFlow<()>
+where
+    F: FnMut(&[u8], &'g [u8]) -> ControlFlow<()>,
+{
+    if BOUNDED {
+        if above(key, upper) {
+            return ControlFlow::Break(());
+        }
+        if below(key, lower) {
+            return ControlFlow::Continue(());
+        }
+    }
+    f(key, value)
 }
 
 /// Whether `key` is before the `lower` bound.

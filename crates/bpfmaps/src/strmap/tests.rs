@@ -108,6 +108,8 @@ fn clear_empties_the_map_and_gives_the_memory_back() {
 enum Op {
     Insert(Vec<u8>, u64, u64),
     Remove(Vec<u8>),
+    /// `compact()`: later writes then replace packed nodes.
+    Compact,
 }
 
 /// Keys of 1 to `max` bytes from [`common::key_byte`]'s alphabet.
@@ -139,6 +141,7 @@ fn arb_ops_of(key: impl Strategy<Value = Vec<u8>> + Clone) -> impl Strategy<Valu
     let op = prop_oneof![
         3 => (key.clone(), any::<u64>(), 0..3u64).prop_map(|(k, v, f)| Op::Insert(k, v, f)),
         2 => key.prop_map(Op::Remove),
+        1 => Just(Op::Compact),
     ];
     common::ops_of(op)
 }
@@ -196,6 +199,7 @@ fn matches_the_model(
                         None => prop_assert_eq!(got, Err(Error::NotFound)),
                     }
                 }
+                Op::Compact => m.compact(),
             }
             prop_assert_eq!(m.len(), model.len());
         }
@@ -297,6 +301,141 @@ fn readers_and_writers_in_disjoint_and_shared_subtrees() {
         }
     };
     common::readers_beside_writers(&m, &stable, |i, _| i % 16 == 0, 0, |m, _| m.keys(), write);
+}
+
+/// `compact` copies every subtree into one slab in walk order (each node
+/// before its children, siblings in order), keeps every key, leaves an
+/// unchanged subtree alone, and its memory account is exact: after the
+/// grace period the map holds its live nodes and nothing else, and a
+/// slab whose nodes were all replaced is freed.
+#[test]
+fn compact_lays_subtrees_out_in_walk_order_and_frees_what_it_replaced() {
+    let n = crate::scaled(3000, 200) as u64;
+    // Even keys in subtree `a`, odd in `b` (`n` even: `i + n` too).
+    let key =
+        |i: u64| format!("{}{}_{}", ["a", "b"][i as usize % 2], i * 7919 % 1000, i).into_bytes();
+    let m = QpTrieMap::new(16, 8, 10_000).unwrap();
+    let empty = m.memory_usage();
+    let exact = |m: &QpTrieMap| m.memory_usage() == empty + m.live_bytes();
+    for i in 0..n {
+        m.insert(&key(i), &v(i), BPF_NOEXIST).unwrap();
+    }
+    let before = m.keys();
+    m.compact();
+    assert_eq!(m.keys(), before);
+    for i in 0..n {
+        assert_eq!(common::get(&m, &key(i)), Some(i));
+    }
+    let layout = m.node_words_in_walk_order();
+    assert!(layout.iter().flatten().all(|&(_, packed)| packed));
+    for subtree in &layout {
+        assert!(subtree.windows(2).all(|w| w[0].0 < w[1].0), "walk order");
+    }
+    assert!(crate::core::reclaim::wait_for_grace(|| exact(&m)));
+
+    // Nothing changed: nothing copied.
+    m.compact();
+    assert_eq!(m.node_words_in_walk_order(), layout);
+
+    // Writes (in subtree `a`) replace packed nodes with heap ones; the
+    // slab stays until its last node goes, and compacting again gives the
+    // replaced ones back.
+    for i in (0..n).step_by(2) {
+        m.remove(&key(i), None).unwrap();
+        m.insert(&key(i + n), &v(i), BPF_NOEXIST).unwrap();
+    }
+    let mixed = m.node_words_in_walk_order();
+    assert!(mixed.iter().flatten().any(|&(_, packed)| packed));
+    assert!(mixed.iter().flatten().any(|&(_, packed)| !packed));
+    assert!(m.memory_usage() > empty + m.live_bytes());
+    m.compact();
+    assert!(crate::core::reclaim::wait_for_grace(|| exact(&m)));
+    let want: Vec<_> = (0..n)
+        .map(|i| if i % 2 == 0 { key(i + n) } else { key(i) })
+        .collect::<std::collections::BTreeSet<_>>()
+        .into_iter()
+        .collect();
+    assert_eq!(m.keys(), want);
+
+    // Removing every key frees every slab.
+    for k in &want {
+        m.remove(k, None).unwrap();
+    }
+    assert!(crate::core::reclaim::wait_for_grace(
+        || m.memory_usage() == empty
+    ));
+
+    // So does `clear`, and dropping a compacted map frees its slabs (Miri
+    // checks both frees).
+    for i in 0..n {
+        m.insert(&key(i), &v(i), BPF_NOEXIST).unwrap();
+    }
+    m.compact();
+    m.clear();
+    assert!(crate::core::reclaim::wait_for_grace(
+        || m.memory_usage() == empty
+    ));
+    // A caller with a guard pinned cannot wait for the grace period: its
+    // compaction leaves the free to the reaper.
+    m.insert(b"k1", &v(1), BPF_NOEXIST).unwrap();
+    {
+        let guard = pin();
+        m.compact();
+        assert_eq!(m.get(b"k1", &guard), Some(&v(1)[..]));
+    }
+    assert!(crate::core::reclaim::wait_for_grace(|| exact(&m)));
+}
+
+/// Readers look up and walk while two writers churn and a third thread
+/// compacts over and over: every stable key found, walks in order.
+#[test]
+fn readers_beside_writers_and_compaction() {
+    let m = Arc::new(QpTrieMap::new(12, 8, 100_000).unwrap());
+    let n = crate::scaled(300, 6) as u64;
+    let stable: Vec<Vec<u8>> = (0..n)
+        .flat_map(|i| [format!("a{i}"), format!("b{i}x")])
+        .map(String::into_bytes)
+        .collect();
+    let write = || {
+        let done = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let compactor = {
+            let (m, done) = (m.clone(), done.clone());
+            std::thread::spawn(move || {
+                while !done.load(std::sync::atomic::Ordering::Relaxed) {
+                    m.compact();
+                    std::thread::yield_now();
+                }
+            })
+        };
+        let writers: Vec<_> = (0..2u64)
+            .map(|w| {
+                let m = m.clone();
+                std::thread::spawn(move || {
+                    for round in 0..crate::scaled(6, 2) as u64 {
+                        let churn = |i: u64| format!("{}{i}y{round}", ["a", "b"][w as usize]);
+                        for i in 0..n {
+                            m.insert(churn(i).as_bytes(), &v(u64::MAX), BPF_NOEXIST)
+                                .unwrap();
+                        }
+                        for i in 0..n {
+                            m.remove(churn(i).as_bytes(), None).unwrap();
+                        }
+                    }
+                })
+            })
+            .collect();
+        for w in writers {
+            w.join().unwrap();
+        }
+        done.store(true, std::sync::atomic::Ordering::Relaxed);
+        compactor.join().unwrap();
+    };
+    common::readers_beside_writers(&m, &stable, |i, _| i % 16 == 0, 0, |m, _| m.keys(), write);
+    m.compact();
+    let empty = QpTrieMap::new(12, 8, 100_000).unwrap().memory_usage();
+    assert!(crate::core::reclaim::wait_for_grace(
+        || m.memory_usage() == empty + m.live_bytes()
+    ));
 }
 
 #[test]
