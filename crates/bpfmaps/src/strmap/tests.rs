@@ -310,7 +310,7 @@ fn readers_and_writers_in_disjoint_and_shared_subtrees() {
 /// slab whose nodes were all replaced is freed.
 #[test]
 fn compact_lays_subtrees_out_in_walk_order_and_frees_what_it_replaced() {
-    let n = crate::scaled(3000, 200) as u64;
+    let n = crate::scaled(3000, 40) as u64;
     // Even keys in subtree `a`, odd in `b` (`n` even: `i + n` too).
     let key =
         |i: u64| format!("{}{}_{}", ["a", "b"][i as usize % 2], i * 7919 % 1000, i).into_bytes();
@@ -401,9 +401,14 @@ fn readers_beside_writers_and_compaction() {
         let compactor = {
             let (m, done) = (m.clone(), done.clone());
             std::thread::spawn(move || {
-                while !done.load(std::sync::atomic::Ordering::Relaxed) {
+                // Under Miri a few compactions, spread over the writes
+                // (each is interpreted in full, with its grace period).
+                let mut left = crate::scaled(usize::MAX, 3);
+                while left > 0 && !done.load(std::sync::atomic::Ordering::Relaxed) {
                     m.compact();
+                    left -= 1;
                     std::thread::yield_now();
+                    crate::reader_pause();
                 }
             })
         };
