@@ -208,11 +208,7 @@ impl<'g> Node<'g> {
             // SAFETY: a node pointer read from a live node's slot.
             return Child::Node(unsafe { Node::from_word(word) });
         }
-        let at = (word as u32 >> 1) as usize;
-        let tail_len = (word >> LEAF_LEN_SHIFT) as usize;
-        let record = &self.bytes()[at..at + tail_len + value_size];
-        let (tail, value) = record.split_at(tail_len);
-        Child::Leaf { tail, value }
+        leaf(word, self.bytes(), value_size)
     }
 
     /// Its fields decoded once, for a loop over its children.
@@ -300,12 +296,17 @@ impl<'g> Parts<'g> {
             // SAFETY: a node pointer read from a live node's slot.
             return Child::Node(unsafe { Node::from_word(word) });
         }
-        let at = (word as u32 >> 1) as usize;
-        let tail_len = (word >> LEAF_LEN_SHIFT) as usize;
-        let record = &self.bytes[at..at + tail_len + self.value_size];
-        let (tail, value) = record.split_at(tail_len);
-        Child::Leaf { tail, value }
+        leaf(word, self.bytes, self.value_size)
     }
+}
+
+/// The leaf a slot word describes: its record in the node's byte area.
+#[inline(always)]
+fn leaf(word: u64, bytes: &[u8], value_size: usize) -> Child<'_> {
+    let at = (word as u32 >> 1) as usize;
+    let tail_len = (word >> LEAF_LEN_SHIFT) as usize;
+    let (tail, value) = bytes[at..at + tail_len + value_size].split_at(tail_len);
+    Child::Leaf { tail, value }
 }
 
 /// A node's content, built by the writer before it is published.
@@ -425,18 +426,20 @@ fn layout(words: usize) -> Layout {
     Layout::array::<u64>(words).expect("node layout")
 }
 
-/// Frees the node `word` points at (its children are not touched).
+/// Frees the node `word` points at (its children are not touched);
+/// returns the bytes it took.
 ///
 /// # Safety
 /// The node is unreachable for every reader (unpublished, or past the
 /// grace period of its retirement), not packed, and freed once.
-pub unsafe fn free(word: u64) {
+pub unsafe fn free(word: u64) -> usize {
     // SAFETY: a node pointer (caller); read its size before freeing.
     let node = unsafe { Node::from_word(word) };
     debug_assert!(!node.is_packed(), "a packed node is freed with its slab");
     let words = node.words();
     // SAFETY: allocated by `Spec::build` with this layout.
     unsafe { dealloc(word as usize as *mut u8, layout(words)) };
+    words * 8
 }
 
 /// One allocation holding many packed nodes back to back, freed whole

@@ -153,9 +153,7 @@ impl Write<'_> {
                         let node = node;
                         // SAFETY: unlinked before this was deferred, past
                         // its grace period now; freed once.
-                        let size = unsafe { Node::from_word(node.0) }.size();
-                        // SAFETY: as above.
-                        unsafe { block::free(node.0) };
+                        let size = unsafe { block::free(node.0) };
                         bytes.fetch_sub(size, Ordering::Relaxed);
                     });
                 }
@@ -213,10 +211,8 @@ impl Drop for Replaced {
         self.slabs.clear();
         for &word in &self.nodes {
             // SAFETY: unlinked before this was deferred, past its grace
-            // period now (or never published); freed once.
-            freed += unsafe { Node::from_word(word) }.size();
-            // SAFETY: as above.
-            unsafe { block::free(word) };
+            // period now; freed once.
+            freed += unsafe { block::free(word) };
         }
         self.bytes.fetch_sub(freed, Ordering::Relaxed);
     }
@@ -891,7 +887,7 @@ impl QpTrieMap {
             // SAFETY: the published top, under the writer lock and guard.
             let top_node = unsafe { Node::from_word(top) };
             let mut old = Vec::new();
-            let words = self.subtree_nodes(top_node, &mut old);
+            let words = subtree_nodes(top_node, &mut old);
             let mut slab = Slab::new(words, old.len());
             let mut at = 0;
             // SAFETY: the slab has room for every node of the subtree,
@@ -922,19 +918,6 @@ impl QpTrieMap {
         if !synchronize() {
             pin().defer(move || drop_in_background(replaced));
         }
-    }
-
-    /// The words of the nodes of `node`'s subtree; pushes their words to
-    /// `nodes`.
-    fn subtree_nodes(&self, node: Node<'_>, nodes: &mut Vec<u64>) -> usize {
-        nodes.push(node.word());
-        let mut words = node.size() / 8;
-        for i in 0..node.len() {
-            if let Some(child) = node.node_child(i) {
-                words += self.subtree_nodes(child, nodes);
-            }
-        }
-        words
     }
 
     /// Copies `node`'s subtree into `slab` from word `at` on, each node
@@ -984,21 +967,15 @@ impl QpTrieMap {
     /// Each subtree's nodes in walk order (each before its children):
     /// their addresses and whether they are packed.
     pub(super) fn node_words_in_walk_order(&self) -> Vec<Vec<(u64, bool)>> {
-        fn visit(node: Node<'_>, out: &mut Vec<(u64, bool)>) {
-            out.push((node.word(), node.is_packed()));
-            for i in 0..node.len() {
-                if let Some(child) = node.node_child(i) {
-                    visit(child, out);
-                }
-            }
-        }
         let guard = &pin();
         (0..=255u8)
             .filter_map(|b| self.top(b, guard))
             .map(|top| {
-                let mut out = Vec::new();
-                visit(top, &mut out);
-                out
+                let mut words = Vec::new();
+                subtree_nodes(top, &mut words);
+                // SAFETY: reachable nodes, under the guard.
+                let packed = |w: u64| unsafe { Node::from_word(w) }.is_packed();
+                words.into_iter().map(|w| (w, packed(w))).collect()
             })
             .collect()
     }
@@ -1105,11 +1082,23 @@ unsafe fn free_subtree(word: u64, value_size: usize) -> usize {
         }
     }
     if !node.is_packed() {
-        freed += node.size();
         // SAFETY: caller.
-        unsafe { block::free(word) };
+        freed += unsafe { block::free(word) };
     }
     freed
+}
+
+/// The words `node`'s subtree takes; pushes its nodes' words to `nodes`,
+/// each node before its children (walk order).
+fn subtree_nodes(node: Node<'_>, nodes: &mut Vec<u64>) -> usize {
+    nodes.push(node.word());
+    let mut words = node.size() / 8;
+    for i in 0..node.len() {
+        if let Some(child) = node.node_child(i) {
+            words += subtree_nodes(child, nodes);
+        }
+    }
+    words
 }
 
 fn count_keys(node: Node<'_>, value_size: usize) -> usize {
