@@ -168,3 +168,138 @@ fn model_get_stackid(
 fn errno<T>(r: &bpfmaps::Result<T>) -> i32 {
     r.as_ref().map_or_else(Error::errno, |_| 0)
 }
+
+/// Runs the operations `data` encodes on a `MapleTree` and a model (the
+/// ranges as a sorted vector), comparing every answer: stores that cut
+/// ranges, inserts, erases, loads, gap searches both ways and walks. An
+/// index is one byte: below 0x80 a small index, else one near `u64::MAX`,
+/// so ranges collide and touch both ends of the space.
+pub fn run_maple(data: &[u8]) {
+    use bpfmaps::maple::MapleTree;
+
+    fn index(b: u8) -> u64 {
+        if b < 0x80 {
+            u64::from(b)
+        } else {
+            u64::MAX - u64::from(b - 0x80)
+        }
+    }
+    /// The model's store: `value` over `first..=last` (`None`: erase).
+    fn store(model: &mut Vec<(u64, u64, u8)>, first: u64, last: u64, value: Option<u8>) {
+        let mut out = Vec::new();
+        for &(f, l, v) in model.iter() {
+            if l < first || f > last {
+                out.push((f, l, v));
+                continue;
+            }
+            if f < first {
+                out.push((f, first - 1, v));
+            }
+            if l > last {
+                out.push((last + 1, l, v));
+            }
+        }
+        out.extend(value.map(|v| (first, last, v)));
+        out.sort();
+        *model = out;
+    }
+    fn empty_area(
+        model: &[(u64, u64, u8)],
+        min: u64,
+        max: u64,
+        size: u64,
+        rev: bool,
+    ) -> Option<u64> {
+        let mut runs = Vec::new();
+        let mut next = Some(0u64);
+        for &(f, l, _) in model {
+            if let Some(n) = next.filter(|&n| f > n) {
+                runs.push((n, f - 1));
+            }
+            next = l.checked_add(1);
+        }
+        runs.extend(next.map(|n| (n, u64::MAX)));
+        let fit = |&(a, b): &(u64, u64)| {
+            let (lo, hi) = (a.max(min), b.min(max));
+            (lo <= hi && hi - lo >= size - 1).then(|| if rev { hi - (size - 1) } else { lo })
+        };
+        if rev {
+            runs.iter().rev().find_map(fit)
+        } else {
+            runs.iter().find_map(fit)
+        }
+    }
+
+    let tree = MapleTree::new();
+    let mut model: Vec<(u64, u64, u8)> = Vec::new();
+    for op in data.chunks_exact(4) {
+        let (a, b, v) = (index(op[1]), index(op[2]), op[3]);
+        let (lo, hi) = (a.min(b), a.max(b));
+        let guard = bpfmaps::pin();
+        match op[0] % 6 {
+            0 => {
+                tree.store_range(lo, hi, v).unwrap();
+                store(&mut model, lo, hi, Some(v));
+            }
+            1 => {
+                let free = model.iter().all(|r| r.1 < lo || r.0 > hi);
+                assert_eq!(tree.insert_range(lo, hi, v).is_ok(), free);
+                if free {
+                    store(&mut model, lo, hi, Some(v));
+                }
+            }
+            2 => {
+                let want = model.iter().copied().find(|r| r.0 <= a && a <= r.1);
+                let got = tree.erase(a).map(|(r, v)| (*r.start(), *r.end(), v));
+                assert_eq!(got, want);
+                if let Some((f, l, _)) = want {
+                    store(&mut model, f, l, None);
+                }
+            }
+            3 => {
+                let want = model.iter().copied().find(|r| r.0 <= a && a <= r.1);
+                let got = tree.load(a, &guard).map(|e| (e.first, e.last, *e.value));
+                assert_eq!(got, want);
+            }
+            4 => {
+                let size = u64::from(v % 16) + 1;
+                if hi - lo >= size - 1 {
+                    let rev = v & 0x80 != 0;
+                    let got = if rev {
+                        tree.empty_area_rev(lo, hi, size, &guard)
+                    } else {
+                        tree.empty_area(lo, hi, size, &guard)
+                    };
+                    assert_eq!(got.ok(), empty_area(&model, lo, hi, size, rev));
+                }
+            }
+            _ => {
+                let want: Vec<_> = model
+                    .iter()
+                    .copied()
+                    .filter(|r| r.1 >= lo && r.0 <= hi)
+                    .collect();
+                let mut got: Vec<_> = if v & 1 == 0 {
+                    tree.range(lo..=hi, &guard)
+                        .map(|e| (e.first, e.last, *e.value))
+                        .collect()
+                } else {
+                    tree.range(lo..=hi, &guard)
+                        .rev()
+                        .map(|e| (e.first, e.last, *e.value))
+                        .collect()
+                };
+                if v & 1 == 1 {
+                    got.reverse();
+                }
+                assert_eq!(got, want);
+            }
+        }
+        assert_eq!(tree.len(), model.len());
+    }
+    let all: Vec<_> = tree
+        .iter(&bpfmaps::pin())
+        .map(|e| (e.first, e.last, *e.value))
+        .collect();
+    assert_eq!(all, model);
+}

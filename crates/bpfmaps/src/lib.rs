@@ -14,6 +14,8 @@
 //! | [`lpm`] | `BPF_MAP_TYPE_LPM_TRIE` |
 //! | [`bloom`] | `BPF_MAP_TYPE_BLOOM_FILTER` |
 //! | [`stackmap`] | `BPF_MAP_TYPE_STACK_TRACE` |
+//! | [`strmap`] | string keys: the qp-trie and TST maps proposed for BPF |
+//! | [`maple`] | range maps: the kernel's maple tree |
 //!
 //! ## Concurrency model
 //! Every lookup is lock-free: it pins an epoch ([`pin`]), reads, and
@@ -52,6 +54,7 @@ pub mod hashtab;
 #[cfg(all(test, loom))]
 mod loom_models;
 pub mod lpm;
+pub mod maple;
 pub mod registry;
 pub mod stackmap;
 pub mod strmap;

@@ -29,6 +29,7 @@ pub static FAMILIES: &[&Family] = &[
     &crate::lpm::KERNEL_LPM_TRIE_FAMILY,
     &crate::strmap::QP_TRIE_FAMILY,
     &crate::strmap::TST_FAMILY,
+    &crate::maple::MAPLE_TREE_FAMILY,
     #[cfg(test)]
     &crate::conformance::toy::TOY_FAMILY,
 ];

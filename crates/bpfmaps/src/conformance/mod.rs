@@ -125,6 +125,11 @@ pub fn key(kind: KeyKind, info: &MapInfo, i: u64) -> Vec<u8> {
             crate::lpm::key::encode_key(8 * data_size as u32, &data)
         }
         KeyKind::None => Vec::new(),
+        // Disjoint ranges of 1 to 3 indices.
+        KeyKind::Range => {
+            let first = i * 4;
+            [first.to_ne_bytes(), (first + i % 3).to_ne_bytes()].concat()
+        }
     }
 }
 

@@ -84,6 +84,11 @@ pub enum KeyKind {
     LpmPrefix,
     /// No keys (`key_size` 0): values are pushed and peeked.
     None,
+    /// A range `{first: u64, last: u64}`, native-endian, `first <= last`:
+    /// an update stores the range, a lookup answers the range holding
+    /// `first`, a delete removes exactly that range (the maple tree).
+    /// Disjoint ranges behave as exact-match keys.
+    Range,
 }
 
 /// One map family, as the registry lists it: its type, name, what

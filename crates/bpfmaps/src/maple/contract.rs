@@ -1,0 +1,184 @@
+//! The maple tree's byte contract: a key is a range `{first: u64, last:
+//! u64}` (native-endian, `first <= last`, 16 bytes), a value any fixed
+//! size.
+//!
+//! - `update` stores the range: `BPF_ANY` overwrites what it covers (as
+//!   `mtree_store_range`, cutting ranges that reach past its ends),
+//!   `BPF_NOEXIST` stores it only if no index of it is taken (`EEXIST`,
+//!   as `mtree_insert_range`), `BPF_EXIST` only replaces the value of
+//!   exactly that stored range (`ENOENT` otherwise).
+//! - `lookup` answers the range holding the key's `first` (a point
+//!   lookup; `last` need only be valid).
+//! - `delete` and `lookup_and_delete` remove exactly the stored range
+//!   `first..=last` (`ENOENT` for any other): a key from `get_next_key`
+//!   deletes what it names, never a neighbour.
+//! - `get_next_key` walks the ranges in order of their first index, and
+//!   from a key no longer stored goes on with the range after it.
+//! - `max_entries` bounds the ranges held: a store that would leave more
+//!   (a store cutting a range in two adds one) is `E2BIG`.
+
+use std::sync::Arc;
+
+use super::tree::MapleTree;
+use crate::core::contract::{Caps, MapInfo, MapOps, MapType};
+use crate::core::error::{Error, Result, check_len};
+use crate::core::family::{Family, KeyKind, SizeRule};
+use crate::core::flags::{BPF_F_NO_PREALLOC, UpdateFlag};
+use crate::core::reclaim::Guard;
+
+impl MapType {
+    /// The maple tree range map (not in the kernel as a BPF map: a
+    /// private number).
+    pub const MAPLE_TREE: MapType = MapType(MapType::PRIVATE + 3);
+}
+
+/// Bytes of a range key.
+const KEY_SIZE: usize = 16;
+
+/// The maple tree family, for the registry: 16-byte range keys, values
+/// of 1 to 65535 bytes, flags 0 or `BPF_F_NO_PREALLOC` (nodes are always
+/// allocated as ranges come; the flag changes nothing).
+pub const MAPLE_TREE_FAMILY: Family = Family {
+    map_type: MapType::MAPLE_TREE,
+    name: "maple_tree",
+    map_flags: BPF_F_NO_PREALLOC,
+    map_extra: 0,
+    key_size: SizeRule::exactly(KEY_SIZE as u32),
+    value_size: SizeRule::between(1, u16::MAX as u32),
+    keys: KeyKind::Range,
+    build: |spec| {
+        Ok(Box::new(MapleMap {
+            tree: MapleTree::new(),
+            value_size: spec.value_size,
+            max_entries: spec.max_entries,
+            map_flags: spec.flags,
+        }))
+    },
+};
+
+/// A maple tree behind the byte contract (see the module docs): values
+/// are byte strings, shared between the pieces of a cut range.
+pub struct MapleMap {
+    tree: MapleTree<Arc<[u8]>>,
+    value_size: u32,
+    max_entries: u32,
+    map_flags: u32,
+}
+
+impl MapleMap {
+    /// The typed tree underneath.
+    pub fn tree(&self) -> &MapleTree<Arc<[u8]>> {
+        &self.tree
+    }
+}
+
+/// A key's range: `EINVAL` unless `first <= last`.
+fn range_key(key: &[u8]) -> Result<(u64, u64)> {
+    check_len("key", key.len(), KEY_SIZE)?;
+    let word = |i: usize| u64::from_ne_bytes(key[i..i + 8].try_into().expect("8 bytes"));
+    let (first, last) = (word(0), word(8));
+    if first > last {
+        return Err(Error::invalid(format!(
+            "range key {first:#x}..={last:#x}: first is above last"
+        )));
+    }
+    Ok((first, last))
+}
+
+impl MapOps for MapleMap {
+    const CAPS: Caps = Caps::LOOKUP
+        .union(Caps::UPDATE)
+        .union(Caps::DELETE)
+        .union(Caps::LOOKUP_AND_DELETE)
+        .union(Caps::NEXT_KEY)
+        .union(Caps::BATCH);
+
+    fn map_info(&self) -> MapInfo {
+        MapInfo {
+            map_type: MapType::MAPLE_TREE,
+            key_size: KEY_SIZE as u32,
+            value_size: self.value_size,
+            max_entries: self.max_entries,
+            map_flags: self.map_flags,
+            map_extra: 0,
+        }
+    }
+
+    fn map_len(&self) -> usize {
+        self.tree.len()
+    }
+
+    fn map_mem_usage(&self) -> usize {
+        // The values: one allocation each (an `Arc` header and the bytes),
+        // shared by the pieces of a cut range, so counted once a range.
+        self.tree.memory_usage() + self.tree.len() * (16 + self.value_size as usize)
+    }
+
+    fn map_lookup_elem(&self, key: &[u8], value: &mut [u8], guard: &Guard) -> Result<()> {
+        let (first, _) = range_key(key)?;
+        let hit = self.tree.load(first, guard).ok_or(Error::NotFound)?;
+        value.copy_from_slice(hit.value);
+        Ok(())
+    }
+
+    fn map_update_elem(&self, key: &[u8], value: &[u8], flag: UpdateFlag, _: &Guard) -> Result<()> {
+        let (first, last) = range_key(key)?;
+        let max = self.max_entries as usize;
+        self.tree
+            .store_checked(first, last, Arc::from(value), |tree, guard| {
+                let delta = match flag {
+                    UpdateFlag::NoExist => {
+                        if tree.find(first, last, guard).is_some() {
+                            return Err(Error::Exists);
+                        }
+                        1
+                    }
+                    UpdateFlag::Exist => {
+                        return match tree.load(first, guard) {
+                            Some(e) if (e.first, e.last) == (first, last) => Ok(()),
+                            _ => Err(Error::NotFound),
+                        };
+                    }
+                    // Only a map near its limit pays for counting what the
+                    // store cuts.
+                    UpdateFlag::Any if tree.len() + 2 <= max => return Ok(()),
+                    UpdateFlag::Any => tree.store_delta(first, last, guard),
+                };
+                if delta > 0 && tree.len() + delta as usize > max {
+                    return Err(Error::Full);
+                }
+                Ok(())
+            })
+    }
+
+    fn map_delete_elem(&self, key: &[u8], _: &Guard) -> Result<()> {
+        let (first, last) = range_key(key)?;
+        self.tree.erase_exact(first, last).map(drop)
+    }
+
+    fn map_lookup_and_delete_elem(&self, key: &[u8], value: &mut [u8], _: &Guard) -> Result<()> {
+        let (first, last) = range_key(key)?;
+        value.copy_from_slice(&self.tree.erase_exact(first, last)?);
+        Ok(())
+    }
+
+    fn map_get_next_key(
+        &self,
+        key: Option<&[u8]>,
+        next: &mut [u8],
+        guard: &Guard,
+    ) -> Result<usize> {
+        let after = key.map(range_key).transpose()?;
+        let mut cursor = self.tree.cursor(guard);
+        let mut e = cursor.seek_at_or_after(after.map_or(0, |(first, _)| first));
+        if let (Some(hit), Some((first, _))) = (e, after)
+            && hit.first <= first
+        {
+            e = cursor.next();
+        }
+        let e = e.ok_or(Error::NotFound)?;
+        next[..8].copy_from_slice(&e.first.to_ne_bytes());
+        next[8..].copy_from_slice(&e.last.to_ne_bytes());
+        Ok(KEY_SIZE)
+    }
+}

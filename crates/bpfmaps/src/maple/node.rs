@@ -1,0 +1,456 @@
+//! The maple tree's nodes: wide, immutable once published, carved from
+//! the map's block arena.
+//!
+//! A **leaf** holds up to [`LEAF_SLOTS`] ranges, sorted and disjoint:
+//! their first indices in one array (what a search scans), then each
+//! range's last index beside its value (what a hit reads next, in one
+//! cache line). The kernel's leaves
+//! store a pivot per slot and an explicit `NULL` slot for every gap, so a
+//! range with free space after it takes two slots; here a gap is simply
+//! the space between one range's `last` and the next one's `first`, so a
+//! range takes one slot whether or not it has neighbours (24 bytes with a
+//! `u64` value, against the kernel's 32 for a range and its gap).
+//!
+//! A **branch** holds up to [`BRANCH_SLOTS`] children, and for each, as
+//! the kernel's allocation-tree nodes do, what a search needs without
+//! touching it: `lo` (the first index of its first range, the routing
+//! key), `hi` (the last index of its last range) and `gap` (the largest
+//! free run between two of its ranges). Free runs between children are
+//! `lo[i + 1] - hi[i] - 1`; those before the first range and after the
+//! last are the tree's edges.
+//!
+//! Unused slots of `first` and `lo` hold `u64::MAX`, so a search counts
+//! the keys at or below an index over the whole array, without a branch
+//! on the length, and clamps the count to the length (only an index of
+//! `u64::MAX` counts the padding).
+//!
+//! Nodes never change once a reader can reach them: a write builds new
+//! copies of the nodes it changes and publishes a new root (copy on
+//! write, as the kernel's maple tree in RCU mode), and the replaced nodes
+//! are retired to the arena after a grace period.
+
+use std::alloc::Layout;
+use std::mem::MaybeUninit;
+use std::ptr::NonNull;
+use std::sync::Arc;
+
+use crate::core::arena::{Arena, MAX_BLOCK};
+use crate::core::reclaim::Guard;
+
+/// Ranges per leaf: 15, so that the header and the first indices fill
+/// two cache lines and a leaf of `u64` values six (docs/design.md, "Maple
+/// tree").
+pub const LEAF_SLOTS: usize = 15;
+/// Children per branch: 15, the header and the routing keys in two cache
+/// lines, a branch in eight.
+pub const BRANCH_SLOTS: usize = 15;
+/// Nodes are sized in whole cache lines. The tree's arena carves only
+/// such sizes from chunks aligned to pages, so every node starts a line.
+const LINE: usize = 64;
+/// A node left with fewer entries than this by a removal is merged with
+/// a neighbour (a quarter, not the textbook half: merges copy nodes, and
+/// loads only pay a level for a tree this sparse).
+pub const MIN_FILL: usize = 4;
+
+/// What every node starts with.
+#[repr(C)]
+pub struct Header {
+    /// 0 for a leaf; a branch's children are one level below it.
+    pub level: u8,
+    /// Ranges (leaf) or children (branch) in use.
+    pub len: u8,
+}
+
+/// A node pointer: a leaf or a branch, by its header's level.
+pub type NodePtr = NonNull<Header>;
+
+/// A leaf: up to [`LEAF_SLOTS`] disjoint ranges, sorted.
+#[repr(C)]
+pub struct Leaf<V> {
+    pub header: Header,
+    pub first: [u64; LEAF_SLOTS],
+    pub slot: [Slot<V>; LEAF_SLOTS],
+}
+
+/// A range's last index and its value.
+#[repr(C)]
+pub struct Slot<V> {
+    pub last: u64,
+    pub value: MaybeUninit<V>,
+}
+
+/// A branch: up to [`BRANCH_SLOTS`] children and what each spans.
+#[repr(C)]
+pub struct Branch {
+    pub header: Header,
+    pub lo: [u64; BRANCH_SLOTS],
+    pub child: [Option<NodePtr>; BRANCH_SLOTS],
+    pub hi: [u64; BRANCH_SLOTS],
+    pub gap: [u64; BRANCH_SLOTS],
+}
+
+/// Index of the slot whose key is the last at or below `index`, among
+/// `len` sorted keys padded with `u64::MAX`: the count of keys `<=
+/// index`, which may be 0 (none is).
+#[inline(always)]
+pub fn count_le<const N: usize>(keys: &[u64; N], len: usize, index: u64) -> usize {
+    keys.iter()
+        .map(|&k| (k <= index) as usize)
+        .sum::<usize>()
+        .min(len)
+}
+
+impl<V> Leaf<V> {
+    #[inline(always)]
+    pub fn len(&self) -> usize {
+        self.header.len as usize
+    }
+
+    /// The last index of the range in slot `k`.
+    #[inline(always)]
+    pub fn last(&self, k: usize) -> u64 {
+        self.slot[k].last
+    }
+
+    /// The value in slot `k` (`k < len`).
+    #[inline(always)]
+    pub fn value(&self, k: usize) -> &V {
+        debug_assert!(k < self.len());
+        // SAFETY: slots below `len` are initialised when the leaf is built.
+        unsafe { self.slot[k].value.assume_init_ref() }
+    }
+
+    /// The slot of the range holding `index`, if one does.
+    #[inline(always)]
+    pub fn find(&self, index: u64) -> Option<usize> {
+        let k = count_le(&self.first, self.len(), index);
+        (k > 0 && self.last(k - 1) >= index).then(|| k - 1)
+    }
+
+    /// What the parent records of this leaf.
+    pub fn span(&self) -> Span {
+        let n = self.len();
+        let gap = (1..n)
+            .map(|k| self.first[k] - self.last(k - 1) - 1)
+            .max()
+            .unwrap_or(0);
+        Span {
+            lo: self.first[0],
+            hi: self.last(n - 1),
+            gap,
+        }
+    }
+}
+
+impl Branch {
+    #[inline(always)]
+    pub fn len(&self) -> usize {
+        self.header.len as usize
+    }
+
+    /// The child whose span is the last to start at or below `index`
+    /// (the first child for an index below them all).
+    #[inline(always)]
+    pub fn route(&self, index: u64) -> usize {
+        count_le(&self.lo, self.len(), index).max(1) - 1
+    }
+
+    #[inline(always)]
+    pub fn child(&self, i: usize) -> NodePtr {
+        self.child[i].expect("a branch slot below len holds a child")
+    }
+
+    /// The child `i` with what this branch records of it.
+    pub fn sub(&self, i: usize) -> Sub {
+        Sub {
+            node: self.child(i),
+            span: Span {
+                lo: self.lo[i],
+                hi: self.hi[i],
+                gap: self.gap[i],
+            },
+        }
+    }
+
+    /// What the parent records of this branch.
+    pub fn span(&self) -> Span {
+        let n = self.len();
+        let mut gap = self.gap[0];
+        for i in 1..n {
+            gap = gap.max(self.gap[i]).max(self.lo[i] - self.hi[i - 1] - 1);
+        }
+        Span {
+            lo: self.lo[0],
+            hi: self.hi[n - 1],
+            gap,
+        }
+    }
+}
+
+/// What a branch records of a child: its first and last index held, and
+/// the largest free run inside it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Span {
+    pub lo: u64,
+    pub hi: u64,
+    pub gap: u64,
+}
+
+/// A child and its span: what a write hands up to the level above.
+#[derive(Debug, Clone, Copy)]
+pub struct Sub {
+    pub node: NodePtr,
+    pub span: Span,
+}
+
+/// One range as a write handles it.
+#[derive(Debug, Clone)]
+pub struct Item<V> {
+    pub first: u64,
+    pub last: u64,
+    pub value: V,
+}
+
+/// Reads a node's header.
+///
+/// # Safety
+/// `node` points to a live node.
+#[inline(always)]
+pub unsafe fn header<'a>(node: NodePtr) -> &'a Header {
+    // SAFETY: the caller's.
+    unsafe { node.as_ref() }
+}
+
+/// The node as a leaf.
+///
+/// # Safety
+/// `node` is a live leaf of values `V`, alive for `'a`.
+#[inline(always)]
+pub unsafe fn as_leaf<'a, V>(node: NodePtr) -> &'a Leaf<V> {
+    // SAFETY: the caller's; the header is the leaf's first field.
+    unsafe { node.cast::<Leaf<V>>().as_ref() }
+}
+
+/// The node as a branch.
+///
+/// # Safety
+/// `node` is a live branch, alive for `'a`.
+#[inline(always)]
+pub unsafe fn as_branch<'a>(node: NodePtr) -> &'a Branch {
+    // SAFETY: the caller's; the header is the branch's first field.
+    unsafe { node.cast::<Branch>().as_ref() }
+}
+
+/// `layout` rounded up to whole cache lines.
+const fn whole_lines(layout: Layout) -> Layout {
+    match Layout::from_size_align(layout.size().div_ceil(LINE) * LINE, layout.align()) {
+        Ok(layout) => layout,
+        Err(_) => panic!("a node layout"),
+    }
+}
+
+/// A pointer that may cross to the thread that frees it.
+struct SendPtr(NodePtr);
+// SAFETY: nodes are plain memory owned by the tree; whoever holds this
+// after the grace period is the only one to touch the node.
+unsafe impl Send for SendPtr {}
+
+/// The tree's node memory: allocation from the arena, retirement after
+/// a grace period (dropping a leaf's values first when `V` needs it).
+pub struct Nodes<V> {
+    pub arena: Arc<Arena>,
+    _values: std::marker::PhantomData<fn(V) -> V>,
+}
+
+impl<V: Clone + Send + Sync + 'static> Nodes<V> {
+    const LEAF: Layout = const {
+        let layout = Layout::new::<Leaf<V>>();
+        assert!(
+            layout.size() <= MAX_BLOCK && layout.align() <= 16,
+            "a maple tree value must be at most 500 bytes and 16-aligned: box larger ones"
+        );
+        whole_lines(layout)
+    };
+    const BRANCH: Layout = whole_lines(Layout::new::<Branch>());
+
+    pub fn new() -> Self {
+        Nodes {
+            arena: Arc::new(Arena::new()),
+            _values: std::marker::PhantomData,
+        }
+    }
+
+    /// A new leaf holding the `n` `items` (1 to `LEAF_SLOTS`, sorted and
+    /// disjoint), with its span.
+    pub fn leaf(&self, items: impl Iterator<Item = Item<V>>, n: usize) -> Sub {
+        debug_assert!((1..=LEAF_SLOTS).contains(&n));
+        let node = self.arena.alloc(Self::LEAF).cast::<Leaf<V>>();
+        let mut first = [u64::MAX; LEAF_SLOTS];
+        // SAFETY: a fresh block of the leaf's layout, written whole below
+        // before anyone sees it (the values past `n` stay uninitialised,
+        // which `MaybeUninit` allows).
+        unsafe {
+            let leaf = node.as_ptr();
+            let mut len = 0;
+            for (k, item) in items.take(n).enumerate() {
+                first[k] = item.first;
+                (&raw mut (*leaf).slot[k]).write(Slot {
+                    last: item.last,
+                    value: MaybeUninit::new(item.value),
+                });
+                len += 1;
+            }
+            debug_assert_eq!(len, n);
+            // Unused slots' ends are set too: no field a reference reaches
+            // is left uninitialised but the values.
+            for k in len..LEAF_SLOTS {
+                (&raw mut (*leaf).slot[k].last).write(u64::MAX);
+            }
+            (&raw mut (*leaf).header).write(Header {
+                level: 0,
+                len: len as u8,
+            });
+            (&raw mut (*leaf).first).write(first);
+            Sub {
+                node: node.cast(),
+                span: (*leaf).span(),
+            }
+        }
+    }
+
+    /// A new branch over `subs` (1 to `BRANCH_SLOTS` children of one level,
+    /// in order), with its span.
+    pub fn branch(&self, level: u8, subs: &[Sub]) -> Sub {
+        debug_assert!((1..=BRANCH_SLOTS).contains(&subs.len()));
+        let node = self.arena.alloc(Self::BRANCH).cast::<Branch>();
+        let mut branch = Branch {
+            header: Header {
+                level,
+                len: subs.len() as u8,
+            },
+            lo: [u64::MAX; BRANCH_SLOTS],
+            hi: [u64::MAX; BRANCH_SLOTS],
+            gap: [0; BRANCH_SLOTS],
+            child: [None; BRANCH_SLOTS],
+        };
+        for (i, sub) in subs.iter().enumerate() {
+            branch.lo[i] = sub.span.lo;
+            branch.hi[i] = sub.span.hi;
+            branch.gap[i] = sub.span.gap;
+            branch.child[i] = Some(sub.node);
+        }
+        let span = branch.span();
+        // SAFETY: a fresh block of the branch's layout.
+        unsafe { node.as_ptr().write(branch) };
+        Sub {
+            node: node.cast(),
+            span,
+        }
+    }
+
+    /// Retires one node (not its children): freed after a grace period,
+    /// a leaf's values dropped first.
+    ///
+    /// # Safety
+    /// `node` is a node of this tree that no reader pinning from now on
+    /// can reach, retired once.
+    pub unsafe fn retire(&self, node: NodePtr, guard: &Guard) {
+        // SAFETY: live until the grace period ends.
+        let leaf = unsafe { header(node) }.level == 0;
+        if leaf && std::mem::needs_drop::<V>() {
+            let arena = Arc::clone(&self.arena);
+            let node = SendPtr(node);
+            // SAFETY: after the grace period nobody reads the node; its
+            // values are dropped once, then the block goes back.
+            guard.defer(move || {
+                let node = node;
+                // SAFETY: as above.
+                unsafe { free_node::<V>(&arena, node.0) }
+            });
+        } else {
+            let size = if leaf { Self::LEAF } else { Self::BRANCH }.size();
+            // SAFETY: the caller's.
+            unsafe { self.arena.retire(node.as_ptr().cast(), size, guard) };
+        }
+    }
+
+    /// Retires a node and everything below it. A subtree of more than a
+    /// few nodes is walked and freed on the reaper thread after the grace
+    /// period, so the writer never pays for a big one.
+    ///
+    /// # Safety
+    /// As [`retire`](Self::retire), for the whole subtree.
+    pub unsafe fn retire_subtree(&self, node: NodePtr, guard: &Guard) {
+        // SAFETY: live until the grace period ends.
+        if unsafe { header(node) }.level == 0 {
+            // SAFETY: the caller's.
+            return unsafe { self.retire(node, guard) };
+        }
+        let arena = Arc::clone(&self.arena);
+        let node = SendPtr(node);
+        guard.defer(move || {
+            let node = node;
+            crate::core::reclaim::drop_in_background(FreeSubtree::<V> {
+                arena,
+                root: node,
+                _values: std::marker::PhantomData,
+            })
+        });
+    }
+}
+
+/// A subtree no reader can reach, freed whole when dropped.
+pub struct FreeSubtree<V> {
+    pub arena: Arc<Arena>,
+    root: SendPtr,
+    _values: std::marker::PhantomData<fn(V) -> V>,
+}
+
+impl<V> FreeSubtree<V> {
+    /// # Safety
+    /// Nobody reads the subtree under `root` any more, and nothing else
+    /// frees it.
+    pub unsafe fn new(arena: Arc<Arena>, root: NodePtr) -> Self {
+        FreeSubtree {
+            arena,
+            root: SendPtr(root),
+            _values: std::marker::PhantomData,
+        }
+    }
+}
+
+impl<V> Drop for FreeSubtree<V> {
+    fn drop(&mut self) {
+        let mut stack = vec![self.root.0];
+        while let Some(node) = stack.pop() {
+            // SAFETY: the subtree is ours alone (`new`'s contract).
+            unsafe {
+                if header(node).level > 0 {
+                    let branch = as_branch(node);
+                    stack.extend((0..branch.len()).map(|i| branch.child(i)));
+                }
+                free_node::<V>(&self.arena, node);
+            }
+        }
+    }
+}
+
+/// Drops a leaf's values, then gives the node's block back.
+///
+/// # Safety
+/// Nobody can read the node any more, and it is freed once.
+unsafe fn free_node<V>(arena: &Arena, node: NodePtr) {
+    // SAFETY: the caller's.
+    unsafe {
+        let size = if header(node).level == 0 {
+            let leaf = node.cast::<Leaf<V>>().as_ptr();
+            for k in 0..(*leaf).len() {
+                (*leaf).slot[k].value.assume_init_drop();
+            }
+            whole_lines(Layout::new::<Leaf<V>>()).size()
+        } else {
+            whole_lines(Layout::new::<Branch>()).size()
+        };
+        arena.release(node.as_ptr().cast(), size);
+    }
+}
