@@ -48,6 +48,7 @@ pub mod measure;
 pub mod native;
 pub mod plot;
 pub mod prefixes;
+pub mod range_tables;
 pub mod record;
 pub mod report;
 pub mod stats;

@@ -336,6 +336,24 @@ pub const STRMAP_DISAGREEMENTS: Metric = Metric {
     doc: "string-map lookups that did not answer the key's value (hits) or nothing (misses), or 1 if an ordered walk's keys, values or order differ from BTreeMap's; must be 0",
 };
 
+/// Bytes held after building a range map, per range.
+pub const MEM_BYTES_PER_RANGE: Metric = Metric {
+    name: "mem_bytes_per_range",
+    unit: "bytes",
+    label: "mem/range",
+    higher_is_better: false,
+    doc: "bytes held by the building thread after building a range map (counting allocator), per range stored",
+};
+
+/// Nanoseconds per insert when building a range map from empty.
+pub const BUILD_NS_PER_RANGE: Metric = Metric {
+    name: "build_ns_per_range",
+    unit: "ns",
+    label: "build/range",
+    higher_is_better: false,
+    doc: "time to build a range map from empty, one insert per range in the case's order, per range",
+};
+
 /// Every metric a suite may emit.
 pub const METRICS: &[Metric] = &[
     NS_PER_HASH,
@@ -370,6 +388,8 @@ pub const METRICS: &[Metric] = &[
     BUILD_NS_PER_KEY,
     ITER_NS_PER_KEY,
     STRMAP_DISAGREEMENTS,
+    MEM_BYTES_PER_RANGE,
+    BUILD_NS_PER_RANGE,
 ];
 
 /// Looks a metric up by name.

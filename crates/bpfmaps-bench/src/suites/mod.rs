@@ -21,6 +21,7 @@ mod lpm_kernel_bench;
 mod lpm_real;
 mod lpm_scale;
 mod lpm_updates;
+mod maple_scale;
 mod stackmap;
 mod strmap_common;
 mod strmap_real;
@@ -42,6 +43,7 @@ pub const ALL: &[&dyn DynSuite] = &[
     &strmap_real::StrmapReal,
     &strmap_synthetic::StrmapSynthetic,
     &strmap_threads::StrmapThreads,
+    &maple_scale::MapleScale,
 ];
 
 /// The suite named `name`.
