@@ -6,7 +6,7 @@
 //! | `judy` | JudyHS ([`judy`], built in where `cfg(native_judy)`) | `libjudy-dev` | `hash-sweep` ([`crate::hash_impls`]) |
 //! | `judysl` | JudySL (the same library and module) | `libjudy-dev` | `strmap-real` ([`crate::str_tables`]) |
 //! | `hat-trie` | libhat-trie ([`hat_trie`], where `cfg(native_hat_trie)`) | `libhat-trie-dev` | `strmap-real` |
-//! | `kernel-maple` | the kernel's maple tree, built at bench time from the source package and run as separate processes ([`kernel_maple`], always compiled) | `linux-source-6.12`, `liburcu-dev` | (not yet in a suite) |
+//! | `kernel-maple` | the kernel's maple tree, built at bench time from the source package and run as separate processes ([`kernel_maple`], always compiled) | `linux-source-6.12`, `liburcu-dev` | `maple-kernel` ([`crate::suites`]) |
 //!
 //! ## The rule
 //! A native library comes only from Debian's packages, which `apt-get`

@@ -21,6 +21,7 @@ mod lpm_kernel_bench;
 mod lpm_real;
 mod lpm_scale;
 mod lpm_updates;
+mod maple_kernel;
 mod maple_scale;
 mod stackmap;
 mod strmap_common;
@@ -44,6 +45,7 @@ pub const ALL: &[&dyn DynSuite] = &[
     &strmap_synthetic::StrmapSynthetic,
     &strmap_threads::StrmapThreads,
     &maple_scale::MapleScale,
+    &maple_kernel::MapleKernel,
 ];
 
 /// The suite named `name`.

@@ -182,3 +182,94 @@ impl MapOps for MapleMap {
         Ok(KEY_SIZE)
     }
 }
+
+/// The conformance suite runs over this family with every other (on
+/// disjoint range keys); here, what ranges add.
+#[cfg(test)]
+mod tests {
+    use crate::core::contract::{MapSpec, MapType};
+    use crate::{BPF_ANY, BPF_EXIST, BPF_NOEXIST, Error, Map};
+
+    fn key(first: u64, last: u64) -> [u8; 16] {
+        let mut k = [0; 16];
+        k[..8].copy_from_slice(&first.to_ne_bytes());
+        k[8..].copy_from_slice(&last.to_ne_bytes());
+        k
+    }
+
+    fn keys(map: &dyn Map) -> Vec<(u64, u64)> {
+        let mut out = Vec::new();
+        let mut next = [0u8; 16];
+        let mut prev: Option<[u8; 16]> = None;
+        while map
+            .get_next_key(prev.as_ref().map(|k| &k[..]), &mut next)
+            .is_ok()
+        {
+            let word = |i: usize| u64::from_ne_bytes(next[i..i + 8].try_into().unwrap());
+            out.push((word(0), word(8)));
+            prev = Some(next);
+        }
+        out
+    }
+
+    #[test]
+    fn ranges_through_the_contract() {
+        let map = crate::create(&MapSpec::new(MapType::MAPLE_TREE, 16, 4, 4)).unwrap();
+        assert_eq!(map.map_type().name(), Some("maple_tree"));
+        map.update(&key(100, 199), &1u32.to_ne_bytes(), BPF_ANY)
+            .unwrap();
+        // A lookup answers the range holding the key's first index.
+        let mut v = [0u8; 4];
+        map.lookup(&key(150, 150), &mut v).unwrap();
+        assert_eq!(u32::from_ne_bytes(v), 1);
+        assert_eq!(map.lookup(&key(200, 300), &mut v), Err(Error::NotFound));
+        // NOEXIST: any taken index is EEXIST; EXIST: only exactly the range.
+        assert_eq!(
+            map.update(&key(199, 250), &[2; 4], BPF_NOEXIST),
+            Err(Error::Exists)
+        );
+        assert_eq!(
+            map.update(&key(100, 150), &[2; 4], BPF_EXIST),
+            Err(Error::NotFound)
+        );
+        map.update(&key(100, 199), &2u32.to_ne_bytes(), BPF_EXIST)
+            .unwrap();
+        // A store inside cuts the range in three; at the limit, E2BIG, and
+        // the map unchanged.
+        map.update(&key(120, 129), &3u32.to_ne_bytes(), BPF_ANY)
+            .unwrap();
+        assert_eq!(keys(&*map), vec![(100, 119), (120, 129), (130, 199)]);
+        assert_eq!(
+            map.update(&key(140, 149), &[4; 4], BPF_ANY),
+            Err(Error::Full)
+        );
+        assert_eq!(keys(&*map), vec![(100, 119), (120, 129), (130, 199)]);
+        // Covering ranges instead of cutting one: fewer, so allowed.
+        map.update(&key(110, 135), &5u32.to_ne_bytes(), BPF_ANY)
+            .unwrap();
+        assert_eq!(keys(&*map), vec![(100, 109), (110, 135), (136, 199)]);
+        // Delete takes exactly a stored range; get_next_key goes on past
+        // a deleted one.
+        assert_eq!(map.delete(&key(110, 134)), Err(Error::NotFound));
+        map.delete(&key(110, 135)).unwrap();
+        let mut next = [0u8; 16];
+        map.get_next_key(Some(&key(110, 135)), &mut next).unwrap();
+        assert_eq!(next, key(136, 199));
+        map.lookup_and_delete(&key(136, 199), &mut v).unwrap();
+        assert_eq!((u32::from_ne_bytes(v), map.len()), (2, 1));
+        // Bad keys: first above last.
+        for bad in [key(5, 4), key(u64::MAX, 0)] {
+            assert!(matches!(
+                map.update(&bad, &[0; 4], BPF_ANY),
+                Err(Error::Invalid(_))
+            ));
+            assert!(matches!(map.lookup(&bad, &mut v), Err(Error::Invalid(_))));
+            assert!(matches!(map.delete(&bad), Err(Error::Invalid(_))));
+            assert!(matches!(
+                map.get_next_key(Some(&bad), &mut next),
+                Err(Error::Invalid(_))
+            ));
+        }
+        assert_eq!(keys(&*map), vec![(100, 109)]);
+    }
+}

@@ -16,10 +16,11 @@ use parking_lot::Mutex;
 use smallvec::SmallVec;
 
 use super::node::{
-    BRANCH_SLOTS, Header, Item, LEAF_SLOTS, MIN_FILL, NodePtr, Nodes, Sub, as_branch, as_leaf,
-    header,
+    BRANCH_SLOTS, Branch, Header, Item, LEAF_SLOTS, Leaf, MIN_FILL, NodePtr, Nodes, Sub, as_branch,
+    as_leaf, header,
 };
 use crate::core::error::{Error, Result};
+use crate::core::prefetch::prefetch;
 use crate::core::reclaim::{Guard, pin};
 
 /// A range tree: non-overlapping inclusive ranges of `u64` indices, each
@@ -155,7 +156,9 @@ impl<V: Clone + Send + Sync + 'static> MapleTree<V> {
         unsafe {
             while header(node).level > 0 {
                 let branch = as_branch(node);
+                let level = branch.header.level;
                 node = branch.child(branch.route(index));
+                prefetch_lookup::<V>(node, level == 1);
             }
             let leaf = as_leaf::<V>(node);
             let k = leaf.find(index)?;
@@ -225,6 +228,20 @@ impl<V: Clone + Send + Sync + 'static> MapleTree<V> {
         let removed = (hit.range(), hit.value.clone());
         self.write(hit.first, hit.last, None);
         Some(removed)
+    }
+
+    /// Frees `first..=last` (`mtree_store_range` of `NULL`): ranges inside
+    /// are removed, and one reaching past either end keeps its part
+    /// outside. Returns whether anything was stored there; `EINVAL` if
+    /// `first > last`.
+    pub fn erase_range(&self, first: u64, last: u64) -> Result<bool> {
+        check_range(first, last)?;
+        let _writer = self.writer.lock();
+        if self.find(first, last, &pin()).is_none() {
+            return Ok(false);
+        }
+        self.write(first, last, None);
+        Ok(true)
     }
 
     /// Removes every range (`mtree_destroy`, but the tree stays usable).
@@ -369,6 +386,22 @@ impl<V: Clone + Send + Sync + 'static> MapleTree<V> {
         Ok((index, wrapped))
     }
 
+    /// A copy of the tree (`__mt_dup`, what `fork()` does to an address
+    /// space): every node copied once, in one walk, with the writer lock
+    /// held so the copy is one state of the tree. Readers go on.
+    pub fn dup(&self) -> Self {
+        let _writer = self.writer.lock();
+        let copy = MapleTree::new();
+        if let Some(root) = NonNull::new(self.root.load(Ordering::Relaxed)) {
+            // SAFETY: the writer lock keeps every node of this tree alive
+            // and unchanged for the walk.
+            let root = unsafe { copy_subtree::<V>(&copy.nodes, root) };
+            copy.root.store(root.node.as_ptr(), Ordering::Release);
+            copy.len.store(self.len(), Ordering::Relaxed);
+        }
+        copy
+    }
+
     /// Stores `value` (or nothing, for an erase) over `first..=last`,
     /// under the writer lock.
     fn write(&self, first: u64, last: u64, value: Option<V>) {
@@ -411,6 +444,13 @@ impl<V: Clone + Send + Sync + 'static> MapleTree<V> {
         }
         let len = self.len.load(Ordering::Relaxed) + added - removed;
         self.len.store(len, Ordering::Relaxed);
+    }
+}
+
+impl<V: Clone + Send + Sync + 'static> Clone for MapleTree<V> {
+    /// [`dup`](MapleTree::dup).
+    fn clone(&self) -> Self {
+        self.dup()
     }
 }
 
@@ -745,6 +785,24 @@ impl<V: Clone + Send + Sync + 'static> Write<'_, V> {
     }
 }
 
+/// Asks for the lines of `node` a load reads after its keys: the child
+/// pointers of a branch, the ends and values of a leaf. Which of them it
+/// reads depends on the keys, so without this the load waits for two
+/// misses in a row; with it they overlap. (The keys' own two lines are
+/// read at once by the scan.)
+#[inline(always)]
+fn prefetch_lookup<V>(node: NodePtr, leaf: bool) {
+    let base = node.as_ptr().cast::<u8>();
+    let end = if leaf {
+        std::mem::size_of::<Leaf<V>>()
+    } else {
+        std::mem::offset_of!(Branch, hi)
+    };
+    for line in (128..end).step_by(64) {
+        prefetch(base.wrapping_add(line));
+    }
+}
+
 /// How a write at `first..=last` fills the nodes it splits: past every
 /// range, leave the left node full; before every range, the right one.
 ///
@@ -785,6 +843,31 @@ fn split_sizes(n: usize, cap: usize, fill: Fill) -> impl Iterator<Item = std::op
     }
     bounds.push(n);
     (0..nodes).map(move |m| bounds[m]..bounds[m + 1])
+}
+
+/// A copy of the subtree under `node`, in `nodes`.
+///
+/// # Safety
+/// `node` is live for the walk.
+unsafe fn copy_subtree<V: Clone + Send + Sync + 'static>(nodes: &Nodes<V>, node: NodePtr) -> Sub {
+    // SAFETY: the caller's; children of a live branch are live.
+    unsafe {
+        let h = header(node);
+        if h.level == 0 {
+            let leaf = as_leaf::<V>(node);
+            let items = (0..leaf.len()).map(|k| Item {
+                first: leaf.first[k],
+                last: leaf.last(k),
+                value: leaf.value(k).clone(),
+            });
+            return nodes.leaf(items, leaf.len());
+        }
+        let branch = as_branch(node);
+        let subs: SmallVec<[Sub; BRANCH_SLOTS]> = (0..branch.len())
+            .map(|i| copy_subtree(nodes, branch.child(i)))
+            .collect();
+        nodes.branch(h.level, &subs)
+    }
 }
 
 /// Ranges stored under `node`.
