@@ -51,7 +51,7 @@ const SEED: u64 = 0x6d61_706c_6521;
 const AREA_SIZES: [u64; 2] = [12, 2048];
 
 /// `n` disjoint ranges, ascending.
-fn layout(n: usize) -> Vec<(u64, u64)> {
+pub(crate) fn layout(n: usize) -> Vec<(u64, u64)> {
     let mut rng = StdRng::seed_from_u64(SEED);
     let mut at = 0x1000u64;
     (0..n)

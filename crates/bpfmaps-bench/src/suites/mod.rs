@@ -22,6 +22,7 @@ mod lpm_real;
 mod lpm_scale;
 mod lpm_updates;
 mod maple_kernel;
+mod maple_readers;
 mod maple_scale;
 mod stackmap;
 mod strmap_common;
@@ -45,6 +46,7 @@ pub const ALL: &[&dyn DynSuite] = &[
     &strmap_synthetic::StrmapSynthetic,
     &strmap_threads::StrmapThreads,
     &maple_scale::MapleScale,
+    &maple_readers::MapleReaders,
     &maple_kernel::MapleKernel,
 ];
 

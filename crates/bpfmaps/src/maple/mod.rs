@@ -13,7 +13,7 @@
 //!
 //! Why not the kernel's node format: see [`node`]'s docs (a range takes
 //! one slot, not two, when it has free space beside it), and
-//! docs/design.md ("Maple tree") for the sizes chosen by benchmark.
+//! docs/design.md ("Range maps") for the node sizes.
 
 mod contract;
 mod cursor;

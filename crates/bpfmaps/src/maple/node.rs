@@ -38,8 +38,8 @@ use crate::core::arena::{Arena, MAX_BLOCK};
 use crate::core::reclaim::Guard;
 
 /// Ranges per leaf: 15, so that the header and the first indices fill
-/// two cache lines and a leaf of `u64` values six (docs/design.md, "Maple
-/// tree").
+/// two cache lines and a leaf of `u64` values six (docs/design.md, "Range
+/// maps").
 pub const LEAF_SLOTS: usize = 15;
 /// Children per branch: 15, the header and the routing keys in two cache
 /// lines, a branch in eight.
