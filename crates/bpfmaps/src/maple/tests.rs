@@ -813,7 +813,7 @@ proptest! {
                         let want = model.empty_area(min, max, size, rev);
                         prop_assert_eq!(got.ok(), want);
                         if let Some(s) = want {
-                            model.store(s, s + size - 1, Some(7));
+                            model.store(s, s + (size - 1), Some(7));
                         }
                     }
                 }
