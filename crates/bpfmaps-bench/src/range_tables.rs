@@ -62,7 +62,7 @@ impl RangeTable for MapleTree<u64> {
 /// A `BTreeMap` keyed by each range's first index: a load is the last key
 /// at or below the index, then a check of its end. The usual hand-written
 /// range map.
-pub struct BTreeRanges(BTreeMap<u64, (u64, u64)>);
+pub struct BTreeRanges(pub(crate) BTreeMap<u64, (u64, u64)>);
 
 impl RangeTable for BTreeRanges {
     const NAME: &'static str = "btreemap";

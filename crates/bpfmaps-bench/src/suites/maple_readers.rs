@@ -9,7 +9,6 @@
 //! each, as `mprotect` and its undo split and merge a mapping), the time
 //! of each repetition.
 
-use std::collections::BTreeMap;
 use std::hint::black_box;
 use std::sync::RwLock;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -21,6 +20,7 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
 use crate::measure::in_turns;
+use crate::range_tables::{BTreeRanges, RangeTable};
 use crate::record::{LOOKUPS_PER_SEC, Record, WRITER_OPS_PER_SEC, case, case_param, find, ratio};
 use crate::stats::Stats;
 use crate::suite::{BATCH, Ctx, Suite};
@@ -56,11 +56,7 @@ trait Shared: Sync {
 
 impl Shared for MapleTree<u64> {
     fn load_sum(&self, indices: &[u64]) -> u64 {
-        let guard = bpfmaps::pin();
-        indices
-            .iter()
-            .map(|&i| self.load(i, &guard).map_or(0, |e| *e.value))
-            .fold(0, u64::wrapping_add)
+        RangeTable::load_sum(self, indices)
     }
     fn store(&self, first: u64, last: u64, value: u64) {
         self.store_range(first, last, value).expect("a valid range");
@@ -73,19 +69,13 @@ impl Shared for MapleTree<u64> {
 /// The single-threaded peer behind a reader-writer lock: a read lock per
 /// load (what a shared `RwLock<map>` is used with), the write lock per
 /// write.
-struct LockedBTree(RwLock<BTreeMap<u64, (u64, u64)>>);
+struct LockedBTree(RwLock<BTreeRanges>);
 
 impl Shared for LockedBTree {
     fn load_sum(&self, indices: &[u64]) -> u64 {
         indices
             .iter()
-            .map(|&i| {
-                let map = self.0.read().expect("not poisoned");
-                map.range(..=i)
-                    .next_back()
-                    .filter(|(_, (last, _))| *last >= i)
-                    .map_or(0, |(_, (_, v))| *v)
-            })
+            .map(|&i| self.0.read().expect("not poisoned").load(i).unwrap_or(0))
             .fold(0, u64::wrapping_add)
     }
     fn store(&self, first: u64, last: u64, value: u64) {
@@ -94,14 +84,14 @@ impl Shared for LockedBTree {
         self.0
             .write()
             .expect("not poisoned")
-            .insert(first, (last, value));
+            .insert(first, last, value);
     }
     fn cut_last(&self, first: u64, last: u64, value: u64) {
         let mut map = self.0.write().expect("not poisoned");
         if last > first {
-            map.insert(first, (last - 1, value));
+            map.insert(first, last - 1, value);
         } else {
-            map.remove(&first);
+            map.0.remove(&first);
         }
     }
 }
@@ -184,15 +174,15 @@ impl Suite for MapleReaders {
         let mut rng = StdRng::seed_from_u64(0x7265_6164);
         let probes: Vec<u64> = (0..1 << 16).map(|_| rng.random_range(0..span)).collect();
         let tree = MapleTree::new();
-        let mut btree = BTreeMap::new();
+        let mut btree = BTreeRanges::new();
         for (k, &(first, last)) in ranges.iter().enumerate() {
             tree.store_range(first, last, k as u64 + 1)
                 .expect("a valid range");
-            btree.insert(first, (last, k as u64 + 1));
+            btree.insert(first, last, k as u64 + 1);
         }
         let locked = LockedBTree(RwLock::new(btree));
         assert_eq!(
-            tree.load_sum(&probes),
+            Shared::load_sum(&tree, &probes),
             locked.load_sum(&probes),
             "the maps disagree"
         );
@@ -228,7 +218,7 @@ impl Suite for MapleReaders {
         }
         // The writer left every range as it found it.
         assert_eq!(
-            tree.load_sum(&probes),
+            Shared::load_sum(&tree, &probes),
             locked.load_sum(&probes),
             "the maps disagree after the writes"
         );

@@ -75,8 +75,8 @@ struct Scale<'a> {
     ctx: &'a Ctx,
     ranges: Vec<(u64, u64)>,
     loads: Vec<u64>,
-    /// Free-area searches: (min, size).
-    areas: Vec<(u64, u64)>,
+    /// Where the free-area searches start (the size is the case's).
+    area_mins: Vec<u64>,
 }
 
 /// One map, built and kept for the timings.
@@ -90,17 +90,16 @@ struct Kept {
 /// The timed operations of a kept map.
 trait Probe {
     fn load_sum(&self, indices: &[u64]) -> u64;
-    fn area_sum(&self, areas: &[(u64, u64)]) -> u64;
+    fn area_sum(&self, mins: &[u64], size: u64) -> u64;
 }
 
 impl<T: RangeTable> Probe for T {
     fn load_sum(&self, indices: &[u64]) -> u64 {
         RangeTable::load_sum(self, indices)
     }
-    fn area_sum(&self, areas: &[(u64, u64)]) -> u64 {
-        areas
-            .iter()
-            .map(|&(min, size)| self.empty_area(min, size).unwrap_or(0))
+    fn area_sum(&self, mins: &[u64], size: u64) -> u64 {
+        mins.iter()
+            .map(|&min| self.empty_area(min, size).unwrap_or(0))
             .fold(0, u64::wrapping_add)
     }
 }
@@ -138,11 +137,9 @@ impl Scale<'_> {
                 k.name
             );
             for size in AREA_SIZES {
-                let areas: Vec<(u64, u64)> =
-                    self.areas.iter().map(|&(min, _)| (min, size)).collect();
                 assert_eq!(
-                    k.table.area_sum(&areas),
-                    kept[0].table.area_sum(&areas),
+                    k.table.area_sum(&self.area_mins, size),
+                    kept[0].table.area_sum(&self.area_mins, size),
                     "{}: free areas of {size} disagree with the maple tree's",
                     k.name
                 );
@@ -195,19 +192,17 @@ impl Scale<'_> {
         // both orders).
         if order == "ascending" {
             for size in AREA_SIZES {
-                let areas: Vec<(u64, u64)> =
-                    self.areas.iter().map(|&(min, _)| (min, size)).collect();
                 let per = 16usize;
                 let rates = {
                     let mut loops: Vec<_> = kept
                         .iter()
                         .map(|k| {
                             let mut at = 0;
-                            let areas = &areas;
+                            let mins = &self.area_mins;
                             move || {
-                                let batch = &areas[at..at + per];
-                                at = (at + per) % areas.len();
-                                black_box(k.table.area_sum(batch));
+                                let batch = &mins[at..at + per];
+                                at = (at + per) % mins.len();
+                                black_box(k.table.area_sum(batch, size));
                                 per as u64
                             }
                         })
@@ -271,8 +266,7 @@ impl Suite for MapleScale {
             let span = ascending.last().map_or(1, |r| r.1 + 16);
             let mut rng = StdRng::seed_from_u64(SEED ^ n as u64);
             let probes: Vec<u64> = (0..loads).map(|_| rng.random_range(0..span)).collect();
-            let areas: Vec<(u64, u64)> =
-                (0..4096).map(|_| (rng.random_range(0..span), 0)).collect();
+            let area_mins: Vec<u64> = (0..4096).map(|_| rng.random_range(0..span)).collect();
             let mut shuffled = ascending.clone();
             shuffled.shuffle(&mut rng);
             for (order, ranges) in [("ascending", ascending.clone()), ("shuffled", shuffled)] {
@@ -280,7 +274,7 @@ impl Suite for MapleScale {
                     ctx,
                     ranges,
                     loads: probes.clone(),
-                    areas: areas.clone(),
+                    area_mins: area_mins.clone(),
                 };
                 let kept = each_range_table(&scale, !opts.no_peers);
                 all.extend(scale.measure(&kept, order));
