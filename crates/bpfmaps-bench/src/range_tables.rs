@@ -18,6 +18,11 @@ pub trait RangeTable: Send + Sync + 'static {
     fn new() -> Self;
     /// Stores a range that overlaps no stored one.
     fn insert(&mut self, first: u64, last: u64, value: u64);
+    /// Stores `first..=last`, overwriting what it covers and cutting the
+    /// ranges it overlaps at its ends (`mtree_store_range`).
+    fn store(&mut self, first: u64, last: u64, value: u64);
+    /// Frees `first..=last`, cutting the ranges it overlaps at its ends.
+    fn erase(&mut self, first: u64, last: u64);
     /// The value of the range holding `index`.
     fn load(&self, index: u64) -> Option<u64>;
     /// The lowest `start >= min` with `start..start + size` free.
@@ -40,6 +45,12 @@ impl RangeTable for MapleTree<u64> {
     fn insert(&mut self, first: u64, last: u64, value: u64) {
         self.insert_range(first, last, value)
             .expect("disjoint ranges");
+    }
+    fn store(&mut self, first: u64, last: u64, value: u64) {
+        self.store_range(first, last, value).expect("a valid range");
+    }
+    fn erase(&mut self, first: u64, last: u64) {
+        self.erase_range(first, last).expect("a valid range");
     }
     #[inline]
     fn load(&self, index: u64) -> Option<u64> {
@@ -71,6 +82,28 @@ impl RangeTable for BTreeRanges {
     }
     fn insert(&mut self, first: u64, last: u64, value: u64) {
         self.0.insert(first, (last, value));
+    }
+    fn store(&mut self, first: u64, last: u64, value: u64) {
+        self.erase(first, last);
+        self.0.insert(first, (last, value));
+    }
+    fn erase(&mut self, first: u64, last: u64) {
+        // A range from below reaching in: keep its parts outside.
+        if let Some((&f, &(l, v))) = self.0.range(..first).next_back()
+            && l >= first
+        {
+            self.0.insert(f, (first - 1, v));
+            if l > last {
+                self.0.insert(last + 1, (l, v));
+            }
+        }
+        // Ranges starting inside: gone, but for a tail past `last`.
+        while let Some((&f, &(l, v))) = self.0.range(first..=last).next() {
+            self.0.remove(&f);
+            if l > last {
+                self.0.insert(last + 1, (l, v));
+            }
+        }
     }
     #[inline]
     fn load(&self, index: u64) -> Option<u64> {
@@ -106,6 +139,12 @@ impl RangeTable for RangeMap {
     fn insert(&mut self, first: u64, last: u64, value: u64) {
         self.0.insert(first..=last, value);
     }
+    fn store(&mut self, first: u64, last: u64, value: u64) {
+        self.0.insert(first..=last, value);
+    }
+    fn erase(&mut self, first: u64, last: u64) {
+        self.0.remove(first..=last);
+    }
     #[inline]
     fn load(&self, index: u64) -> Option<u64> {
         self.0.get(&index).copied()
@@ -130,6 +169,12 @@ impl RangeTable for Nodit {
         self.0
             .insert_strict(ii(first, last), value)
             .unwrap_or_else(|_| panic!("nodit: {first}..={last} overlaps"));
+    }
+    fn store(&mut self, first: u64, last: u64, value: u64) {
+        let _ = self.0.insert_overwrite(ii(first, last), value);
+    }
+    fn erase(&mut self, first: u64, last: u64) {
+        self.0.cut(&ii(first, last)).for_each(drop);
     }
     #[inline]
     fn load(&self, index: u64) -> Option<u64> {

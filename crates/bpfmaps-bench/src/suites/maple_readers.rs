@@ -1,12 +1,12 @@
 //! `maple-readers`: range-map loads per second of 1 and 2 reader threads
-//! while a writer changes the map, the maple tree against a `RwLock`
-//! around the best single-threaded peer (`BTreeMap<u64, (u64, V)>`).
+//! while a writer replays address-space changes, the maple tree against a
+//! `RwLock` around the best single-threaded peer
+//! (`BTreeMap<u64, (u64, V)>`).
 //!
-//! Varies: the readers (1, 2) and the map. Holds fixed: the layout
-//! (`maple-scale`'s, N ranges), the readers' indices (uniform over its
-//! span), the writer's work (in turns: cut a random range's last index
-//! off, then store the range whole again: two writes that change a leaf
-//! each, as `mprotect` and its undo split and merge a mapping), the time
+//! Varies: the readers (1, 2) and the map. Holds fixed: `maple-vma`'s
+//! trace (this machine's layouts, 64 simulated processes by default, a
+//! shorter run of its episodes), which the writer replays pass after
+//! pass; the readers' addresses (inside the starting mappings); the time
 //! of each repetition.
 
 use std::hint::black_box;
@@ -16,15 +16,13 @@ use std::time::{Duration, Instant};
 
 use bpfmaps::maple::MapleTree;
 use clap::Args;
-use rand::rngs::StdRng;
-use rand::{Rng, SeedableRng};
 
 use crate::measure::in_turns;
 use crate::range_tables::{BTreeRanges, RangeTable};
 use crate::record::{LOOKUPS_PER_SEC, Record, WRITER_OPS_PER_SEC, case, case_param, find, ratio};
 use crate::stats::Stats;
 use crate::suite::{BATCH, Ctx, Suite};
-use crate::suites::maple_scale::layout;
+use crate::suites::maple_vma::{VmaOp, machine_layouts, trace};
 use crate::table::{Table, fmt_ratio};
 
 /// The suite.
@@ -33,9 +31,12 @@ pub struct MapleReaders;
 /// `maple-readers` options.
 #[derive(Debug, Args)]
 pub struct Opts {
-    /// Ranges stored [quick: 10000; full: 100000].
+    /// Simulated processes [default: as `maple-vma`].
     #[arg(long)]
-    ranges: Option<usize>,
+    processes: Option<usize>,
+    /// Episodes in the writer's trace, replayed pass after pass.
+    #[arg(long, default_value_t = 5000)]
+    steps: usize,
     /// Milliseconds per repetition [quick: 100; full: 1000].
     #[arg(long)]
     duration_ms: Option<u64>,
@@ -48,21 +49,26 @@ const MAPS: [&str; 2] = ["bpfmaps", "rwlock-btreemap"];
 trait Shared: Sync {
     /// Sums the values of the ranges holding `indices` (misses add 0).
     fn load_sum(&self, indices: &[u64]) -> u64;
-    /// Stores `first..=last` with `value`, cutting what it overlaps.
-    fn store(&self, first: u64, last: u64, value: u64);
-    /// Cuts `index` off the range ending there.
-    fn cut_last(&self, first: u64, last: u64, value: u64);
+    /// Runs the writer's op (a load's value goes into `sink`).
+    fn apply(&self, op: VmaOp, sink: &mut u64);
 }
 
 impl Shared for MapleTree<u64> {
     fn load_sum(&self, indices: &[u64]) -> u64 {
         RangeTable::load_sum(self, indices)
     }
-    fn store(&self, first: u64, last: u64, value: u64) {
-        self.store_range(first, last, value).expect("a valid range");
-    }
-    fn cut_last(&self, _first: u64, last: u64, _value: u64) {
-        self.erase_range(last, last).expect("a valid range");
+    fn apply(&self, op: VmaOp, sink: &mut u64) {
+        match op {
+            VmaOp::Store { first, last, value } => {
+                self.store_range(first, last, value).expect("a valid range")
+            }
+            VmaOp::Erase { first, last } => {
+                self.erase_range(first, last).expect("a valid range");
+            }
+            VmaOp::Load(at) => {
+                *sink = sink.wrapping_add(self.load(at, &bpfmaps::pin()).map_or(0, |e| *e.value))
+            }
+        }
     }
 }
 
@@ -78,37 +84,30 @@ impl Shared for LockedBTree {
             .map(|&i| self.0.read().expect("not poisoned").load(i).unwrap_or(0))
             .fold(0, u64::wrapping_add)
     }
-    fn store(&self, first: u64, last: u64, value: u64) {
-        // The writer only restores a range it cut: its first index is a
-        // key.
-        self.0
-            .write()
-            .expect("not poisoned")
-            .insert(first, last, value);
-    }
-    fn cut_last(&self, first: u64, last: u64, value: u64) {
-        let mut map = self.0.write().expect("not poisoned");
-        if last > first {
-            map.insert(first, last - 1, value);
-        } else {
-            map.0.remove(&first);
+    fn apply(&self, op: VmaOp, sink: &mut u64) {
+        match op {
+            VmaOp::Load(at) => {
+                *sink =
+                    sink.wrapping_add(self.0.read().expect("not poisoned").load(at).unwrap_or(0))
+            }
+            write => write.apply(&mut *self.0.write().expect("not poisoned"), sink),
         }
     }
 }
 
-/// One repetition: `readers` threads loading, the writer writing, for
-/// `time`. Returns (loads/s summed over readers, writes/s).
+/// One repetition: `readers` threads loading, the writer replaying whole
+/// passes of `ops` until `time` is up. Returns (loads/s summed over
+/// readers, writer ops/s).
 fn run_once(
     map: &dyn Shared,
-    ranges: &[(u64, u64)],
+    ops: &[VmaOp],
     probes: &[u64],
     readers: usize,
     time: Duration,
-    seed: u64,
 ) -> (f64, f64) {
     let stop = AtomicBool::new(false);
     let loads = AtomicU64::new(0);
-    let mut writes = 0u64;
+    let mut writer_ops = 0u64;
     let began = Instant::now();
     std::thread::scope(|s| {
         for r in 0..readers {
@@ -124,20 +123,20 @@ fn run_once(
                 loads.fetch_add(done, Ordering::Relaxed);
             });
         }
-        let mut rng = StdRng::seed_from_u64(seed);
+        let mut sink = 0;
         while began.elapsed() < time {
-            let k = rng.random_range(0..ranges.len());
-            let (first, last) = ranges[k];
-            map.cut_last(first, last, k as u64 + 1);
-            map.store(first, last, k as u64 + 1);
-            writes += 2;
+            for &op in ops {
+                map.apply(op, &mut sink);
+            }
+            writer_ops += ops.len() as u64;
         }
+        black_box(sink);
         stop.store(true, Ordering::Relaxed);
     });
     let secs = began.elapsed().as_secs_f64();
     (
         loads.load(Ordering::Relaxed) as f64 / secs,
-        writes as f64 / secs,
+        writer_ops as f64 / secs,
     )
 }
 
@@ -145,45 +144,42 @@ impl Suite for MapleReaders {
     type Opts = Opts;
     const NAME: &'static str = "maple-readers";
     const ABOUT: &'static str = "range-map loads/s of 1 and 2 readers beside a writer: the maple tree vs a RwLock'd BTreeMap";
-    const DESCRIBE: &'static str = "`maple-scale`'s layout of N ranges (100,000; 10,000 with \
-         `--quick`) with distinct u64 values. Readers (1 or 2 threads) load indices drawn \
-         uniformly over the layout's span, in batches of 256 (the maple tree: one guard a \
-         batch, lock-free; the peer: a read lock per load, `std::sync::RwLock` around a \
-         `BTreeMap<u64, (u64, V)>`, the best single-threaded peer of `maple-scale`). A \
-         writer on the main thread, in turns: cuts a random range's last index off \
-         (`erase_range`, or the `BTreeMap` entry shortened) and stores the range whole \
-         again, as `mprotect` and its undo split and merge a mapping; each is one write \
-         (the write lock per write for the peer). Each repetition runs for the set time; \
-         the maps take turns. `lookups_per_sec` is summed over the readers, \
-         `writer_ops_per_sec` the writer's. On this 2-core machine two readers and a \
-         writer are three busy threads.";
+    const DESCRIBE: &'static str = "`maple-vma`'s starting layout (this machine's \
+         `/proc/*/maps`, 64 simulated processes by default) with distinct u64 values. \
+         Readers (1 or 2 threads) load addresses inside the starting mappings, in batches of \
+         256 (the maple tree: one guard a batch, lock-free; the peer: a read lock per load, \
+         `std::sync::RwLock` around a `BTreeMap<u64, (u64, V)>`, the best single-threaded \
+         peer of `maple-scale`). A writer on the main thread replays `maple-vma`'s trace \
+         (5,000 episodes by default: mmap, munmap, mprotect and its undo, brk, page faults) \
+         pass after pass, whole passes only (the write lock per write for the peer, a read \
+         lock per fault). Each repetition runs for the set time; the maps take turns. \
+         `lookups_per_sec` is summed over the readers, `writer_ops_per_sec` counts the \
+         writer's ops, faults included. On this 2-core machine two readers and a writer are \
+         three busy threads.";
     const BASELINE: &'static str = "rwlock-btreemap";
 
     fn run(&self, ctx: &Ctx, opts: Opts) -> Vec<Record> {
-        let n = opts
-            .ranges
-            .unwrap_or(if ctx.quick() { 10_000 } else { 100_000 })
-            .max(1);
         let time =
             Duration::from_millis(
                 opts.duration_ms
                     .unwrap_or(if ctx.quick() { 100 } else { 1000 }),
             );
-        let ranges = layout(n);
-        let span = ranges.last().map_or(1, |r| r.1 + 16);
-        let mut rng = StdRng::seed_from_u64(0x7265_6164);
-        let probes: Vec<u64> = (0..1 << 16).map(|_| rng.random_range(0..span)).collect();
+        let layouts = machine_layouts();
+        let processes = opts.processes.unwrap_or(64.max(layouts.len())).max(1);
+        let trace = trace(&layouts, processes, opts.steps, 0x7265_6164);
+        let n = trace.initial.len();
         let tree = MapleTree::new();
         let mut btree = BTreeRanges::new();
-        for (k, &(first, last)) in ranges.iter().enumerate() {
-            tree.store_range(first, last, k as u64 + 1)
-                .expect("a valid range");
-            btree.insert(first, last, k as u64 + 1);
+        for &(first, last, value) in &trace.initial {
+            tree.insert_range(first, last, value)
+                .expect("disjoint ranges");
+            btree.insert(first, last, value);
         }
         let locked = LockedBTree(RwLock::new(btree));
+        let probes = &trace.probes;
         assert_eq!(
-            Shared::load_sum(&tree, &probes),
-            locked.load_sum(&probes),
+            Shared::load_sum(&tree, probes),
+            locked.load_sum(probes),
             "the maps disagree"
         );
         let maps: [&dyn Shared; 2] = [&tree, &locked];
@@ -193,7 +189,7 @@ impl Suite for MapleReaders {
         for readers in [1usize, 2] {
             let mut writes = vec![Vec::new(); 2];
             let loads = in_turns(2, ctx.reps(), |i| {
-                let (l, w) = run_once(maps[i], &ranges, &probes, readers, time, readers as u64);
+                let (l, w) = run_once(maps[i], &trace.ops, probes, readers, time);
                 writes[i].push(w);
                 l
             });
@@ -216,10 +212,15 @@ impl Suite for MapleReaders {
             }
             ctx.step();
         }
-        // The writer left every range as it found it.
+        // Whole passes of overwrites leave every address as one pass
+        // does, however many ran: the maps agree wherever the trace wrote.
+        let touched = trace.touched();
         assert_eq!(
-            Shared::load_sum(&tree, &probes),
-            locked.load_sum(&probes),
+            (
+                Shared::load_sum(&tree, probes),
+                Shared::load_sum(&tree, &touched)
+            ),
+            (locked.load_sum(probes), locked.load_sum(&touched)),
             "the maps disagree after the writes"
         );
         ctx.print(&recs);
@@ -269,7 +270,7 @@ mod tests {
     #[test]
     fn runs_small() {
         let no_data = std::env::temp_dir().join("bpfmaps-bench-no-such-data");
-        let args = ["--ranges", "2000", "--duration-ms", "20"];
+        let args = ["--processes", "4", "--steps", "300", "--duration-ms", "20"];
         let records = crate::suites::run_quick("maple-readers", &args, no_data);
         assert_eq!(records.len(), 8);
         assert!(records.iter().all(|r| r.value > 0.0));

@@ -24,6 +24,7 @@ mod lpm_updates;
 mod maple_kernel;
 mod maple_readers;
 mod maple_scale;
+mod maple_vma;
 mod stackmap;
 mod strmap_common;
 mod strmap_real;
@@ -46,6 +47,7 @@ pub const ALL: &[&dyn DynSuite] = &[
     &strmap_synthetic::StrmapSynthetic,
     &strmap_threads::StrmapThreads,
     &maple_scale::MapleScale,
+    &maple_vma::MapleVma,
     &maple_readers::MapleReaders,
     &maple_kernel::MapleKernel,
 ];

@@ -187,6 +187,30 @@ impl FreeList {
         }
     }
 
+    /// Gives back a chain of dead entries, `first` to `last` linked
+    /// through `links`, with one atomic update (as
+    /// [`release`](Self::release) for each, in one step).
+    ///
+    /// # Safety
+    /// As [`release`](Self::release), for every entry of the chain.
+    pub unsafe fn release_chain(&self, links: &impl Links, first: usize, last: usize) {
+        let mut head = self.returned.load(Ordering::Relaxed);
+        loop {
+            // SAFETY: the chain's entries are dead: ours to link.
+            unsafe { links.set_next(last, head) };
+            // Release: as in `release`, for the whole chain.
+            match self.returned.compare_exchange_weak(
+                head,
+                first,
+                Ordering::Release,
+                Ordering::Relaxed,
+            ) {
+                Ok(_) => return,
+                Err(now) => head = now,
+            }
+        }
+    }
+
     /// Takes every released entry at once (owner only).
     pub fn take_all(&self) -> Chain {
         Chain {

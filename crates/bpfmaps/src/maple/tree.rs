@@ -17,7 +17,7 @@ use smallvec::SmallVec;
 
 use super::node::{
     BRANCH_SLOTS, Branch, Header, Item, LEAF_SLOTS, Leaf, MIN_FILL, NodePtr, Nodes, Sub, as_branch,
-    as_leaf, header,
+    as_leaf, count_le, header,
 };
 use crate::core::error::{Error, Result};
 use crate::core::prefetch::prefetch;
@@ -192,7 +192,7 @@ impl<V: Clone + Send + Sync + 'static> MapleTree<V> {
     pub fn store_range(&self, first: u64, last: u64, value: V) -> Result<()> {
         check_range(first, last)?;
         let _writer = self.writer.lock();
-        self.write(first, last, Some(value));
+        self.write(first, last, Some(value), &pin());
         Ok(())
     }
 
@@ -207,10 +207,11 @@ impl<V: Clone + Send + Sync + 'static> MapleTree<V> {
     pub fn insert_range(&self, first: u64, last: u64, value: V) -> Result<()> {
         check_range(first, last)?;
         let _writer = self.writer.lock();
-        if self.find(first, last, &pin()).is_some() {
+        let guard = pin();
+        if self.find(first, last, &guard).is_some() {
             return Err(Error::Exists);
         }
-        self.write(first, last, Some(value));
+        self.write(first, last, Some(value), &guard);
         Ok(())
     }
 
@@ -226,7 +227,7 @@ impl<V: Clone + Send + Sync + 'static> MapleTree<V> {
         let guard = pin();
         let hit = self.load(index, &guard)?;
         let removed = (hit.range(), hit.value.clone());
-        self.write(hit.first, hit.last, None);
+        self.write(hit.first, hit.last, None, &guard);
         Some(removed)
     }
 
@@ -237,10 +238,11 @@ impl<V: Clone + Send + Sync + 'static> MapleTree<V> {
     pub fn erase_range(&self, first: u64, last: u64) -> Result<bool> {
         check_range(first, last)?;
         let _writer = self.writer.lock();
-        if self.find(first, last, &pin()).is_none() {
+        let guard = pin();
+        if self.find(first, last, &guard).is_none() {
             return Ok(false);
         }
-        self.write(first, last, None);
+        self.write(first, last, None, &guard);
         Ok(true)
     }
 
@@ -268,8 +270,9 @@ impl<V: Clone + Send + Sync + 'static> MapleTree<V> {
     ) -> Result<()> {
         check_range(first, last)?;
         let _writer = self.writer.lock();
-        check(self, &pin())?;
-        self.write(first, last, Some(value));
+        let guard = pin();
+        check(self, &guard)?;
+        self.write(first, last, Some(value), &guard);
         Ok(())
     }
 
@@ -282,7 +285,7 @@ impl<V: Clone + Send + Sync + 'static> MapleTree<V> {
             Some(e) if (e.first, e.last) == (first, last) => e.value.clone(),
             _ => return Err(Error::NotFound),
         };
-        self.write(first, last, None);
+        self.write(first, last, None, &guard);
         Ok(value)
     }
 
@@ -348,8 +351,9 @@ impl<V: Clone + Send + Sync + 'static> MapleTree<V> {
     /// `EBUSY` if there is none.
     pub fn alloc_range(&self, size: u64, value: V, min: u64, max: u64) -> Result<u64> {
         let _writer = self.writer.lock();
-        let start = self.empty_area(min, max, size, &pin())?;
-        self.write(start, start + (size - 1), Some(value));
+        let guard = pin();
+        let start = self.empty_area(min, max, size, &guard)?;
+        self.write(start, start + (size - 1), Some(value), &guard);
         Ok(start)
     }
 
@@ -357,8 +361,9 @@ impl<V: Clone + Send + Sync + 'static> MapleTree<V> {
     /// free run (`mtree_alloc_rrange`).
     pub fn alloc_rrange(&self, size: u64, value: V, min: u64, max: u64) -> Result<u64> {
         let _writer = self.writer.lock();
-        let start = self.empty_area_rev(min, max, size, &pin())?;
-        self.write(start, start + (size - 1), Some(value));
+        let guard = pin();
+        let start = self.empty_area_rev(min, max, size, &guard)?;
+        self.write(start, start + (size - 1), Some(value), &guard);
         Ok(start)
     }
 
@@ -377,7 +382,7 @@ impl<V: Clone + Send + Sync + 'static> MapleTree<V> {
             Err(Error::Busy) if from > lo => (self.empty_area(lo, from - 1, 1, &guard)?, true),
             Err(e) => return Err(e),
         };
-        self.write(index, index, Some(value));
+        self.write(index, index, Some(value), &guard);
         *next = index.wrapping_add(1);
         if *next == 0 || *next > hi {
             *next = lo;
@@ -404,10 +409,17 @@ impl<V: Clone + Send + Sync + 'static> MapleTree<V> {
 
     /// Stores `value` (or nothing, for an erase) over `first..=last`,
     /// under the writer lock.
-    fn write(&self, first: u64, last: u64, value: Option<V>) {
-        let guard = pin();
-        let new = value.map(|value| Item { first, last, value });
+    fn write(&self, first: u64, last: u64, value: Option<V>, guard: &Guard) {
         let old = NonNull::new(self.root.load(Ordering::Relaxed));
+        let value = match old {
+            // SAFETY: the writer lock is held; the root is live.
+            Some(root) => match unsafe { self.write_in_leaf(root, first, last, value, guard) } {
+                Ok(()) => return,
+                Err(value) => value,
+            },
+            None => value,
+        };
+        let new = value.map(|value| Item { first, last, value });
         let mut w = Write {
             nodes: &self.nodes,
             // SAFETY: the writer lock is held; the root is live.
@@ -436,14 +448,96 @@ impl<V: Clone + Send + Sync + 'static> MapleTree<V> {
             // SAFETY: unlinked by the root store above; each listed once.
             unsafe {
                 if subtree {
-                    self.nodes.retire_subtree(node, &guard);
+                    self.nodes.retire_subtree(node, guard);
                 } else {
-                    self.nodes.retire(node, &guard);
+                    self.nodes.retire(node, guard);
                 }
             }
         }
         let len = self.len.load(Ordering::Relaxed) + added - removed;
         self.len.store(len, Ordering::Relaxed);
+    }
+}
+
+impl<V: Clone + Send + Sync + 'static> MapleTree<V> {
+    /// The common write, without repacking: `first..=last` lies under one
+    /// child at every level, and the one leaf it changes keeps at least
+    /// `MIN_FILL` ranges (or no fewer than it had) and at most
+    /// `LEAF_SLOTS`. The leaf is rebuilt, and each branch above it copied
+    /// with that child's record replaced: what [`Write::rewrite`] would
+    /// build, at a fraction of its work. Gives `value` back when the write
+    /// needs `rewrite` (a split, a merge, several leaves).
+    ///
+    /// # Safety
+    /// The writer lock is held; `root` is the live root.
+    unsafe fn write_in_leaf(
+        &self,
+        root: NodePtr,
+        first: u64,
+        last: u64,
+        value: Option<V>,
+        guard: &Guard,
+    ) -> std::result::Result<(), Option<V>> {
+        let mut path: SmallVec<[(NodePtr, usize); 8]> = SmallVec::new();
+        let mut node = root;
+        // SAFETY: the caller's: nodes reached from the root are live.
+        let leaf = unsafe {
+            while header(node).level > 0 {
+                let branch = as_branch(node);
+                let i = branch.route(first);
+                if branch.route(last) != i {
+                    return Err(value);
+                }
+                path.push((node, i));
+                node = branch.child(i);
+            }
+            as_leaf::<V>(node)
+        };
+        let n = leaf.len();
+        // Ranges `a..b` overlap the write; the first and last of them may
+        // keep a piece outside it.
+        let a = (0..n).find(|&k| leaf.last(k) >= first).unwrap_or(n);
+        let b = count_le(&leaf.first, n, last).max(a);
+        let cut_left = a < b && leaf.first[a] < first;
+        let cut_right = a < b && leaf.last(b - 1) > last;
+        let added = cut_left as usize + value.is_some() as usize + cut_right as usize;
+        let len = n - (b - a) + added;
+        let fill_kept = len >= MIN_FILL || len >= n || path.is_empty();
+        if len == 0 || len > LEAF_SLOTS || !fill_kept {
+            return Err(value);
+        }
+        let mut session = self.nodes.arena.session(guard);
+        let mut built = self.nodes.leaf_builder_in(&mut session);
+        built.extend_from(leaf, 0..a);
+        if cut_left {
+            built.push(leaf.first[a], first - 1, leaf.value(a).clone());
+        }
+        if let Some(value) = value {
+            built.push(first, last, value);
+        }
+        if cut_right {
+            built.push(last + 1, leaf.last(b - 1), leaf.value(b - 1).clone());
+        }
+        built.extend_from(leaf, b..n);
+        let mut sub = built.finish();
+        for &(parent, i) in path.iter().rev() {
+            // SAFETY: a live branch on the path.
+            sub = self
+                .nodes
+                .branch_with(&mut session, unsafe { as_branch(parent) }, i, sub);
+        }
+        self.root.store(sub.node.as_ptr(), Ordering::Release);
+        // SAFETY: unlinked by the root store above; each retired once.
+        unsafe {
+            self.nodes.retire_in(&mut session, node, guard);
+            for &(parent, _) in &path {
+                self.nodes.retire_in(&mut session, parent, guard);
+            }
+        }
+        drop(session);
+        let count = self.len.load(Ordering::Relaxed) + added - (b - a);
+        self.len.store(count, Ordering::Relaxed);
+        Ok(())
     }
 }
 
@@ -789,7 +883,9 @@ impl<V: Clone + Send + Sync + 'static> Write<'_, V> {
 /// pointers of a branch, the ends and values of a leaf. Which of them it
 /// reads depends on the keys, so without this the load waits for two
 /// misses in a row; with it they overlap. (The keys' own two lines are
-/// read at once by the scan.)
+/// asked for at once: the header's read touches the first, the binary
+/// search's first compare, of the eighth key, the second; prefetching
+/// that one too measured no different.)
 #[inline(always)]
 fn prefetch_lookup<V>(node: NodePtr, leaf: bool) {
     let base = node.as_ptr().cast::<u8>();
