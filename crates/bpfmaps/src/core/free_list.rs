@@ -283,6 +283,23 @@ mod tests {
     }
 
     #[test]
+    fn a_released_chain_comes_back_whole_before_what_was_there() {
+        let links = table(8);
+        let list = FreeList::default();
+        // SAFETY: the entries are ours and free; 4 -> 5 -> 6 is linked
+        // before it is released.
+        unsafe {
+            list.release(&links, 1);
+            links.set_next(4, 5);
+            links.set_next(5, 6);
+            list.release_chain(&links, 4, 6);
+        }
+        let mut chain = Chain::default();
+        let taken: Vec<usize> = std::iter::from_fn(|| list.take(&links, &mut chain)).collect();
+        assert_eq!(taken, [4, 5, 6, 1]);
+    }
+
+    #[test]
     fn first_word_links_unaligned_blocks() {
         let mut bytes = [0u8; 40];
         let base = bytes.as_mut_ptr() as usize;

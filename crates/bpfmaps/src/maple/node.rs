@@ -99,16 +99,14 @@ pub struct Branch {
 /// about 90 instructions a node.)
 #[inline(always)]
 pub fn count_le<const N: usize>(keys: &[u64; N], len: usize, index: u64) -> usize {
-    const { assert!((N + 1).is_power_of_two(), "2^k - 1 keys") };
-    let mut base = 0;
-    let mut step = N.div_ceil(2);
-    while step > 0 {
-        // The window `base..base + 2 * step - 1` holds the answer's
-        // keys; its middle key decides which half.
-        base += step * (keys[base + step - 1] <= index) as usize;
-        step /= 2;
-    }
-    base.min(len)
+    const { assert!(N == 15, "15 keys: three groups of four and three") };
+    let le = |k: usize| (keys[k] <= index) as usize;
+    // Keys 3, 7 and 11 split the node in four groups: the answer is in
+    // group `g`, past its `4g` keys ...
+    let base = 4 * (le(3) + le(7) + le(11));
+    // ... and as many of the group's first three keys (its fourth, a
+    // pivot, is above `index`).
+    (base + le(base) + le(base + 1) + le(base + 2)).min(len)
 }
 
 impl<V> Leaf<V> {

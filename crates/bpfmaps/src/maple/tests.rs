@@ -113,6 +113,41 @@ fn height<V: Clone + Send + Sync + 'static>(tree: &MapleTree<V>) -> usize {
         .map_or(0, |root| unsafe { header(root) }.level as usize + 1)
 }
 
+/// The node search against a count of the keys, for every fill, every
+/// key and its neighbours, and keys at both ends of `u64`.
+#[test]
+fn node_search_counts_the_keys_at_or_below_an_index() {
+    use super::node::count_le;
+    let mut rng = 0x2545_f491_4f6c_dd1du64;
+    let mut next = move || {
+        rng ^= rng << 13;
+        rng ^= rng >> 7;
+        rng ^= rng << 17;
+        rng
+    };
+    for round in 0..scaled(200, 20) {
+        for len in 0..=LEAF_SLOTS {
+            let mut keys = [u64::MAX; LEAF_SLOTS];
+            let mut at = if round % 2 == 0 { 0 } else { next() % 1000 };
+            for key in keys.iter_mut().take(len) {
+                *key = at;
+                at = at.saturating_add(1 + next() % 50);
+            }
+            if round % 3 == 0 && len > 0 {
+                keys[len - 1] = u64::MAX;
+            }
+            let probes = keys[..len]
+                .iter()
+                .flat_map(|&k| [k.wrapping_sub(1), k, k.wrapping_add(1)])
+                .chain([0, u64::MAX, next()]);
+            for index in probes {
+                let want = keys[..len].iter().filter(|&&k| k <= index).count();
+                assert_eq!(count_le(&keys, len, index), want, "{keys:?} {len} {index}");
+            }
+        }
+    }
+}
+
 #[test]
 fn store_load_and_overwrite_cut_ranges_at_their_edges() {
     let tree = MapleTree::new();
