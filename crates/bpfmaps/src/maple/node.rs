@@ -93,10 +93,10 @@ pub struct Branch {
 /// `len` sorted keys padded with `u64::MAX`: the count of keys `<=
 /// index`, which may be 0 (none is).
 ///
-/// A branchless binary search: four compares and conditional moves for
-/// 15 keys. (A scan that adds up 15 compares, which the compiler cannot
-/// vectorise without 64-bit vector compares in baseline x86-64, took
-/// about 90 instructions a node.)
+/// Two steps of three independent compares, no branch: shorter than a
+/// binary search's four dependent steps, and far fewer instructions than
+/// summing all 15 compares (both measured slower, on random indices and
+/// on one index again and again: `docs/benchmarks.md`, "node search").
 #[inline(always)]
 pub fn count_le<const N: usize>(keys: &[u64; N], len: usize, index: u64) -> usize {
     const { assert!(N == 15, "15 keys: three groups of four and three") };
