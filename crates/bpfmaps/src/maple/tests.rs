@@ -367,6 +367,31 @@ fn splits_at_every_position_and_stores_across_many_nodes() {
 
 /// Erasing sets of ranges (every other, then runs, then the rest) keeps
 /// the tree balanced and shrinks it back to one leaf.
+/// Stores in random order spill into neighbours before they split, a
+/// full neighbour's neighbour too: leaves end up about 89 % full on
+/// average (85 % spilling to next neighbours only; a B-tree without
+/// spills: about two thirds).
+#[test]
+fn random_order_stores_fill_their_leaves() {
+    let n = scaled(20_000, 2_000) as u64;
+    let mut order: Vec<u64> = (0..n).collect();
+    let mut rng = 0x9e37_79b9_7f4a_7c15u64;
+    for i in (1..order.len()).rev() {
+        rng ^= rng << 13;
+        rng ^= rng >> 7;
+        rng ^= rng << 17;
+        order.swap(i, (rng % (i as u64 + 1)) as usize);
+    }
+    let tree = MapleTree::new();
+    for &i in &order {
+        tree.insert_range(i * 4, i * 4 + 1, i).unwrap();
+    }
+    assert_eq!(check(&tree).len(), n as usize);
+    let (leaves, _) = node_counts(&tree);
+    let fill = n as f64 / (leaves * LEAF_SLOTS) as f64;
+    assert!(fill > 0.86, "leaves {:.0} % full", fill * 100.0);
+}
+
 #[test]
 fn erase_sets_shrink_the_tree_back() {
     let n = scaled(3000, 80) as u64;

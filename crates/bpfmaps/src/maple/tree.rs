@@ -819,10 +819,11 @@ impl<V: Clone + Send + Sync + 'static> Write<'_, V> {
         self.pack_branches(level, &subs, Fill::Even)
     }
 
-    /// After a child split in two (`subs[at..at + 2]`): if a neighbour has
-    /// room for part of it, the three become two, as a B*-tree spills to
-    /// a sibling before it splits, so that nodes filled by writes in
-    /// random order are fuller.
+    /// After a child split in two (`subs[at..at + 2]`): if a neighbour, or
+    /// failing that the node past a full neighbour, has room, the nodes
+    /// from there to the split are repacked into one node fewer, as a
+    /// B*-tree spills to a sibling before it splits, so that nodes
+    /// filled by writes in random order are fuller.
     ///
     /// # Safety
     /// As [`normalize`](Self::normalize).
@@ -833,22 +834,24 @@ impl<V: Clone + Send + Sync + 'static> Write<'_, V> {
         let cap = if level == 0 { LEAF_SLOTS } else { BRANCH_SLOTS };
         // SAFETY: the caller's.
         let len = |s: &Sub| unsafe { header(s.node) }.len as usize;
-        let halves = len(&subs[at]) + len(&subs[at + 1]);
-        let left = (at > 0)
-            .then(|| at - 1)
-            .filter(|&l| len(&subs[l]) + halves <= 2 * cap);
-        let right = (at + 2 < subs.len())
-            .then_some(at + 2)
-            .filter(|&r| len(&subs[r]) + halves <= 2 * cap);
-        let Some(from) = left.or(right.map(|_| at)) else {
+        // Windows holding the two halves, nearest neighbours first.
+        let windows = [
+            at.checked_sub(1).map(|l| l..at + 2),
+            Some(at..at + 3),
+            at.checked_sub(2).map(|l| l..at + 2),
+            Some(at..at + 4),
+        ];
+        let Some(window) = windows.into_iter().flatten().find(|w| {
+            w.end <= subs.len()
+                && subs[w.clone()].iter().map(len).sum::<usize>() <= (w.len() - 1) * cap
+        }) else {
             return;
         };
         // SAFETY: the caller's.
-        let merged = unsafe { self.merge(&subs[from..from + 3], level) };
-        debug_assert_eq!(merged.len(), 2);
-        subs[from] = merged[0];
-        subs[from + 1] = merged[1];
-        subs.remove(from + 2);
+        let merged = unsafe { self.merge(&subs[window.clone()], level) };
+        debug_assert_eq!(merged.len(), window.len() - 1);
+        subs.remove(window.end - 1);
+        subs[window.start..window.end - 1].copy_from_slice(&merged);
     }
 
     /// The new root over what rewriting the old one (at `level`) gave: a
