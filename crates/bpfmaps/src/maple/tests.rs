@@ -373,7 +373,7 @@ fn splits_at_every_position_and_stores_across_many_nodes() {
 /// spills: about two thirds).
 #[test]
 fn random_order_stores_fill_their_leaves() {
-    let n = scaled(20_000, 2_000) as u64;
+    let n = scaled(20_000, 1_000) as u64;
     let mut order: Vec<u64> = (0..n).collect();
     let mut rng = 0x9e37_79b9_7f4a_7c15u64;
     for i in (1..order.len()).rev() {
