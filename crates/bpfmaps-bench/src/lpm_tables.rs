@@ -842,7 +842,11 @@ mod tests {
             0
         );
         assert_eq!(LpmTable::<F>::count(&ours.table), prefixes.len());
-        assert!(ours.held > 0);
+        // Not `ours.held`: it is the building thread's net allocation,
+        // and a pin on it may run other tests' deferred frees (a dropped
+        // map's arena), which can take it to 0 when tests run side by
+        // side.
+        assert!(LpmTable::<F>::reported(&ours.table).is_some_and(|bytes| bytes > 0));
         let pt = build::<F, PrefixTrie<F>>(prefixes).table;
         assert_eq!(Answers::of::<F, _>(&pt, addrs).disagreements(&reference), 0);
         let ipn = build::<F, IpNetworkTable<u32>>(prefixes).table;
