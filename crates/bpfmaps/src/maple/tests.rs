@@ -372,8 +372,12 @@ fn splits_at_every_position_and_stores_across_many_nodes() {
 /// average (85 % spilling to next neighbours only; a B-tree without
 /// spills: about two thirds).
 #[test]
+#[cfg_attr(
+    miri,
+    ignore = "a fill needs a tree of many leaves: over 18 minutes under Miri at 1,000 ranges; no unsafe code of its own"
+)]
 fn random_order_stores_fill_their_leaves() {
-    let n = scaled(20_000, 1_000) as u64;
+    let n = 20_000;
     let mut order: Vec<u64> = (0..n).collect();
     let mut rng = 0x9e37_79b9_7f4a_7c15u64;
     for i in (1..order.len()).rev() {
