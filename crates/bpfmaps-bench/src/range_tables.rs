@@ -196,16 +196,21 @@ pub trait RangeStep {
     fn step<T: RangeTable>(&self) -> Self::Out;
 }
 
-/// Each map's output, the maple tree first; peers unless `peers` is false.
-pub fn each_range_table<S: RangeStep>(s: &S, peers: bool) -> Vec<S::Out> {
-    let mut out = vec![s.step::<MapleTree<u64>>()];
-    if peers {
-        out.push(s.step::<BTreeRanges>());
-        out.push(s.step::<RangeMap>());
-        out.push(s.step::<Nodit>());
+/// `s` on map `i` of [`RANGE_TABLES`].
+pub fn step_at<S: RangeStep>(i: usize, s: &S) -> S::Out {
+    match RANGE_TABLES[i] {
+        "bpfmaps" => s.step::<MapleTree<u64>>(),
+        "btreemap" => s.step::<BTreeRanges>(),
+        "rangemap" => s.step::<RangeMap>(),
+        _ => s.step::<Nodit>(),
     }
-    out
 }
 
-/// The maps' names, in [`each_range_table`]'s order.
+/// Each map's output, the maple tree first; peers unless `peers` is false.
+pub fn each_range_table<S: RangeStep>(s: &S, peers: bool) -> Vec<S::Out> {
+    let maps = if peers { RANGE_TABLES.len() } else { 1 };
+    (0..maps).map(|i| step_at(i, s)).collect()
+}
+
+/// The maps' names, in [`each_range_table`]'s and [`step_at`]'s order.
 pub const RANGE_TABLES: [&str; 4] = ["bpfmaps", "btreemap", "rangemap", "nodit"];

@@ -33,9 +33,7 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
 use crate::measure::in_turns;
-use bpfmaps::maple::MapleTree;
-
-use crate::range_tables::{BTreeRanges, Nodit, RANGE_TABLES, RangeMap, RangeStep, RangeTable};
+use crate::range_tables::{BTreeRanges, RANGE_TABLES, RangeStep, RangeTable, step_at};
 use crate::record::{OPS_PER_SEC, Record, case, case_param, find, ratio};
 use crate::stats::Stats;
 use crate::suite::{Ctx, Suite};
@@ -424,7 +422,7 @@ impl Suite for MapleVma {
         };
         let mut checks = vec![None; maps];
         let samples = in_turns(maps, ctx.reps(), |i| {
-            let (rate, check) = step_one(i, &replay);
+            let (rate, check) = step_at(i, &replay);
             checks[i] = Some(check);
             rate
         });
@@ -496,18 +494,10 @@ impl Suite for MapleVma {
     }
 }
 
-/// `step` on map `i` of [`RANGE_TABLES`].
-fn step_one<S: RangeStep>(i: usize, step: &S) -> S::Out {
-    match i {
-        0 => step.step::<MapleTree<u64>>(),
-        1 => step.step::<BTreeRanges>(),
-        2 => step.step::<RangeMap>(),
-        _ => step.step::<Nodit>(),
-    }
-}
-
 #[cfg(test)]
 mod tests {
+    use bpfmaps::maple::MapleTree;
+
     use super::*;
 
     #[test]

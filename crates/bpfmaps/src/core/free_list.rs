@@ -169,22 +169,8 @@ impl FreeList {
     /// `entry` is dead (unreachable by readers and writers) and belongs to
     /// the owner whose `links` these are.
     pub unsafe fn release(&self, links: &impl Links, entry: usize) {
-        let mut head = self.returned.load(Ordering::Relaxed);
-        loop {
-            // SAFETY: the entry is dead: its storage is ours to link.
-            unsafe { links.set_next(entry, head) };
-            // Release: the link (and the entry's last use) happens before
-            // the owner's Acquire swap in `take_all`.
-            match self.returned.compare_exchange_weak(
-                head,
-                entry,
-                Ordering::Release,
-                Ordering::Relaxed,
-            ) {
-                Ok(_) => return,
-                Err(now) => head = now,
-            }
-        }
+        // SAFETY: the caller's; a chain of one entry.
+        unsafe { self.release_chain(links, entry, entry) }
     }
 
     /// Gives back a chain of dead entries, `first` to `last` linked
@@ -198,7 +184,8 @@ impl FreeList {
         loop {
             // SAFETY: the chain's entries are dead: ours to link.
             unsafe { links.set_next(last, head) };
-            // Release: as in `release`, for the whole chain.
+            // Release: the links (and the entries' last uses) happen
+            // before the owner's Acquire swap in `take_all`.
             match self.returned.compare_exchange_weak(
                 head,
                 first,
