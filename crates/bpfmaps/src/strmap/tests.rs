@@ -331,6 +331,7 @@ fn compact_lays_subtrees_out_in_walk_order_and_frees_what_it_replaced() {
     for subtree in &layout {
         assert!(subtree.windows(2).all(|w| w[0].0 < w[1].0), "walk order");
     }
+    assert_eq!(m.wrong_spans(), 0);
     assert!(crate::core::reclaim::wait_for_grace(|| exact(&m)));
 
     // Nothing changed: nothing copied.
@@ -347,6 +348,7 @@ fn compact_lays_subtrees_out_in_walk_order_and_frees_what_it_replaced() {
     let mixed = m.node_words_in_walk_order();
     assert!(mixed.iter().flatten().any(|&(_, packed)| packed));
     assert!(mixed.iter().flatten().any(|&(_, packed)| !packed));
+    assert_eq!(m.wrong_spans(), 0);
     assert!(m.memory_usage() > empty + m.live_bytes());
     m.compact();
     assert!(crate::core::reclaim::wait_for_grace(|| exact(&m)));
