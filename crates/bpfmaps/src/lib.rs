@@ -16,6 +16,7 @@
 //! | [`stackmap`] | `BPF_MAP_TYPE_STACK_TRACE` |
 //! | [`strmap`] | string keys: the qp-trie and TST maps proposed for BPF |
 //! | [`maple`] | range maps: the kernel's maple tree |
+//! | [`wildcard`] | multi-field classification: the wildcard map proposed for BPF, on TupleMerge |
 //!
 //! ## Concurrency model
 //! Every lookup is lock-free: it pins an epoch ([`pin`]), reads, and
@@ -58,6 +59,7 @@ pub mod maple;
 pub mod registry;
 pub mod stackmap;
 pub mod strmap;
+pub mod wildcard;
 
 pub use crate::core::contract::{
     BatchError, BatchKeys, Caps, Map, MapInfo, MapOps, MapSpec, MapType,

@@ -1,0 +1,849 @@
+//! [`WildcardMap`]: TupleMerge (Daly, Liu and Torng, ANCS 2017), with
+//! lookups that take no lock.
+//!
+//! Rules live in hash tables, each keyed by a *tuple*: how many leading
+//! bits of each field it hashes. A rule fits a table whose tuple asks for
+//! no more bits than the rule fixes in any field (its prefix lengths;
+//! for a range, its bounds' common prefix), so one packet probe per table
+//! (the packet's leading bits, hashed) finds every rule of the table that
+//! might match; each candidate is then checked whole. A new rule goes to
+//! the first table it fits; when none does, a table is made for it with
+//! its prefix lengths *relaxed* (a few bits shorter), so that later rules
+//! close to it fit too. Too many rules in one bucket (more than the
+//! collision limit, 10 as in the reference) split the table: the
+//! colliding rules' tuples say which field to hash on more bits, and a
+//! table with that tuple takes every rule that fits it.
+//!
+//! Classification probes the tables in order of their best priority and
+//! stops as soon as the next table's best cannot beat the match in hand;
+//! a bucket's rules are in rule order, so its first match is its best.
+//!
+//! Concurrency: one writer at a time (a mutex); readers take none. What a
+//! reader follows (the list of tables, each table's bucket array, each
+//! bucket's rules) is immutable once published: a writer builds the new
+//! one, publishes it with one release store and frees the old after the
+//! epoch's grace period. A table split publishes fresh copies of both
+//! tables in one new list, so no reader misses a rule that moves.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use crossbeam_epoch::{Atomic, Owned, Shared};
+use parking_lot::Mutex;
+
+use super::schema::{FieldKind, MAX_FIELDS, Packet, Rule, Schema};
+use crate::core::error::{Error, Result, check_len};
+use crate::core::flags::UpdateFlag;
+use crate::core::reclaim::{Guard, drop_in_background, pin};
+
+/// Rules one bucket holds before its table splits (the reference's
+/// default, `TM.Limit.Collide`).
+pub const DEFAULT_COLLISION_LIMIT: usize = 10;
+
+/// Per field, the leading bits a table hashes.
+type Tuple = [u8; MAX_FIELDS];
+
+/// A rule and its value, shared by the buckets that hold it.
+struct Entry {
+    rule: Rule,
+    value: Box<[u8]>,
+}
+
+/// One bucket's rules, in rule order.
+struct Chain {
+    entries: Box<[Arc<Entry>]>,
+}
+
+/// A table's buckets (a power of two of them).
+struct Buckets {
+    slots: Box<[Atomic<Chain>]>,
+}
+
+impl Buckets {
+    fn new(n: usize) -> Self {
+        Buckets {
+            slots: (0..n).map(|_| Atomic::null()).collect(),
+        }
+    }
+}
+
+impl Drop for Buckets {
+    fn drop(&mut self) {
+        for slot in self.slots.iter() {
+            // SAFETY: a bucket array is dropped only once unreachable (its
+            // grace period over, or with its table), so are its chains.
+            unsafe {
+                let chain = slot.load(Ordering::Relaxed, crossbeam_epoch::unprotected());
+                if !chain.is_null() {
+                    drop(chain.into_owned());
+                }
+            }
+        }
+    }
+}
+
+/// One TupleMerge table.
+struct Table {
+    tuple: Tuple,
+    /// The fields it hashes (tuple > 0), each with the shift that keeps
+    /// its leading `tuple` bits.
+    hashed: Box<[(usize, u32)]>,
+    buckets: Atomic<Buckets>,
+}
+
+impl Table {
+    fn new(tuple: Tuple, schema: &Schema, slots: usize) -> Self {
+        let hashed = schema
+            .fields()
+            .iter()
+            .enumerate()
+            .filter(|&(i, _)| tuple[i] > 0)
+            .map(|(i, f)| (i, f.bits() - u32::from(tuple[i])))
+            .collect();
+        Table {
+            tuple,
+            hashed,
+            buckets: Atomic::new(Buckets::new(slots)),
+        }
+    }
+
+    /// The hash of the leading bits this table keys on.
+    #[inline]
+    fn hash(&self, values: &[u128; MAX_FIELDS]) -> u64 {
+        const K: u64 = 0x9e37_79b9_7f4a_7c15;
+        let mut h = 0x2545_f491_4f6c_dd1d_u64;
+        for &(field, shift) in self.hashed.iter() {
+            let v = values[field] >> shift;
+            h = (h.rotate_left(23) ^ v as u64 ^ ((v >> 64) as u64).rotate_left(29)).wrapping_mul(K);
+        }
+        h ^ (h >> 31)
+    }
+
+    /// The bucket `values` hash to.
+    #[inline]
+    fn slot<'b>(&self, buckets: &'b Buckets, values: &[u128; MAX_FIELDS]) -> &'b Atomic<Chain> {
+        &buckets.slots[self.hash(values) as usize & (buckets.slots.len() - 1)]
+    }
+}
+
+impl Drop for Table {
+    fn drop(&mut self) {
+        // SAFETY: a table is dropped with its last reference: no list a
+        // reader can reach holds it.
+        unsafe {
+            let b = self
+                .buckets
+                .load(Ordering::Relaxed, crossbeam_epoch::unprotected());
+            if !b.is_null() {
+                drop(b.into_owned());
+            }
+        }
+    }
+}
+
+/// What readers start from: the tables in order of their best priority,
+/// each with that priority (a lower bound: a stale one is only lower).
+struct View {
+    tables: Box<[(u32, Arc<Table>)]>,
+}
+
+/// A table as the writer keeps it.
+struct TableState {
+    table: Arc<Table>,
+    /// Rules held per priority.
+    priorities: BTreeMap<u32, usize>,
+    rules: usize,
+}
+
+impl TableState {
+    fn best(&self) -> u32 {
+        self.priorities.keys().next().copied().unwrap_or(u32::MAX)
+    }
+}
+
+/// The writer's bookkeeping, under the writer lock.
+#[derive(Default)]
+struct Writer {
+    tables: HashMap<u64, TableState>,
+    /// Table ids in the published order.
+    order: Vec<u64>,
+    /// Which table holds each rule.
+    placed: HashMap<Rule, u64>,
+    next_id: u64,
+}
+
+/// A multi-field classifier map: rules of per-field matches (prefix,
+/// range, exact, wildcard) with priorities; a concrete key gets the value
+/// of the best rule that matches it (lowest priority; ties by the rules'
+/// order, [`Rule`]).
+///
+/// ```
+/// use bpfmaps::wildcard::{Field, Schema, WildcardMap};
+/// use bpfmaps::{BPF_ANY, pin};
+///
+/// let schema = Schema::new(vec![
+///     Field::prefix("src", 4),
+///     Field::range("dport", 2),
+///     Field::exact("proto", 1),
+/// ])
+/// .unwrap();
+/// let map = WildcardMap::new(schema, 4, 1000).unwrap();
+/// let ssh = map.schema().parse_rule("src 10.0.0.0/8, dport 22, proto 6", 1).unwrap();
+/// let low = map.schema().parse_rule("dport 0-1023, proto 6", 5).unwrap();
+/// map.insert(&ssh, &1u32.to_ne_bytes(), BPF_ANY).unwrap();
+/// map.insert(&low, &2u32.to_ne_bytes(), BPF_ANY).unwrap();
+///
+/// let guard = pin();
+/// let packet = map.schema().parse_packet("src 10.9.9.9, dport 22, proto 6").unwrap();
+/// assert_eq!(map.classify(&packet, &guard).unwrap().1, 1u32.to_ne_bytes());
+/// let packet = map.schema().parse_packet("src 192.0.2.1, dport 22, proto 6").unwrap();
+/// assert_eq!(map.classify(&packet, &guard).unwrap().1, 2u32.to_ne_bytes());
+/// ```
+pub struct WildcardMap {
+    schema: Schema,
+    value_size: usize,
+    max_entries: u32,
+    collision_limit: usize,
+    writer: Mutex<Writer>,
+    view: Atomic<View>,
+    len: AtomicUsize,
+}
+
+impl WildcardMap {
+    /// An empty map of `schema` with values of `value_size` bytes (1 or
+    /// more) and room for `max_entries` rules (1 or more).
+    pub fn new(schema: Schema, value_size: usize, max_entries: u32) -> Result<Self> {
+        Self::with_collision_limit(schema, value_size, max_entries, DEFAULT_COLLISION_LIMIT)
+    }
+
+    /// [`new`](Self::new) with another collision limit (1 or more).
+    pub fn with_collision_limit(
+        schema: Schema,
+        value_size: usize,
+        max_entries: u32,
+        collision_limit: usize,
+    ) -> Result<Self> {
+        if value_size == 0 || max_entries == 0 || collision_limit == 0 {
+            return Err(Error::invalid(
+                "value size, max entries and collision limit must be non-zero",
+            ));
+        }
+        Ok(WildcardMap {
+            schema,
+            value_size,
+            max_entries,
+            collision_limit,
+            writer: Mutex::new(Writer::default()),
+            view: Atomic::new(View {
+                tables: Box::new([]),
+            }),
+            len: AtomicUsize::new(0),
+        })
+    }
+
+    /// Its schema.
+    pub fn schema(&self) -> &Schema {
+        &self.schema
+    }
+
+    /// Rules held.
+    pub fn len(&self) -> usize {
+        self.len.load(Ordering::Relaxed)
+    }
+
+    /// Whether it holds no rule.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Value size in bytes.
+    pub fn value_size(&self) -> usize {
+        self.value_size
+    }
+
+    /// Most rules it holds.
+    pub fn max_entries(&self) -> u32 {
+        self.max_entries
+    }
+
+    /// Tables in use (for benchmarks and tests).
+    pub fn tables(&self) -> usize {
+        self.writer.lock().tables.len()
+    }
+
+    /// The best rule matching `packet`, with its value.
+    pub fn classify<'g>(&self, packet: &Packet, guard: &'g Guard) -> Option<(&'g Rule, &'g [u8])> {
+        self.classify_counting(packet, guard).0
+    }
+
+    /// [`classify`](Self::classify), and how many tables it probed.
+    pub fn classify_counting<'g>(
+        &self,
+        packet: &Packet,
+        guard: &'g Guard,
+    ) -> (Option<(&'g Rule, &'g [u8])>, usize) {
+        // SAFETY: a published view is freed only after the grace period
+        // of its replacement, and the guard is pinned.
+        let view = unsafe { self.view.load(Ordering::Acquire, guard).deref() };
+        let mut best: Option<&'g Entry> = None;
+        let mut probed = 0;
+        for (top, table) in view.tables.iter() {
+            if best.is_some_and(|b| *top > b.rule.priority) {
+                break;
+            }
+            probed += 1;
+            // SAFETY: as the view: bucket arrays and chains are freed
+            // after the grace period of their replacement.
+            let buckets = unsafe { table.buckets.load(Ordering::Acquire, guard).deref() };
+            let chain = table
+                .slot(buckets, &packet.values)
+                .load(Ordering::Acquire, guard);
+            // SAFETY: as above.
+            let Some(chain) = (unsafe { chain.as_ref() }) else {
+                continue;
+            };
+            for e in chain.entries.iter() {
+                if best.is_some_and(|b| e.rule >= b.rule) {
+                    break;
+                }
+                if e.rule.matches(packet) {
+                    best = Some(e);
+                    break;
+                }
+            }
+        }
+        (best.map(|e| (&e.rule, &*e.value)), probed)
+    }
+
+    /// [`classify`](Self::classify) for each packet, into `out[i]`;
+    /// `EINVAL` if `out` is shorter than `packets`.
+    pub fn classify_many<'g>(
+        &self,
+        packets: &[Packet],
+        guard: &'g Guard,
+        out: &mut [Option<(&'g Rule, &'g [u8])>],
+    ) -> Result<()> {
+        if out.len() < packets.len() {
+            return Err(Error::invalid(format!(
+                "{} packets but room for {} answers",
+                packets.len(),
+                out.len()
+            )));
+        }
+        for (p, o) in packets.iter().zip(out.iter_mut()) {
+            *o = self.classify(p, guard);
+        }
+        Ok(())
+    }
+
+    /// The value of exactly `rule` (its intervals and priority).
+    pub fn get<'g>(&self, rule: &Rule, guard: &'g Guard) -> Option<&'g [u8]> {
+        let fixed = rule.prefix_lengths(&self.schema);
+        let lows = lows(rule);
+        // SAFETY: as in `classify_counting`.
+        let view = unsafe { self.view.load(Ordering::Acquire, guard).deref() };
+        view.tables
+            .iter()
+            .filter(|(_, t)| fits(&fixed, &t.tuple))
+            .find_map(|(_, table)| {
+                // SAFETY: as in `classify_counting`.
+                let buckets = unsafe { table.buckets.load(Ordering::Acquire, guard).deref() };
+                let chain = table.slot(buckets, &lows).load(Ordering::Acquire, guard);
+                // SAFETY: as above.
+                let chain = unsafe { chain.as_ref() }?;
+                chain
+                    .entries
+                    .iter()
+                    .find(|e| e.rule == *rule)
+                    .map(|e| &*e.value)
+            })
+    }
+
+    /// Every rule with its value, in rule order (a copy).
+    pub fn rules(&self) -> Vec<(Rule, Vec<u8>)> {
+        let guard = &pin();
+        // SAFETY: as in `classify_counting`.
+        let view = unsafe { self.view.load(Ordering::Acquire, guard).deref() };
+        let mut all = Vec::with_capacity(self.len());
+        for (_, table) in view.tables.iter() {
+            for e in table_entries(table, guard) {
+                all.push((e.rule.clone(), e.value.to_vec()));
+            }
+        }
+        all.sort_by(|a, b| a.0.cmp(&b.0));
+        // A rule moved by a split since the view was read can be in two
+        // of its tables.
+        all.dedup_by(|a, b| a.0 == b.0);
+        all
+    }
+
+    /// Stores `value` for `rule` under update `flags` (`BPF_ANY`,
+    /// `BPF_NOEXIST`, `BPF_EXIST`). `E2BIG` when a new rule finds the map
+    /// holding `max_entries`; `EINVAL` for a rule of another schema.
+    pub fn insert(&self, rule: &Rule, value: &[u8], flags: u64) -> Result<()> {
+        let flag = UpdateFlag::from_bits(flags)?;
+        self.check_rule(rule)?;
+        check_len("value", value.len(), self.value_size)?;
+        let mut w = self.writer.lock();
+        let guard = &pin();
+        let entry = Arc::new(Entry {
+            rule: rule.clone(),
+            value: value.into(),
+        });
+        match (w.placed.get(rule).copied(), flag) {
+            (Some(_), UpdateFlag::NoExist) => Err(Error::Exists),
+            (None, UpdateFlag::Exist) => Err(Error::NotFound),
+            (Some(id), _) => {
+                chain_replace(&w.tables[&id].table, entry, guard);
+                Ok(())
+            }
+            (None, _) => {
+                if self.len() >= self.max_entries as usize {
+                    return Err(Error::Full);
+                }
+                self.add(&mut w, entry, guard);
+                self.len.fetch_add(1, Ordering::Relaxed);
+                Ok(())
+            }
+        }
+    }
+
+    /// Removes `rule`; `ENOENT` if it is not held.
+    pub fn remove(&self, rule: &Rule) -> Result<()> {
+        self.take(rule).map(drop)
+    }
+
+    /// Removes `rule` and returns its value.
+    pub fn take(&self, rule: &Rule) -> Result<Vec<u8>> {
+        self.check_rule(rule)?;
+        let mut w = self.writer.lock();
+        let guard = &pin();
+        let id = w.placed.remove(rule).ok_or(Error::NotFound)?;
+        let state = w.tables.get_mut(&id).expect("a placed rule's table");
+        let entry = chain_remove(&state.table, rule, guard).expect("a placed rule");
+        let before = state.best();
+        count(&mut state.priorities, rule.priority, false);
+        state.rules -= 1;
+        let (after, empty) = (state.best(), state.rules == 0);
+        if empty {
+            w.tables.remove(&id);
+        }
+        // An emptied table's best is `u32::MAX`: it leaves the list.
+        if before != after {
+            self.publish(&mut w, guard);
+        }
+        self.len.fetch_sub(1, Ordering::Relaxed);
+        Ok(entry.value.to_vec())
+    }
+
+    /// Removes every rule.
+    pub fn clear(&self) {
+        let mut w = self.writer.lock();
+        let guard = &pin();
+        w.tables.clear();
+        w.placed.clear();
+        self.publish(&mut w, guard);
+        self.len.store(0, Ordering::Relaxed);
+    }
+
+    fn check_rule(&self, rule: &Rule) -> Result<()> {
+        let fields = self.schema.fields();
+        let ok = rule.bounds().len() == fields.len()
+            && rule
+                .bounds()
+                .iter()
+                .zip(fields)
+                .all(|(&(lo, hi), f)| lo <= hi && hi <= f.max());
+        if ok {
+            Ok(())
+        } else {
+            Err(Error::invalid("a rule of another schema"))
+        }
+    }
+
+    /// Places a new rule: the first table (in published order) it fits,
+    /// or a new one; splits the table if the rule's bucket overflows.
+    fn add(&self, w: &mut Writer, entry: Arc<Entry>, guard: &Guard) {
+        let fixed = entry.rule.prefix_lengths(&self.schema);
+        let found = w.order.iter().copied().find(|id| {
+            w.tables
+                .get(id)
+                .is_some_and(|s| fits(&fixed, &s.table.tuple))
+        });
+        let (id, fresh) = match found {
+            Some(id) => (id, false),
+            None => {
+                let tuple = relax(&fixed, &self.schema);
+                (w.new_table(Table::new(tuple, &self.schema, 8)), true)
+            }
+        };
+        let rule = entry.rule.clone();
+        let state = w.tables.get_mut(&id).expect("its table");
+        let before = state.best();
+        let bucket = chain_insert(&state.table, entry, guard);
+        count(&mut state.priorities, rule.priority, true);
+        state.rules += 1;
+        grow_if_full(&state.table, state.rules, guard);
+        let after = state.best();
+        w.placed.insert(rule.clone(), id);
+        if bucket > self.collision_limit {
+            let colliding: Vec<Tuple> = bucket_of(&w.tables[&id].table, &rule, guard)
+                .iter()
+                .map(|e| e.rule.prefix_lengths(&self.schema))
+                .collect();
+            if self.split(w, id, &colliding) {
+                return; // published
+            }
+        }
+        if fresh || before != after {
+            self.publish(w, guard);
+        }
+    }
+
+    /// Splits table `id`, whose bucket of `colliding` rules overflowed,
+    /// as the reference does: hash more bits of the field where the
+    /// colliding rules' prefix lengths differ most (half way between
+    /// their least and most), in a table that takes every rule of `id`
+    /// that fits it. Both tables are published as fresh copies in one
+    /// new view. False when no tuple separates them (nothing changes).
+    fn split(&self, w: &mut Writer, id: u64, colliding: &[Tuple]) -> bool {
+        let n = self.schema.fields().len();
+        let mut least = colliding[0];
+        let mut most = colliding[0];
+        for t in colliding {
+            for d in 0..n {
+                least[d] = least[d].min(t[d]);
+                most[d] = most[d].max(t[d]);
+            }
+        }
+        let Some(d) = (0..n)
+            .filter(|&d| most[d] > least[d])
+            .max_by_key(|&d| (most[d] - least[d], std::cmp::Reverse(d)))
+        else {
+            return false;
+        };
+        let mut target = least;
+        target[d] = least[d] + (most[d] - least[d]).div_ceil(2);
+        let source_tuple = w.tables[&id].table.tuple;
+        if target == source_tuple {
+            return false;
+        }
+        let guard = &pin();
+        let target_id = w
+            .tables
+            .iter()
+            .find(|(_, s)| s.table.tuple == target)
+            .map(|(&tid, _)| tid);
+        // Every rule of the source, and of the target if there is one.
+        let source_entries = table_entries(&w.tables[&id].table, guard);
+        let target_entries =
+            target_id.map_or_else(Vec::new, |t| table_entries(&w.tables[&t].table, guard));
+        let (moving, staying): (Vec<_>, Vec<_>) = source_entries
+            .into_iter()
+            .partition(|e| fits(&e.rule.prefix_lengths(&self.schema), &target));
+        if moving.is_empty() {
+            return false;
+        }
+        let new_target: Vec<Arc<Entry>> = target_entries.into_iter().chain(moving).collect();
+        let target_id = match target_id {
+            Some(t) => {
+                let table = build_table(target, &self.schema, &new_target);
+                w.tables.get_mut(&t).expect("target").table = Arc::new(table);
+                t
+            }
+            None => w.new_table(build_table(target, &self.schema, &new_target)),
+        };
+        recount(w.tables.get_mut(&target_id).expect("target"), &new_target);
+        for e in &new_target {
+            w.placed.insert(e.rule.clone(), target_id);
+        }
+        if staying.is_empty() {
+            w.tables.remove(&id);
+        } else {
+            let state = w.tables.get_mut(&id).expect("source");
+            state.table = Arc::new(build_table(source_tuple, &self.schema, &staying));
+            recount(state, &staying);
+        }
+        self.publish(w, guard);
+        true
+    }
+
+    /// Publishes the tables in order of their best priority.
+    fn publish(&self, w: &mut Writer, guard: &Guard) {
+        let mut order: Vec<(u32, u64)> = w.tables.iter().map(|(&id, s)| (s.best(), id)).collect();
+        order.sort_unstable();
+        w.order = order.iter().map(|&(_, id)| id).collect();
+        let view = View {
+            tables: order
+                .iter()
+                .map(|&(best, id)| (best, Arc::clone(&w.tables[&id].table)))
+                .collect(),
+        };
+        let old = self.view.swap(Owned::new(view), Ordering::AcqRel, guard);
+        // SAFETY: unreachable for new readers; freed after the grace
+        // period of those that may hold it.
+        unsafe { guard.defer_destroy(old) };
+    }
+}
+
+impl Writer {
+    fn new_table(&mut self, table: Table) -> u64 {
+        let id = self.next_id;
+        self.next_id += 1;
+        self.tables.insert(
+            id,
+            TableState {
+                table: Arc::new(table),
+                priorities: BTreeMap::new(),
+                rules: 0,
+            },
+        );
+        id
+    }
+}
+
+impl Drop for WildcardMap {
+    fn drop(&mut self) {
+        // SAFETY: `&mut self`: no reader; the view goes to the reaper
+        // thread, so a huge map's free stalls no caller.
+        let view = unsafe {
+            self.view
+                .swap(
+                    Shared::null(),
+                    Ordering::Relaxed,
+                    crossbeam_epoch::unprotected(),
+                )
+                .into_owned()
+        };
+        let writer = std::mem::take(self.writer.get_mut());
+        drop_in_background((view.into_box(), writer));
+    }
+}
+
+/// Whether a rule fixing `fixed` bits per field fits a table hashing
+/// `tuple` bits.
+fn fits(fixed: &Tuple, tuple: &Tuple) -> bool {
+    fixed.iter().zip(tuple).all(|(f, t)| f >= t)
+}
+
+/// A new table's tuple for a rule fixing `fixed` bits: prefix fields
+/// longer than 8 bits a few bits shorter (the reference's steps for
+/// IPv4 addresses, 9-16 bits one less, 17-24 two, 25-32 three, and so
+/// on), so that rules of nearby lengths share the table; other fields as
+/// they are.
+fn relax(fixed: &Tuple, schema: &Schema) -> Tuple {
+    let mut t = *fixed;
+    for (i, f) in schema.fields().iter().enumerate() {
+        if f.kind == FieldKind::Prefix && t[i] > 8 {
+            t[i] -= (t[i] - 1) / 8;
+        }
+    }
+    t
+}
+
+fn count(priorities: &mut BTreeMap<u32, usize>, priority: u32, add: bool) {
+    if add {
+        *priorities.entry(priority).or_default() += 1;
+    } else if let Some(n) = priorities.get_mut(&priority) {
+        *n -= 1;
+        if *n == 0 {
+            priorities.remove(&priority);
+        }
+    }
+}
+
+fn recount(state: &mut TableState, entries: &[Arc<Entry>]) {
+    state.priorities.clear();
+    for e in entries {
+        count(&mut state.priorities, e.rule.priority, true);
+    }
+    state.rules = entries.len();
+}
+
+/// Each field's lower bound, as a packet: where a rule hashes.
+fn lows(rule: &Rule) -> [u128; MAX_FIELDS] {
+    let mut v = [0; MAX_FIELDS];
+    for (i, &(lo, _)) in rule.bounds().iter().enumerate() {
+        v[i] = lo;
+    }
+    v
+}
+
+/// Every entry of `table`.
+fn table_entries(table: &Table, guard: &Guard) -> Vec<Arc<Entry>> {
+    // SAFETY: under the guard (the writer's, or a reader's).
+    let buckets = unsafe { table.buckets.load(Ordering::Acquire, guard).deref() };
+    let mut all = Vec::new();
+    for slot in buckets.slots.iter() {
+        // SAFETY: as above.
+        if let Some(chain) = unsafe { slot.load(Ordering::Acquire, guard).as_ref() } {
+            all.extend(chain.entries.iter().cloned());
+        }
+    }
+    all
+}
+
+/// The rules in the bucket of `rule` in `table`.
+fn bucket_of(table: &Table, rule: &Rule, guard: &Guard) -> Vec<Arc<Entry>> {
+    // SAFETY: under the guard (the writer's).
+    let buckets = unsafe { table.buckets.load(Ordering::Acquire, guard).deref() };
+    let chain = table
+        .slot(buckets, &lows(rule))
+        .load(Ordering::Acquire, guard);
+    // SAFETY: as above.
+    unsafe { chain.as_ref() }.map_or_else(Vec::new, |c| c.entries.to_vec())
+}
+
+/// Puts `entry` in place of the entry of the same rule in `table` (one
+/// new chain, published: a reader sees the old value or the new).
+fn chain_replace(table: &Table, entry: Arc<Entry>, guard: &Guard) {
+    // SAFETY: as in `chain_insert`.
+    let buckets = unsafe { table.buckets.load(Ordering::Acquire, guard).deref() };
+    let slot = table.slot(buckets, &lows(&entry.rule));
+    let old = slot.load(Ordering::Acquire, guard);
+    // SAFETY: as above.
+    let chain = unsafe { old.as_ref() }.expect("the rule's bucket");
+    let entries: Box<[Arc<Entry>]> = chain
+        .entries
+        .iter()
+        .map(|e| {
+            if e.rule == entry.rule {
+                Arc::clone(&entry)
+            } else {
+                Arc::clone(e)
+            }
+        })
+        .collect();
+    slot.store(Owned::new(Chain { entries }), Ordering::Release);
+    // SAFETY: replaced; freed after the grace period.
+    unsafe { guard.defer_destroy(old) };
+}
+
+/// Puts `entry` in its bucket of `table` (a new chain, published);
+/// returns the bucket's new length.
+fn chain_insert(table: &Table, entry: Arc<Entry>, guard: &Guard) -> usize {
+    // SAFETY: the writer's guard; the writer lock held by the caller.
+    let buckets = unsafe { table.buckets.load(Ordering::Acquire, guard).deref() };
+    let slot = table.slot(buckets, &lows(&entry.rule));
+    let old = slot.load(Ordering::Acquire, guard);
+    // SAFETY: as above.
+    let mut entries: Vec<Arc<Entry>> =
+        unsafe { old.as_ref() }.map_or_else(Vec::new, |c| c.entries.to_vec());
+    let at = entries.partition_point(|e| e.rule < entry.rule);
+    entries.insert(at, entry);
+    let len = entries.len();
+    slot.store(
+        Owned::new(Chain {
+            entries: entries.into_boxed_slice(),
+        }),
+        Ordering::Release,
+    );
+    if !old.is_null() {
+        // SAFETY: replaced; freed after the grace period.
+        unsafe { guard.defer_destroy(old) };
+    }
+    len
+}
+
+/// Takes `rule` out of its bucket of `table` (a new chain, or none,
+/// published); returns its entry.
+fn chain_remove(table: &Table, rule: &Rule, guard: &Guard) -> Option<Arc<Entry>> {
+    // SAFETY: as in `chain_insert`.
+    let buckets = unsafe { table.buckets.load(Ordering::Acquire, guard).deref() };
+    let slot = table.slot(buckets, &lows(rule));
+    let old = slot.load(Ordering::Acquire, guard);
+    // SAFETY: as above.
+    let chain = unsafe { old.as_ref() }?;
+    let at = chain.entries.iter().position(|e| e.rule == *rule)?;
+    let mut entries = chain.entries.to_vec();
+    let entry = entries.remove(at);
+    let new = if entries.is_empty() {
+        Shared::null()
+    } else {
+        Owned::new(Chain {
+            entries: entries.into_boxed_slice(),
+        })
+        .into_shared(guard)
+    };
+    slot.store(new, Ordering::Release);
+    // SAFETY: replaced; freed after the grace period.
+    unsafe { guard.defer_destroy(old) };
+    Some(entry)
+}
+
+/// Doubles `table`'s buckets once it holds more rules than buckets.
+fn grow_if_full(table: &Table, rules: usize, guard: &Guard) {
+    // SAFETY: as in `chain_insert`.
+    let buckets = unsafe { table.buckets.load(Ordering::Acquire, guard).deref() };
+    if rules <= buckets.slots.len() {
+        return;
+    }
+    let entries = table_entries(table, guard);
+    let new = fill(table, buckets.slots.len() * 2, &entries);
+    let old = table.buckets.swap(Owned::new(new), Ordering::AcqRel, guard);
+    // SAFETY: replaced; freed (with its chains) after the grace period.
+    unsafe { guard.defer_destroy(old) };
+}
+
+/// `entries` dealt into `slots` buckets of `table`'s tuple, each in rule
+/// order.
+fn sorted_chains(table: &Table, slots: usize, entries: &[Arc<Entry>]) -> Vec<Vec<Arc<Entry>>> {
+    let mut chains: Vec<Vec<Arc<Entry>>> = vec![Vec::new(); slots];
+    for e in entries {
+        let i = table.hash(&lows(&e.rule)) as usize & (slots - 1);
+        chains[i].push(Arc::clone(e));
+    }
+    for chain in &mut chains {
+        chain.sort_by(|a, b| a.rule.cmp(&b.rule));
+    }
+    chains
+}
+
+/// A bucket array of `slots` holding `entries`, for `table`'s tuple.
+fn fill(table: &Table, slots: usize, entries: &[Arc<Entry>]) -> Buckets {
+    let buckets = Buckets::new(slots);
+    for (slot, chain) in buckets
+        .slots
+        .iter()
+        .zip(sorted_chains(table, slots, entries))
+    {
+        if !chain.is_empty() {
+            slot.store(
+                Owned::new(Chain {
+                    entries: chain.into_boxed_slice(),
+                }),
+                Ordering::Relaxed,
+            );
+        }
+    }
+    buckets
+}
+
+/// A fresh, unpublished table of `tuple` holding `entries`.
+fn build_table(tuple: Tuple, schema: &Schema, entries: &[Arc<Entry>]) -> Table {
+    let slots = entries.len().next_power_of_two().max(8);
+    let table = Table::new(tuple, schema, slots);
+    // SAFETY: unpublished: this thread is the only one to see it.
+    let buckets = unsafe {
+        table
+            .buckets
+            .load(Ordering::Relaxed, crossbeam_epoch::unprotected())
+            .deref()
+    };
+    for (slot, chain) in buckets
+        .slots
+        .iter()
+        .zip(sorted_chains(&table, slots, entries))
+    {
+        if !chain.is_empty() {
+            slot.store(
+                Owned::new(Chain {
+                    entries: chain.into_boxed_slice(),
+                }),
+                Ordering::Relaxed,
+            );
+        }
+    }
+    table
+}

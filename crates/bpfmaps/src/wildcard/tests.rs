@@ -1,0 +1,597 @@
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use proptest::prelude::*;
+
+use super::*;
+use crate::core::error::Error;
+use crate::{BPF_ANY, BPF_EXIST, BPF_NOEXIST, pin};
+
+fn five_tuple() -> Schema {
+    classbench::schema()
+}
+
+fn v(x: u32) -> [u8; 4] {
+    x.to_ne_bytes()
+}
+
+/// The map's answer for `p`: the rule and its value.
+fn answer(m: &WildcardMap, p: &Packet) -> Option<(Rule, Vec<u8>)> {
+    let guard = pin();
+    m.classify(p, &guard).map(|(r, v)| (r.clone(), v.to_vec()))
+}
+
+fn oracle_answer(o: &BruteForce, p: &Packet) -> Option<(Rule, Vec<u8>)> {
+    o.classify(p).map(|(r, v)| (r.clone(), v.to_vec()))
+}
+
+#[test]
+fn prefixes_from_zero_to_full_length() {
+    let s = Schema::new(vec![Field::prefix("a", 4)]).unwrap();
+    let any = s.rule(0).prefix("a", 0x0a01_0203, 0).build().unwrap();
+    assert_eq!(any.bounds(), &[(0, 0xffff_ffff)]);
+    let host = s.rule(0).prefix("a", 0x0a01_0203, 32).build().unwrap();
+    assert_eq!(host.bounds(), &[(0x0a01_0203, 0x0a01_0203)]);
+    // Host bits are ignored: the same rule as 10.0.0.0/8.
+    let eight = s.rule(0).prefix("a", 0x0a01_0203, 8).build().unwrap();
+    assert_eq!(eight, s.parse_rule("a 10.0.0.0/8", 0).unwrap());
+    assert_eq!(eight.bounds(), &[(0x0a00_0000, 0x0aff_ffff)]);
+    let in_ = s.packet(&[0x0aff_ffff]).unwrap();
+    let out = s.packet(&[0x0b00_0000]).unwrap();
+    assert!(eight.matches(&in_) && !eight.matches(&out));
+    assert!(any.matches(&out));
+    // 16-byte prefixes, /0 and /128.
+    let s6 = Schema::new(vec![Field::prefix("a", 16)]).unwrap();
+    let all = s6.parse_rule("a ::/0", 0).unwrap();
+    assert_eq!(all.bounds(), &[(0, u128::MAX)]);
+    let one = s6.parse_rule("a 2001:db8::1/128", 0).unwrap();
+    assert!(one.matches(&s6.parse_packet("a 2001:db8::1").unwrap()));
+    assert!(!one.matches(&s6.parse_packet("a 2001:db8::2").unwrap()));
+    assert_eq!(one.prefix_lengths(&s6)[0], 128);
+    assert_eq!(all.prefix_lengths(&s6)[0], 0);
+}
+
+#[test]
+fn ranges_of_one_value_and_of_everything() {
+    let s = Schema::new(vec![Field::range("p", 2)]).unwrap();
+    let one = s.parse_rule("p 80", 0).unwrap();
+    assert_eq!(one.bounds(), &[(80, 80)]);
+    assert!(one.matches(&s.packet(&[80]).unwrap()));
+    assert!(!one.matches(&s.packet(&[81]).unwrap()));
+    let all = s.parse_rule("p 0-65535", 0).unwrap();
+    assert_eq!(all, s.parse_rule("p *", 0).unwrap());
+    assert_eq!(all, s.rule(0).build().unwrap());
+    let high = s.parse_rule("p 1024-65535", 0).unwrap();
+    assert!(high.matches(&s.packet(&[1024]).unwrap()));
+    assert!(high.matches(&s.packet(&[65535]).unwrap()));
+    assert!(!high.matches(&s.packet(&[1023]).unwrap()));
+    // The bits every value shares: 0 for 1024-65535, 6 for 1024-2047.
+    assert_eq!(high.prefix_lengths(&s)[0], 0);
+    assert_eq!(
+        s.parse_rule("p 1024-2047", 0).unwrap().prefix_lengths(&s)[0],
+        6
+    );
+    assert_eq!(one.prefix_lengths(&s)[0], 16);
+}
+
+#[test]
+fn wildcard_match_zero_is_anything_and_match_needs_a_value() {
+    let s = Schema::new(vec![Field::wildcard("id", 4), Field::exact("proto", 1)]).unwrap();
+    let any_id = s.parse_rule("id 0, proto 6", 0).unwrap();
+    assert_eq!(any_id.bounds()[0], (0, u32::MAX as u128));
+    assert!(any_id.matches(&s.packet(&[12345, 6]).unwrap()));
+    assert!(!any_id.matches(&s.packet(&[12345, 17]).unwrap()));
+    let one_id = s.parse_rule("id 7, proto 6", 0).unwrap();
+    assert!(one_id.matches(&s.packet(&[7, 6]).unwrap()));
+    assert!(!one_id.matches(&s.packet(&[8, 6]).unwrap()));
+    // An exact-match field left out, or set to anything, is refused.
+    assert!(matches!(s.parse_rule("id 7", 0), Err(Error::Invalid(_))));
+    assert!(matches!(
+        s.parse_rule("id 7, proto *", 0),
+        Err(Error::Invalid(_))
+    ));
+    // Zero is a value for a plain exact match.
+    let zero = s.parse_rule("proto 0", 0).unwrap();
+    assert!(zero.matches(&s.packet(&[1, 0]).unwrap()));
+    assert!(!zero.matches(&s.packet(&[1, 6]).unwrap()));
+}
+
+#[test]
+fn bad_schemas_rules_and_keys_are_refused() {
+    let ok = |n: usize| {
+        (0..n)
+            .map(|i| Field::exact(&format!("f{i}"), 1))
+            .collect::<Vec<_>>()
+    };
+    assert!(Schema::new(ok(9)).is_ok());
+    assert!(Schema::new(ok(10)).is_err());
+    assert!(Schema::new(vec![]).is_err());
+    assert!(Schema::new(vec![Field::prefix("a", 17)]).is_err());
+    assert!(Schema::new(vec![Field::prefix("a", 0)]).is_err());
+    assert!(Schema::new(vec![Field::range("a", 9)]).is_err());
+    assert!(Schema::new(vec![Field::range("a", 8)]).is_ok());
+    assert!(Schema::new(vec![Field::exact("a", 1), Field::exact("a", 2)]).is_err());
+    assert!(Schema::new(vec![Field::exact("a b", 1)]).is_err());
+
+    let s = five_tuple();
+    for bad in [
+        "sport 10-9",      // min > max
+        "src 10.0.0.0/33", // prefix too long
+        "sport 70000",     // too wide
+        "proto 256",       // too wide
+        "nosuch 1",        // no such field
+        "src",             // no value
+        "src ten",         // not a value
+        "dport 1-2-3",     // not a range
+    ] {
+        assert!(
+            matches!(s.parse_rule(bad, 0), Err(Error::Invalid(_))),
+            "{bad:?} was accepted"
+        );
+    }
+    assert!(
+        s.rule(0).range("src", 1, 2).build().is_err(),
+        "range on a prefix"
+    );
+    assert!(
+        s.rule(0).prefix("sport", 1, 2).build().is_err(),
+        "prefix on a range"
+    );
+    assert!(s.packet(&[1, 2, 3, 4]).is_err());
+    assert!(s.packet(&[1, 2, 3, 4, 256]).is_err());
+    assert!(s.packet_from_bytes(&[0; 12]).is_err());
+    let p = s
+        .packet_from_bytes(&[10, 0, 0, 1, 192, 0, 2, 1, 0, 80, 1, 187, 6])
+        .unwrap();
+    assert_eq!(
+        p,
+        s.parse_packet("src 10.0.0.1, dst 192.0.2.1, sport 80, dport 443, proto 6")
+            .unwrap()
+    );
+}
+
+#[test]
+fn update_flags_full_map_and_bad_input_leave_the_map_unchanged() {
+    let s = five_tuple();
+    let m = WildcardMap::new(s.clone(), 4, 2).unwrap();
+    let r1 = s.parse_rule("src 10.0.0.0/8", 1).unwrap();
+    let r2 = s.parse_rule("dport 22", 2).unwrap();
+    let r3 = s.parse_rule("proto 17/8", 3).unwrap();
+    assert_eq!(m.insert(&r1, &v(1), BPF_EXIST), Err(Error::NotFound));
+    m.insert(&r1, &v(1), BPF_NOEXIST).unwrap();
+    assert_eq!(m.insert(&r1, &v(9), BPF_NOEXIST), Err(Error::Exists));
+    m.insert(&r1, &v(11), BPF_EXIST).unwrap();
+    m.insert(&r2, &v(2), BPF_ANY).unwrap();
+    assert_eq!(m.insert(&r3, &v(3), BPF_ANY), Err(Error::Full));
+    // A full map still takes new values for its rules.
+    m.insert(&r2, &v(22), BPF_ANY).unwrap();
+    assert!(matches!(m.insert(&r3, &v(3), 4), Err(Error::Invalid(_))));
+    assert!(matches!(
+        m.insert(&r1, &[1, 2, 3], BPF_ANY),
+        Err(Error::Invalid(_))
+    ));
+    let other = Schema::new(vec![Field::prefix("src", 4)]).unwrap();
+    let foreign = other.parse_rule("src 10.0.0.0/8", 1).unwrap();
+    assert!(matches!(
+        m.insert(&foreign, &v(1), BPF_ANY),
+        Err(Error::Invalid(_))
+    ));
+    assert!(matches!(m.remove(&foreign), Err(Error::Invalid(_))));
+    assert_eq!(m.remove(&r3), Err(Error::NotFound));
+    assert_eq!(m.len(), 2);
+    let guard = pin();
+    assert_eq!(m.get(&r1, &guard), Some(&v(11)[..]));
+    assert_eq!(m.get(&r2, &guard), Some(&v(22)[..]));
+    assert_eq!(m.get(&r3, &guard), None);
+    assert_eq!(
+        m.rules(),
+        vec![(r1.clone(), v(11).to_vec()), (r2.clone(), v(22).to_vec())]
+    );
+    assert_eq!(m.take(&r1), Ok(v(11).to_vec()));
+    assert_eq!(m.get(&r1, &guard), None);
+    m.insert(&r3, &v(3), BPF_NOEXIST).unwrap();
+    m.clear();
+    assert!(m.is_empty());
+    assert_eq!(m.rules(), vec![]);
+    let p = s
+        .parse_packet("src 10.0.0.1, dst 1.1.1.1, sport 1, dport 22, proto 17")
+        .unwrap();
+    assert_eq!(m.classify(&p, &guard), None);
+    assert!(WildcardMap::new(s.clone(), 0, 1).is_err());
+    assert!(WildcardMap::new(s, 4, 0).is_err());
+}
+
+#[test]
+fn ties_go_to_the_first_rule_in_rule_order_whatever_the_insert_order() {
+    let s = five_tuple();
+    let a = s.parse_rule("src 10.0.0.0/8", 5).unwrap();
+    let b = s.parse_rule("dst 10.0.0.0/8", 5).unwrap();
+    let better = s.parse_rule("sport 1-9", 4).unwrap();
+    let p = s
+        .parse_packet("src 10.0.0.1, dst 10.0.0.2, sport 5, dport 1, proto 6")
+        .unwrap();
+    let first = a.clone().min(b.clone());
+    for order in [[&a, &b], [&b, &a]] {
+        let m = WildcardMap::new(s.clone(), 4, 10).unwrap();
+        let mut o = BruteForce::new();
+        for (i, r) in order.iter().enumerate() {
+            m.insert(r, &v(i as u32), BPF_ANY).unwrap();
+            o.insert((*r).clone(), &v(i as u32));
+        }
+        assert_eq!(answer(&m, &p).unwrap().0, first);
+        assert_eq!(answer(&m, &p), oracle_answer(&o, &p));
+        m.insert(&better, &v(9), BPF_ANY).unwrap();
+        assert_eq!(answer(&m, &p).unwrap().0, better);
+    }
+}
+
+#[test]
+fn overflowing_buckets_split_tables_and_answers_stay_right() {
+    // 200 rules that share a /8 source and differ in their /24 source:
+    // one relaxed table hashes 8 bits of it, so their bucket overflows
+    // until a split hashes more.
+    let s = five_tuple();
+    let m = WildcardMap::with_collision_limit(s.clone(), 4, 1000, 4).unwrap();
+    let mut o = BruteForce::new();
+    let n = crate::scaled(200, 24) as u32;
+    let rules: Vec<Rule> = (0..n)
+        .map(|i| {
+            s.rule(i)
+                .prefix(
+                    "src",
+                    0x0a00_0000 | u128::from(i) << 8,
+                    if i == 0 { 8 } else { 24 },
+                )
+                .build()
+                .unwrap()
+        })
+        .collect();
+    for (i, r) in rules.iter().enumerate() {
+        m.insert(r, &v(i as u32), BPF_NOEXIST).unwrap();
+        o.insert(r.clone(), &v(i as u32));
+    }
+    assert!(m.tables() >= 2, "{} tables", m.tables());
+    let guard = pin();
+    for i in 0..n {
+        let p = s
+            .packet(&[0x0a00_0001 | u128::from(i) << 8, 1, 2, 3, 6])
+            .unwrap();
+        assert_eq!(answer(&m, &p), oracle_answer(&o, &p), "packet {i}");
+        let (_, probed) = m.classify_counting(&p, &guard);
+        assert!(probed <= m.tables());
+    }
+    for r in rules.iter().step_by(3) {
+        m.remove(r).unwrap();
+        o.remove(r);
+    }
+    for i in 0..n {
+        let p = s
+            .packet(&[0x0a00_0001 | u128::from(i) << 8, 1, 2, 3, 6])
+            .unwrap();
+        assert_eq!(
+            answer(&m, &p),
+            oracle_answer(&o, &p),
+            "packet {i} after removals"
+        );
+    }
+    let want: Vec<(Rule, Vec<u8>)> = o.iter().map(|(r, v)| (r.clone(), v.to_vec())).collect();
+    assert_eq!(m.rules(), want);
+}
+
+#[test]
+fn classify_many_answers_each_packet_and_wants_room() {
+    let s = five_tuple();
+    let m = WildcardMap::new(s.clone(), 4, 10).unwrap();
+    m.insert(&s.parse_rule("proto 6/8", 1).unwrap(), &v(6), BPF_ANY)
+        .unwrap();
+    let tcp = s.packet(&[1, 2, 3, 4, 6]).unwrap();
+    let udp = s.packet(&[1, 2, 3, 4, 17]).unwrap();
+    let guard = pin();
+    let mut out = [None; 2];
+    m.classify_many(&[tcp, udp], &guard, &mut out).unwrap();
+    assert_eq!(out[0].map(|(_, v)| v), Some(&v(6)[..]));
+    assert_eq!(out[1], None);
+    assert!(m.classify_many(&[tcp, udp], &guard, &mut out[..1]).is_err());
+}
+
+/// A small random schema: 1 to 4 fields of every kind, narrow enough that
+/// random rules overlap.
+fn arb_schema() -> impl Strategy<Value = Schema> {
+    let field = (0..4usize, prop::sample::select(vec![1usize, 2, 4, 16]));
+    prop::collection::vec(field, 1..=4).prop_map(|fs| {
+        let fields = fs
+            .into_iter()
+            .enumerate()
+            .map(|(i, (kind, size))| {
+                let name = format!("f{i}");
+                match kind {
+                    0 => Field::prefix(&name, size),
+                    1 => Field::range(&name, size.min(8)),
+                    2 => Field::exact(&name, size),
+                    _ => Field::wildcard(&name, size),
+                }
+            })
+            .collect();
+        Schema::new(fields).unwrap()
+    })
+}
+
+/// A value of `field` near the few values rules and packets are drawn
+/// around (so that they meet), as the top bits of the field.
+fn near(field: &Field, seed: u64) -> u128 {
+    let top = u128::from(seed % 4) << (field.bits() - 2);
+    let low = u128::from(seed / 4 % 4);
+    top | low
+}
+
+/// A rule of `schema` from random numbers.
+fn rule_from(schema: &Schema, priority: u32, seeds: &[u64]) -> Rule {
+    let mut b = schema.rule(priority);
+    for (f, &seed) in schema.fields().iter().zip(seeds) {
+        let value = near(f, seed);
+        b = match (f.kind, seed % 5) {
+            (FieldKind::Prefix, k) => {
+                let len = [0, 1, 2, f.bits() - 1, f.bits()][k as usize];
+                b.prefix(&f.name, value, len)
+            }
+            (FieldKind::Range, 0) => b.any(&f.name),
+            (FieldKind::Range, k) => {
+                let hi = value
+                    .saturating_add(u128::from(k * (seed % 3)))
+                    .min(f.max());
+                b.range(&f.name, value, hi)
+            }
+            (FieldKind::WildcardMatch, 0) => b.exact(&f.name, 0),
+            _ => b.exact(&f.name, value),
+        };
+    }
+    b.build().unwrap()
+}
+
+#[derive(Debug, Clone)]
+enum Op {
+    Insert(u32, Vec<u64>, u64),
+    Remove(usize),
+    Classify(Vec<u64>),
+}
+
+fn arb_ops() -> impl Strategy<Value = Vec<Op>> {
+    let seeds = || prop::collection::vec(any::<u64>(), 4);
+    prop::collection::vec(
+        prop_oneof![
+            4 => (0..8u32, seeds(), 0..3u64).prop_map(|(p, s, f)| Op::Insert(p, s, f)),
+            1 => any::<usize>().prop_map(Op::Remove),
+            4 => seeds().prop_map(Op::Classify),
+        ],
+        1..120,
+    )
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(crate::scaled(96, 2) as u32))]
+
+    /// Random schemas, rules and packets against the brute-force oracle:
+    /// every insert's and removal's result, every classification, exact
+    /// lookups and the rule list; a collision limit of 1 to 3, so that
+    /// tables split often.
+    #[test]
+    fn matches_the_brute_force_oracle(schema in arb_schema(), ops in arb_ops(), limit in 1..4usize) {
+        let m = WildcardMap::with_collision_limit(schema.clone(), 4, 40, limit).unwrap();
+        let mut o = BruteForce::new();
+        let mut held: Vec<Rule> = Vec::new();
+        let guard = pin();
+        for (i, op) in ops.iter().enumerate() {
+            match op {
+                Op::Insert(prio, seeds, flags) => {
+                    let rule = rule_from(&schema, *prio, seeds);
+                    let there = o.get(&rule).is_some();
+                    let want = match (*flags, there) {
+                        (BPF_NOEXIST, true) => Err(Error::Exists),
+                        (BPF_EXIST, false) => Err(Error::NotFound),
+                        (_, false) if o.len() >= 40 => Err(Error::Full),
+                        _ => Ok(()),
+                    };
+                    prop_assert_eq!(m.insert(&rule, &v(i as u32), *flags), want.clone());
+                    if want.is_ok() {
+                        o.insert(rule.clone(), &v(i as u32));
+                        if !there {
+                            held.push(rule);
+                        }
+                    }
+                }
+                Op::Remove(k) => {
+                    if held.is_empty() {
+                        continue;
+                    }
+                    let rule = held.swap_remove(k % held.len());
+                    prop_assert_eq!(m.take(&rule), Ok(o.remove(&rule).unwrap()));
+                    prop_assert_eq!(m.remove(&rule), Err(Error::NotFound));
+                }
+                Op::Classify(seeds) => {
+                    let values: Vec<u128> = schema
+                        .fields()
+                        .iter()
+                        .zip(seeds)
+                        .map(|(f, &s)| near(f, s) ^ u128::from(s >> 60 & 1))
+                        .collect();
+                    let p = schema.packet(&values).unwrap();
+                    prop_assert_eq!(answer(&m, &p), oracle_answer(&o, &p));
+                }
+            }
+            prop_assert_eq!(m.len(), o.len());
+        }
+        for rule in &held {
+            prop_assert_eq!(m.get(rule, &guard), o.get(rule));
+        }
+        let want: Vec<(Rule, Vec<u8>)> = o.iter().map(|(r, v)| (r.clone(), v.to_vec())).collect();
+        prop_assert_eq!(m.rules(), want);
+    }
+}
+
+/// The shared ClassBench sets (`../shared/data/classbench/`), if this
+/// checkout has them: every rule set loaded, and every packet of its
+/// trace (or of one generated inside its rules, and uniformly) classified
+/// as the oracle does.
+#[test]
+#[cfg_attr(miri, ignore = "reads files; minutes of interpreted time")]
+fn classbench_sets_classify_as_the_oracle_does() {
+    use std::io::Read;
+    let dir =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../../shared/data/classbench");
+    let read = |name: &str| -> Option<String> {
+        let path = dir.join(name);
+        let mut text = String::new();
+        if name.ends_with(".gz") {
+            let file = std::fs::File::open(path).ok()?;
+            flate2::read::GzDecoder::new(file)
+                .read_to_string(&mut text)
+                .ok()?;
+        } else {
+            text = std::fs::read_to_string(path).ok()?;
+        }
+        Some(text)
+    };
+    let sets = [
+        ("acl1_1k", None),
+        ("fw1_1k", None),
+        ("ipc1_1k", None),
+        ("acl1_10k.gz", None),
+        ("fw1_10k.gz", None),
+        ("ipc1_10k.gz", None),
+        ("cutsplit/acl_1k.gz", Some("cutsplit/acl_1k_trace.gz")),
+        ("cutsplit/fw_1k.gz", Some("cutsplit/fw_1k_trace.gz")),
+        ("cutsplit/ipc_1k.gz", Some("cutsplit/ipc_1k_trace.gz")),
+        ("cutsplit/fw_10k.gz", Some("cutsplit/fw_10k_trace.gz")),
+    ];
+    let s = five_tuple();
+    let mut checked = 0;
+    for (rules_file, trace_file) in sets {
+        let Some(text) = read(rules_file) else {
+            eprintln!("{rules_file}: absent, skipped");
+            continue;
+        };
+        let rules = classbench::parse_rules(&s, &text).unwrap();
+        let m = WildcardMap::new(s.clone(), 4, rules.len() as u32).unwrap();
+        let mut o = BruteForce::new();
+        for r in &rules {
+            // Rule files repeat a few rules; the first copy wins.
+            if o.get(r).is_none() {
+                m.insert(r, &v(r.priority), BPF_NOEXIST).unwrap();
+                o.insert(r.clone(), &v(r.priority));
+            }
+        }
+        let mut packets = classbench::generate_trace(&s, &rules, 3000, 0.9, 7);
+        if let Some(trace) = trace_file.and_then(read) {
+            packets.extend(
+                classbench::parse_trace(&s, &trace)
+                    .unwrap()
+                    .into_iter()
+                    .step_by(3),
+            );
+        }
+        let guard = pin();
+        for (i, p) in packets.iter().enumerate() {
+            let want = o.classify(p).map(|(r, _)| r);
+            let got = m.classify(p, &guard).map(|(r, _)| r);
+            assert_eq!(got, want, "{rules_file}: packet {i} {p:?}");
+        }
+        eprintln!(
+            "{rules_file}: {} rules in {} tables, {} packets agree",
+            m.len(),
+            m.tables(),
+            packets.len()
+        );
+        checked += 1;
+    }
+    if checked == 0 {
+        eprintln!("no ClassBench set in {}: nothing checked", dir.display());
+    }
+}
+
+/// Readers classify while a writer inserts and removes churned rules:
+/// every answer matches its packet and is either a churned rule or the
+/// packet's best stable rule (stable rules never missed), and its value
+/// is its rule's (never torn or stale).
+#[test]
+fn readers_never_miss_a_stable_rule_while_a_writer_churns() {
+    let s = five_tuple();
+    let m = Arc::new(WildcardMap::with_collision_limit(s.clone(), 4, 10_000, 3).unwrap());
+    let n = crate::scaled(64, 8) as u32;
+    // Stable: one /24 per `i` at priority 1000 + i, plus a catch-all.
+    let value_of = |r: &Rule| -> [u8; 4] { (r.priority ^ (r.bounds()[0].0 as u32)).to_ne_bytes() };
+    let mut stable: BTreeMap<u32, Rule> = BTreeMap::new();
+    for i in 0..n {
+        let r = s
+            .rule(1000 + i)
+            .prefix("src", 0x0a00_0000 | u128::from(i) << 8, 24)
+            .build()
+            .unwrap();
+        m.insert(&r, &value_of(&r), BPF_NOEXIST).unwrap();
+        stable.insert(i, r);
+    }
+    let catch_all = s.rule(5000).build().unwrap();
+    m.insert(&catch_all, &value_of(&catch_all), BPF_NOEXIST)
+        .unwrap();
+    let stop = Arc::new(AtomicBool::new(false));
+    let readers: Vec<_> = (0..2)
+        .map(|t| {
+            let (m, s, stop) = (m.clone(), s.clone(), stop.clone());
+            let (stable, catch_all) = (stable.clone(), catch_all.clone());
+            std::thread::spawn(move || {
+                let mut seen = 0u64;
+                let mut i = t;
+                while !stop.load(Ordering::Relaxed) || seen < 100 {
+                    let k = i % (n + 4);
+                    let p = s
+                        .packet(&[0x0a00_0005 | u128::from(k) << 8, 1, 80, 443, 6])
+                        .unwrap();
+                    let guard = pin();
+                    let (rule, value) = m.classify(&p, &guard).expect("the catch-all at least");
+                    assert!(rule.matches(&p));
+                    assert_eq!(value, value_of(rule), "torn or stale value");
+                    let best_stable = stable.get(&k).unwrap_or(&catch_all);
+                    assert!(
+                        rule.priority < 1000 || rule == best_stable,
+                        "packet {k}: got {rule:?}, its stable rule is {best_stable:?}"
+                    );
+                    seen += 1;
+                    i += 7;
+                    crate::reader_pause();
+                }
+                seen
+            })
+        })
+        .collect();
+    // Churn: rules at priorities below the stable ones, overlapping them,
+    // inserted and removed in windows; values rewritten in place too.
+    let rounds = crate::scaled(3000, 40) as u32;
+    let mut live = std::collections::VecDeque::new();
+    for step in 0..rounds {
+        let i = step % (n + 4);
+        let r = s
+            .rule(step % 997)
+            .prefix(
+                "src",
+                0x0a00_0000 | u128::from(i) << 8,
+                [24, 20, 28][step as usize % 3],
+            )
+            .range("dport", 400, 500 + u128::from(step % 50))
+            .build()
+            .unwrap();
+        if m.insert(&r, &value_of(&r), BPF_NOEXIST).is_ok() {
+            live.push_back(r);
+        }
+        if live.len() > 40 {
+            m.remove(&live.pop_front().unwrap()).unwrap();
+        }
+        if let Some(r) = live.back() {
+            m.insert(r, &value_of(r), BPF_EXIST).unwrap();
+        }
+    }
+    stop.store(true, Ordering::Relaxed);
+    for r in readers {
+        assert!(r.join().unwrap() > 0);
+    }
+    assert_eq!(m.len(), stable.len() + 1 + live.len());
+}
