@@ -303,3 +303,111 @@ pub fn run_maple(data: &[u8]) {
         .collect();
     assert_eq!(all, model);
 }
+
+/// Runs the operations `data` encodes on a `WildcardMap` and the
+/// brute-force classifier, comparing every answer. The first bytes pick
+/// a schema (1 to 4 fields of every kind and of 1, 2, 4 or 16 bytes) and a
+/// collision limit (1 to 4, so tables split often); then each 6-byte op
+/// inserts (with a flag), removes or classifies. A field's value is one
+/// byte spread over the field's top and bottom bits, so rules and packets
+/// meet; a prefix length is one of a few, ranges are short.
+pub fn run_wildcard(data: &[u8]) {
+    use bpfmaps::wildcard::{BruteForce, Field, Rule, Schema, WildcardMap};
+
+    let Some((&head, rest)) = data.split_first() else {
+        return;
+    };
+    let Some((&limit, rest)) = rest.split_first() else {
+        return;
+    };
+    let n = 1 + usize::from(head % 4);
+    let Some((kinds, ops)) = rest.split_at_checked(n) else {
+        return;
+    };
+    let fields: Vec<Field> = kinds
+        .iter()
+        .enumerate()
+        .map(|(i, &k)| {
+            let name = format!("f{i}");
+            let size = [1, 2, 4, 16][usize::from(k >> 2) % 4];
+            match k % 4 {
+                0 => Field::prefix(&name, size),
+                1 => Field::range(&name, size.min(8)),
+                2 => Field::exact(&name, size),
+                _ => Field::wildcard(&name, size),
+            }
+        })
+        .collect();
+    let schema = Schema::new(fields).unwrap();
+    let value =
+        |f: &Field, b: u8| -> u128 { (u128::from(b >> 4) << (f.bits() - 4)) | u128::from(b & 0xf) };
+    let rule = |prio: u8, bytes: &[u8]| -> Rule {
+        let mut r = schema.rule(u32::from(prio % 8));
+        for (i, f) in schema.fields().iter().enumerate() {
+            let b = bytes[i % bytes.len()].rotate_left(i as u32);
+            let v = value(f, b);
+            r = match f.kind {
+                bpfmaps::wildcard::FieldKind::Prefix => {
+                    let len = [0, 1, 4, f.bits() - 1, f.bits()][usize::from(b % 5)];
+                    r.prefix(&f.name, v, len)
+                }
+                bpfmaps::wildcard::FieldKind::Range => {
+                    r.range(&f.name, v, (v + u128::from(b % 7)).min(f.max()))
+                }
+                _ => r.exact(&f.name, v),
+            };
+        }
+        r.build().unwrap()
+    };
+    let map = WildcardMap::with_collision_limit(schema.clone(), 2, 64, 1 + usize::from(limit % 4))
+        .unwrap();
+    let mut oracle = BruteForce::new();
+    for (step, op) in ops.chunks_exact(6).enumerate() {
+        let val = (step as u16).to_ne_bytes();
+        match op[0] % 4 {
+            0 | 1 => {
+                let r = rule(op[1], &op[2..]);
+                let flags = u64::from(op[0] >> 2) % 3;
+                let there = oracle.get(&r).is_some();
+                let ok = match (flags, there) {
+                    (1, true) | (2, false) => false,
+                    (_, false) => oracle.len() < 64,
+                    _ => true,
+                };
+                assert_eq!(
+                    map.insert(&r, &val, flags).is_ok(),
+                    ok,
+                    "{r:?} flags {flags}"
+                );
+                if ok {
+                    oracle.insert(r, &val);
+                }
+            }
+            2 => {
+                let r = rule(op[1], &op[2..]);
+                assert_eq!(map.take(&r).ok(), oracle.remove(&r));
+            }
+            _ => {
+                let values: Vec<u128> = schema
+                    .fields()
+                    .iter()
+                    .enumerate()
+                    .map(|(i, f)| value(f, op[1 + i % 5].rotate_left(i as u32)))
+                    .collect();
+                let p = schema.packet(&values).unwrap();
+                let guard = bpfmaps::pin();
+                let got = map
+                    .classify(&p, &guard)
+                    .map(|(r, v)| (r.clone(), v.to_vec()));
+                let want = oracle.classify(&p).map(|(r, v)| (r.clone(), v.to_vec()));
+                assert_eq!(got, want, "{p:?}");
+            }
+        }
+        assert_eq!(map.len(), oracle.len());
+    }
+    let want: Vec<_> = oracle
+        .iter()
+        .map(|(r, v)| (r.clone(), v.to_vec()))
+        .collect();
+    assert_eq!(map.rules(), want);
+}

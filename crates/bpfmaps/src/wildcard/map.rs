@@ -51,79 +51,57 @@ struct Entry {
 }
 
 /// One bucket's rules, in rule order, with what a probe reads of each
-/// (priority, intervals) copied in line: a probe checks its candidates
-/// without following a pointer to each.
+/// copied in line, back to back: per rule its priority, then each
+/// field's interval (`1 + 2 * fields` numbers); a probe checks its
+/// candidates without following a pointer to each.
 struct Chain {
+    keys: Box<[u128]>,
     entries: Box<[Arc<Entry>]>,
-    priorities: Box<[u32]>,
-    /// Entry `i`'s intervals at `i * fields..`.
-    bounds: Box<[(u128, u128)]>,
 }
 
 impl Chain {
     fn new(entries: impl Into<Box<[Arc<Entry>]>>) -> Self {
         let entries = entries.into();
         Chain {
-            priorities: entries.iter().map(|e| e.rule.priority).collect(),
-            bounds: entries
+            keys: entries
                 .iter()
-                .flat_map(|e| e.rule.bounds().iter().copied())
+                .flat_map(|e| {
+                    std::iter::once(u128::from(e.rule.priority))
+                        .chain(e.rule.bounds().iter().flat_map(|&(lo, hi)| [lo, hi]))
+                })
                 .collect(),
             entries,
         }
     }
 }
 
-/// A table's buckets (a power of two of them).
-struct Buckets {
-    slots: Box<[Atomic<Chain>]>,
-}
-
-impl Buckets {
-    fn new(n: usize) -> Self {
-        Buckets {
-            slots: (0..n).map(|_| Atomic::null()).collect(),
-        }
-    }
-}
-
-impl Drop for Buckets {
-    fn drop(&mut self) {
-        for slot in self.slots.iter() {
-            // SAFETY: a bucket array is dropped only once unreachable (its
-            // grace period over, or with its table), so are its chains.
-            unsafe {
-                let chain = slot.load(Ordering::Relaxed, crossbeam_epoch::unprotected());
-                if !chain.is_null() {
-                    drop(chain.into_owned());
-                }
-            }
-        }
-    }
-}
-
-/// One TupleMerge table.
+/// One TupleMerge table: the bits it hashes and its buckets (a power of
+/// two of them). Only its buckets' chains change once it is published; a
+/// table that outgrows its buckets is rebuilt larger and published anew.
 struct Table {
     tuple: Tuple,
     /// The fields it hashes (tuple > 0), each with the shift that keeps
-    /// its leading `tuple` bits.
-    hashed: Box<[(usize, u32)]>,
-    buckets: Atomic<Buckets>,
+    /// its leading `tuple` bits; `hashed` of them.
+    fields: [(u8, u8); MAX_FIELDS],
+    hashed: usize,
+    slots: Box<[Atomic<Chain>]>,
 }
 
 impl Table {
     fn new(tuple: Tuple, schema: &Schema, slots: usize) -> Self {
-        let hashed = schema
-            .fields()
-            .iter()
-            .enumerate()
-            .filter(|&(i, _)| tuple[i] > 0)
-            .map(|(i, f)| (i, f.bits() - u32::from(tuple[i])))
-            .collect();
+        let mut fields = [(0, 0); MAX_FIELDS];
+        let mut hashed = 0;
+        for (i, f) in schema.fields().iter().enumerate() {
+            if tuple[i] > 0 {
+                fields[hashed] = (i as u8, (f.bits() - u32::from(tuple[i])) as u8);
+                hashed += 1;
+            }
+        }
         Table {
             tuple,
+            fields,
             hashed,
-            buckets: Atomic::new(Buckets::new(slots)),
+            slots: (0..slots).map(|_| Atomic::null()).collect(),
         }
     }
 
@@ -132,8 +110,8 @@ impl Table {
     fn hash(&self, values: &[u128; MAX_FIELDS]) -> u64 {
         const K: u64 = 0x9e37_79b9_7f4a_7c15;
         let mut h = 0x2545_f491_4f6c_dd1d_u64;
-        for &(field, shift) in self.hashed.iter() {
-            let v = values[field] >> shift;
+        for &(field, shift) in &self.fields[..self.hashed] {
+            let v = values[usize::from(field)] >> shift;
             h = (h.rotate_left(23) ^ v as u64 ^ ((v >> 64) as u64).rotate_left(29)).wrapping_mul(K);
         }
         h ^ (h >> 31)
@@ -141,21 +119,21 @@ impl Table {
 
     /// The bucket `values` hash to.
     #[inline]
-    fn slot<'b>(&self, buckets: &'b Buckets, values: &[u128; MAX_FIELDS]) -> &'b Atomic<Chain> {
-        &buckets.slots[self.hash(values) as usize & (buckets.slots.len() - 1)]
+    fn slot(&self, values: &[u128; MAX_FIELDS]) -> &Atomic<Chain> {
+        &self.slots[self.hash(values) as usize & (self.slots.len() - 1)]
     }
 }
 
 impl Drop for Table {
     fn drop(&mut self) {
-        // SAFETY: a table is dropped with its last reference: no list a
-        // reader can reach holds it.
-        unsafe {
-            let b = self
-                .buckets
-                .load(Ordering::Relaxed, crossbeam_epoch::unprotected());
-            if !b.is_null() {
-                drop(b.into_owned());
+        for slot in self.slots.iter() {
+            // SAFETY: a table is dropped with its last reference: no view
+            // a reader can reach holds it, and its chains are its own.
+            unsafe {
+                let chain = slot.load(Ordering::Relaxed, crossbeam_epoch::unprotected());
+                if !chain.is_null() {
+                    drop(chain.into_owned());
+                }
             }
         }
     }
@@ -312,30 +290,26 @@ impl WildcardMap {
                 break;
             }
             probed += 1;
-            // SAFETY: as the view: bucket arrays and chains are freed
-            // after the grace period of their replacement.
-            let buckets = unsafe { table.buckets.load(Ordering::Acquire, guard).deref() };
-            let chain = table
-                .slot(buckets, &packet.values)
-                .load(Ordering::Acquire, guard);
-            // SAFETY: as above.
+            let chain = table.slot(&packet.values).load(Ordering::Acquire, guard);
+            // SAFETY: as the view: chains are freed after the grace
+            // period of their replacement.
             let Some(chain) = (unsafe { chain.as_ref() }) else {
                 continue;
             };
             let fields = &packet.values[..self.schema.fields().len()];
-            for (i, bounds) in chain.bounds.chunks_exact(fields.len()).enumerate() {
+            for (i, key) in chain.keys.chunks_exact(1 + 2 * fields.len()).enumerate() {
                 if let Some(b) = best {
-                    let p = chain.priorities[i];
+                    let p = key[0] as u32;
                     if p > b.rule.priority
                         || p == b.rule.priority && chain.entries[i].rule >= b.rule
                     {
                         break;
                     }
                 }
-                if bounds
-                    .iter()
+                if key[1..]
+                    .chunks_exact(2)
                     .zip(fields)
-                    .all(|(&(lo, hi), &v)| lo <= v && v <= hi)
+                    .all(|(lo_hi, &v)| lo_hi[0] <= v && v <= lo_hi[1])
                 {
                     best = Some(&chain.entries[i]);
                     break;
@@ -376,10 +350,8 @@ impl WildcardMap {
             .iter()
             .filter(|(_, t)| fits(&fixed, &t.tuple))
             .find_map(|(_, table)| {
+                let chain = table.slot(&lows).load(Ordering::Acquire, guard);
                 // SAFETY: as in `classify_counting`.
-                let buckets = unsafe { table.buckets.load(Ordering::Acquire, guard).deref() };
-                let chain = table.slot(buckets, &lows).load(Ordering::Acquire, guard);
-                // SAFETY: as above.
                 let chain = unsafe { chain.as_ref() }?;
                 chain
                     .entries
@@ -513,7 +485,19 @@ impl WildcardMap {
         let bucket = chain_insert(&state.table, entry, guard);
         count(&mut state.priorities, rule.priority, true);
         state.rules += 1;
-        grow_if_full(&state.table, state.rules, guard);
+        // Past one rule per bucket, twice the buckets: a new table,
+        // published below with a new view.
+        let grown = state.rules > state.table.slots.len();
+        if grown {
+            let entries = table_entries(&state.table, guard);
+            let slots = 2 * state.table.slots.len();
+            state.table = Arc::new(build_table(
+                state.table.tuple,
+                &self.schema,
+                slots,
+                &entries,
+            ));
+        }
         let after = state.best();
         w.placed.insert(rule.clone(), id);
         if bucket > self.collision_limit {
@@ -525,7 +509,7 @@ impl WildcardMap {
                 return; // published
             }
         }
-        if fresh || before != after {
+        if fresh || grown || before != after {
             self.publish(w, guard);
         }
     }
@@ -577,11 +561,16 @@ impl WildcardMap {
         let new_target: Vec<Arc<Entry>> = target_entries.into_iter().chain(moving).collect();
         let target_id = match target_id {
             Some(t) => {
-                let table = build_table(target, &self.schema, &new_target);
+                let table = build_table(target, &self.schema, slots_for(&new_target), &new_target);
                 w.tables.get_mut(&t).expect("target").table = Arc::new(table);
                 t
             }
-            None => w.new_table(build_table(target, &self.schema, &new_target)),
+            None => w.new_table(build_table(
+                target,
+                &self.schema,
+                slots_for(&new_target),
+                &new_target,
+            )),
         };
         recount(w.tables.get_mut(&target_id).expect("target"), &new_target);
         for e in &new_target {
@@ -591,7 +580,12 @@ impl WildcardMap {
             w.tables.remove(&id);
         } else {
             let state = w.tables.get_mut(&id).expect("source");
-            state.table = Arc::new(build_table(source_tuple, &self.schema, &staying));
+            state.table = Arc::new(build_table(
+                source_tuple,
+                &self.schema,
+                slots_for(&staying),
+                &staying,
+            ));
             recount(state, &staying);
         }
         self.publish(w, guard);
@@ -719,11 +713,9 @@ fn lows(rule: &Rule) -> [u128; MAX_FIELDS] {
 
 /// Every entry of `table`.
 fn table_entries(table: &Table, guard: &Guard) -> Vec<Arc<Entry>> {
-    // SAFETY: under the guard (the writer's, or a reader's).
-    let buckets = unsafe { table.buckets.load(Ordering::Acquire, guard).deref() };
     let mut all = Vec::new();
-    for slot in buckets.slots.iter() {
-        // SAFETY: as above.
+    for slot in table.slots.iter() {
+        // SAFETY: under the guard (the writer's, or a reader's).
         if let Some(chain) = unsafe { slot.load(Ordering::Acquire, guard).as_ref() } {
             all.extend(chain.entries.iter().cloned());
         }
@@ -733,144 +725,90 @@ fn table_entries(table: &Table, guard: &Guard) -> Vec<Arc<Entry>> {
 
 /// The rules in the bucket of `rule` in `table`.
 fn bucket_of(table: &Table, rule: &Rule, guard: &Guard) -> Vec<Arc<Entry>> {
+    let chain = table.slot(&lows(rule)).load(Ordering::Acquire, guard);
     // SAFETY: under the guard (the writer's).
-    let buckets = unsafe { table.buckets.load(Ordering::Acquire, guard).deref() };
-    let chain = table
-        .slot(buckets, &lows(rule))
-        .load(Ordering::Acquire, guard);
-    // SAFETY: as above.
     unsafe { chain.as_ref() }.map_or_else(Vec::new, |c| c.entries.to_vec())
+}
+
+/// Publishes `entries` as the chain of `slot`, freeing the one it
+/// replaces after the grace period.
+fn publish_chain(slot: &Atomic<Chain>, entries: Vec<Arc<Entry>>, guard: &Guard) {
+    let new = if entries.is_empty() {
+        Shared::null()
+    } else {
+        Owned::new(Chain::new(entries)).into_shared(guard)
+    };
+    let old = slot.swap(new, Ordering::AcqRel, guard);
+    if !old.is_null() {
+        // SAFETY: replaced: unreachable for new readers.
+        unsafe { guard.defer_destroy(old) };
+    }
+}
+
+/// The entries of `slot`'s chain.
+fn chain_entries(slot: &Atomic<Chain>, guard: &Guard) -> Vec<Arc<Entry>> {
+    // SAFETY: under the writer's guard.
+    unsafe { slot.load(Ordering::Acquire, guard).as_ref() }
+        .map_or_else(Vec::new, |c| c.entries.to_vec())
 }
 
 /// Puts `entry` in place of the entry of the same rule in `table` (one
 /// new chain, published: a reader sees the old value or the new).
 fn chain_replace(table: &Table, entry: Arc<Entry>, guard: &Guard) {
-    // SAFETY: as in `chain_insert`.
-    let buckets = unsafe { table.buckets.load(Ordering::Acquire, guard).deref() };
-    let slot = table.slot(buckets, &lows(&entry.rule));
-    let old = slot.load(Ordering::Acquire, guard);
-    // SAFETY: as above.
-    let chain = unsafe { old.as_ref() }.expect("the rule's bucket");
-    let entries: Box<[Arc<Entry>]> = chain
-        .entries
-        .iter()
+    let slot = table.slot(&lows(&entry.rule));
+    let entries = chain_entries(slot, guard)
+        .into_iter()
         .map(|e| {
             if e.rule == entry.rule {
                 Arc::clone(&entry)
             } else {
-                Arc::clone(e)
+                e
             }
         })
         .collect();
-    slot.store(Owned::new(Chain::new(entries)), Ordering::Release);
-    // SAFETY: replaced; freed after the grace period.
-    unsafe { guard.defer_destroy(old) };
+    publish_chain(slot, entries, guard);
 }
 
 /// Puts `entry` in its bucket of `table` (a new chain, published);
 /// returns the bucket's new length.
 fn chain_insert(table: &Table, entry: Arc<Entry>, guard: &Guard) -> usize {
-    // SAFETY: the writer's guard; the writer lock held by the caller.
-    let buckets = unsafe { table.buckets.load(Ordering::Acquire, guard).deref() };
-    let slot = table.slot(buckets, &lows(&entry.rule));
-    let old = slot.load(Ordering::Acquire, guard);
-    // SAFETY: as above.
-    let mut entries: Vec<Arc<Entry>> =
-        unsafe { old.as_ref() }.map_or_else(Vec::new, |c| c.entries.to_vec());
+    let slot = table.slot(&lows(&entry.rule));
+    let mut entries = chain_entries(slot, guard);
     let at = entries.partition_point(|e| e.rule < entry.rule);
     entries.insert(at, entry);
     let len = entries.len();
-    slot.store(Owned::new(Chain::new(entries)), Ordering::Release);
-    if !old.is_null() {
-        // SAFETY: replaced; freed after the grace period.
-        unsafe { guard.defer_destroy(old) };
-    }
+    publish_chain(slot, entries, guard);
     len
 }
 
 /// Takes `rule` out of its bucket of `table` (a new chain, or none,
 /// published); returns its entry.
 fn chain_remove(table: &Table, rule: &Rule, guard: &Guard) -> Option<Arc<Entry>> {
-    // SAFETY: as in `chain_insert`.
-    let buckets = unsafe { table.buckets.load(Ordering::Acquire, guard).deref() };
-    let slot = table.slot(buckets, &lows(rule));
-    let old = slot.load(Ordering::Acquire, guard);
-    // SAFETY: as above.
-    let chain = unsafe { old.as_ref() }?;
-    let at = chain.entries.iter().position(|e| e.rule == *rule)?;
-    let mut entries = chain.entries.to_vec();
+    let slot = table.slot(&lows(rule));
+    let mut entries = chain_entries(slot, guard);
+    let at = entries.iter().position(|e| e.rule == *rule)?;
     let entry = entries.remove(at);
-    let new = if entries.is_empty() {
-        Shared::null()
-    } else {
-        Owned::new(Chain::new(entries)).into_shared(guard)
-    };
-    slot.store(new, Ordering::Release);
-    // SAFETY: replaced; freed after the grace period.
-    unsafe { guard.defer_destroy(old) };
+    publish_chain(slot, entries, guard);
     Some(entry)
 }
 
-/// Doubles `table`'s buckets once it holds more rules than buckets.
-fn grow_if_full(table: &Table, rules: usize, guard: &Guard) {
-    // SAFETY: as in `chain_insert`.
-    let buckets = unsafe { table.buckets.load(Ordering::Acquire, guard).deref() };
-    if rules <= buckets.slots.len() {
-        return;
-    }
-    let entries = table_entries(table, guard);
-    let new = fill(table, buckets.slots.len() * 2, &entries);
-    let old = table.buckets.swap(Owned::new(new), Ordering::AcqRel, guard);
-    // SAFETY: replaced; freed (with its chains) after the grace period.
-    unsafe { guard.defer_destroy(old) };
+/// Buckets for a table of `entries`: one per rule, at least 8.
+fn slots_for(entries: &[Arc<Entry>]) -> usize {
+    entries.len().next_power_of_two().max(8)
 }
 
-/// `entries` dealt into `slots` buckets of `table`'s tuple, each in rule
-/// order.
-fn sorted_chains(table: &Table, slots: usize, entries: &[Arc<Entry>]) -> Vec<Vec<Arc<Entry>>> {
+/// A fresh, unpublished table of `tuple` with `slots` buckets holding
+/// `entries`.
+fn build_table(tuple: Tuple, schema: &Schema, slots: usize, entries: &[Arc<Entry>]) -> Table {
+    let table = Table::new(tuple, schema, slots);
     let mut chains: Vec<Vec<Arc<Entry>>> = vec![Vec::new(); slots];
     for e in entries {
         let i = table.hash(&lows(&e.rule)) as usize & (slots - 1);
         chains[i].push(Arc::clone(e));
     }
-    for chain in &mut chains {
-        chain.sort_by(|a, b| a.rule.cmp(&b.rule));
-    }
-    chains
-}
-
-/// A bucket array of `slots` holding `entries`, for `table`'s tuple.
-fn fill(table: &Table, slots: usize, entries: &[Arc<Entry>]) -> Buckets {
-    let buckets = Buckets::new(slots);
-    for (slot, chain) in buckets
-        .slots
-        .iter()
-        .zip(sorted_chains(table, slots, entries))
-    {
+    for (slot, mut chain) in table.slots.iter().zip(chains) {
         if !chain.is_empty() {
-            slot.store(Owned::new(Chain::new(chain)), Ordering::Relaxed);
-        }
-    }
-    buckets
-}
-
-/// A fresh, unpublished table of `tuple` holding `entries`.
-fn build_table(tuple: Tuple, schema: &Schema, entries: &[Arc<Entry>]) -> Table {
-    let slots = entries.len().next_power_of_two().max(8);
-    let table = Table::new(tuple, schema, slots);
-    // SAFETY: unpublished: this thread is the only one to see it.
-    let buckets = unsafe {
-        table
-            .buckets
-            .load(Ordering::Relaxed, crossbeam_epoch::unprotected())
-            .deref()
-    };
-    for (slot, chain) in buckets
-        .slots
-        .iter()
-        .zip(sorted_chains(&table, slots, entries))
-    {
-        if !chain.is_empty() {
+            chain.sort_by(|a, b| a.rule.cmp(&b.rule));
             slot.store(Owned::new(Chain::new(chain)), Ordering::Relaxed);
         }
     }
