@@ -354,6 +354,42 @@ pub const BUILD_NS_PER_RANGE: Metric = Metric {
     doc: "time to build a range map from empty, one insert per range in the case's order, per range",
 };
 
+/// Rules removed and inserted again per second.
+pub const RULE_UPDATES_PER_SEC: Metric = Metric {
+    name: "rule_updates_per_sec",
+    unit: "ops/s",
+    label: "rule updates",
+    higher_is_better: true,
+    doc: "classifier rules removed or inserted per second by the one writer",
+};
+
+/// Tables a classifier built.
+pub const TABLES: Metric = Metric {
+    name: "tables",
+    unit: "count",
+    label: "tables",
+    higher_is_better: false,
+    doc: "hash tables the classifier holds its rules in",
+};
+
+/// Tables probed per packet, on average.
+pub const TABLES_PROBED: Metric = Metric {
+    name: "tables_probed",
+    unit: "count",
+    label: "probed",
+    higher_is_better: false,
+    doc: "mean number of tables a classification probed before its early exit",
+};
+
+/// Packets classified unlike the brute force.
+pub const WILDCARD_DISAGREEMENTS: Metric = Metric {
+    name: "wildcard_disagreements",
+    unit: "count",
+    label: "wrong",
+    higher_is_better: false,
+    doc: "sampled packets a classifier gave another rule than the brute force",
+};
+
 /// Every metric a suite may emit.
 pub const METRICS: &[Metric] = &[
     NS_PER_HASH,
@@ -390,6 +426,10 @@ pub const METRICS: &[Metric] = &[
     STRMAP_DISAGREEMENTS,
     MEM_BYTES_PER_RANGE,
     BUILD_NS_PER_RANGE,
+    RULE_UPDATES_PER_SEC,
+    TABLES,
+    TABLES_PROBED,
+    WILDCARD_DISAGREEMENTS,
 ];
 
 /// Looks a metric up by name.

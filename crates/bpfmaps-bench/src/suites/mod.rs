@@ -30,6 +30,7 @@ mod strmap_common;
 mod strmap_real;
 mod strmap_synthetic;
 mod strmap_threads;
+mod wildcard_classbench;
 
 /// Every suite, in the order `report` runs them.
 pub const ALL: &[&dyn DynSuite] = &[
@@ -50,6 +51,7 @@ pub const ALL: &[&dyn DynSuite] = &[
     &maple_vma::MapleVma,
     &maple_readers::MapleReaders,
     &maple_kernel::MapleKernel,
+    &wildcard_classbench::WildcardClassbench,
 ];
 
 /// The suite named `name`.

@@ -1,0 +1,343 @@
+//! `wildcard-classbench`: packet classification on the ClassBench rule
+//! sets, `WildcardMap` (TupleMerge) beside the brute-force classifier.
+//!
+//! Varies: the rule set. Holds fixed: the 5-tuple schema (two 4-byte
+//! prefixes, two 2-byte port ranges, a 1-byte protocol prefix), the
+//! packets (each field drawn uniformly inside a random rule's interval,
+//! one seed), priorities by line order. Reads `classbench/NAME` from the
+//! data directory; without it, generated rule sets of 1K and 10K rules.
+//! Every packet of the brute-force sample must be classified as the
+//! brute force classifies it.
+
+use std::hint::black_box;
+use std::io::Read;
+use std::time::Instant;
+
+use bpfmaps::wildcard::{BruteForce, Packet, Rule, Schema, WildcardMap, classbench};
+use bpfmaps::{BPF_ANY, BPF_NOEXIST};
+use clap::Args;
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+
+use crate::measure::rate_samples_interleaved;
+use crate::record::{
+    BUILD_MS, NS_PER_LOOKUP, RULE_UPDATES_PER_SEC, Record, TABLES, TABLES_PROBED,
+    WILDCARD_DISAGREEMENTS, case, find, ratio,
+};
+use crate::stats::Stats;
+use crate::suite::{BATCH, Ctx, Suite};
+use crate::table::{Table, fmt_ratio};
+
+/// The suite.
+pub struct WildcardClassbench;
+
+/// `wildcard-classbench` options.
+#[derive(Debug, Args)]
+pub struct Opts {
+    /// Rule files under `classbench/` [quick: acl1_1k,acl1_10k.gz; full:
+    /// the 1K and 10K sets of acl1, fw1, ipc1].
+    #[arg(long, value_delimiter = ',')]
+    sets: Vec<String>,
+    /// Packets classified per set [quick: 20000; full: 100000].
+    #[arg(long)]
+    packets: Option<usize>,
+    /// Packets the brute-force classifier is timed and checked on.
+    #[arg(long, default_value_t = 2000)]
+    brute_packets: usize,
+}
+
+const FULL: [&str; 6] = [
+    "acl1_1k",
+    "fw1_1k",
+    "ipc1_1k",
+    "acl1_10k.gz",
+    "fw1_10k.gz",
+    "ipc1_10k.gz",
+];
+const QUICK: [&str; 2] = ["acl1_1k", "acl1_10k.gz"];
+const SEED: u64 = 0x7475_706c;
+const MAP: &str = "bpfmaps-wildcard";
+const BRUTE: &str = "brute-force";
+
+/// A rule set: its name and rules.
+struct RuleSet {
+    name: String,
+    rules: Vec<Rule>,
+}
+
+/// The named sets from the data directory, or generated ones.
+fn rule_sets(ctx: &Ctx, schema: &Schema, names: &[String]) -> Vec<RuleSet> {
+    let mut sets = Vec::new();
+    for name in names {
+        let Some(path) = ctx.data_file(&format!("classbench/{name}")) else {
+            ctx.note(&format!("classbench/{name}: absent"));
+            continue;
+        };
+        let mut text = String::new();
+        let read = std::fs::File::open(&path).and_then(|f| {
+            if name.ends_with(".gz") {
+                flate2::read::GzDecoder::new(f).read_to_string(&mut text)
+            } else {
+                std::io::BufReader::new(f).read_to_string(&mut text)
+            }
+        });
+        match read
+            .map_err(|e| e.to_string())
+            .and_then(|_| classbench::parse_rules(schema, &text).map_err(|e| e.to_string()))
+        {
+            Ok(rules) => sets.push(RuleSet {
+                name: name.trim_end_matches(".gz").to_string(),
+                rules,
+            }),
+            Err(e) => ctx.note(&format!("classbench/{name}: {e}")),
+        }
+    }
+    if sets.is_empty() {
+        ctx.note("no ClassBench rule file read: generated rule sets instead");
+        for n in [1000, 10_000] {
+            sets.push(RuleSet {
+                name: format!("generated_{}k", n / 1000),
+                rules: generated_rules(schema, n),
+            });
+        }
+    }
+    sets
+}
+
+/// `n` 5-tuple rules in the shapes ClassBench's firewall sets have:
+/// addresses of /8 to /32 (or any), ports exact, a low or high range, or
+/// any, TCP, UDP or any protocol.
+fn generated_rules(schema: &Schema, n: usize) -> Vec<Rule> {
+    let mut rng = StdRng::seed_from_u64(SEED);
+    let prefix = |rng: &mut StdRng| -> (u128, u32) {
+        if rng.random_bool(0.2) {
+            (0, 0)
+        } else {
+            (u128::from(rng.random::<u32>()), rng.random_range(8..=32))
+        }
+    };
+    (0..n)
+        .map(|i| {
+            let (src, sl) = prefix(&mut rng);
+            let (dst, dl) = prefix(&mut rng);
+            let port = |rng: &mut StdRng| -> (u128, u128) {
+                match rng.random_range(0..4) {
+                    0 => (0, 65535),
+                    1 => (1024, 65535),
+                    2 => (0, 1023),
+                    _ => {
+                        let p = u128::from(rng.random::<u16>());
+                        (p, p)
+                    }
+                }
+            };
+            let (sp, dp) = (port(&mut rng), port(&mut rng));
+            let (proto, pl) = [(6, 8), (17, 8), (0, 0)][rng.random_range(0..3)];
+            schema
+                .rule(i as u32)
+                .prefix("src", src, sl)
+                .prefix("dst", dst, dl)
+                .range("sport", sp.0, sp.1)
+                .range("dport", dp.0, dp.1)
+                .prefix("proto", proto, pl)
+                .build()
+                .expect("a generated rule")
+        })
+        .collect()
+}
+
+/// A timed loop classifying `packets` in turn, [`BATCH`] per call.
+fn classify_loop<'a>(
+    packets: &'a [Packet],
+    classify: impl Fn(&Packet) -> u32 + 'a,
+) -> Box<dyn FnMut() -> u64 + 'a> {
+    let mut at = 0;
+    Box::new(move || {
+        let mut acc = 0u32;
+        for _ in 0..BATCH {
+            acc ^= classify(&packets[at]);
+            at = if at + 1 == packets.len() { 0 } else { at + 1 };
+        }
+        black_box(acc);
+        BATCH as u64
+    })
+}
+
+impl Suite for WildcardClassbench {
+    type Opts = Opts;
+    const NAME: &'static str = "wildcard-classbench";
+    const ABOUT: &'static str = "ClassBench rule sets: WildcardMap (TupleMerge) vs brute force, ns per packet, build, updates";
+    const DESCRIBE: &'static str = "Each rule set (ClassBench `acl1`, `fw1`, `ipc1` at 1K and 10K \
+         rules from `classbench/` in the data directory; without it, generated sets of 1K and 10K) \
+         is loaded into a `WildcardMap` of the 5-tuple schema (line order is priority) and into the \
+         brute-force classifier. Packets: each field drawn uniformly inside a random rule's \
+         interval (one seed). Classification is timed in interleaved turns, the brute force on a \
+         sample of the packets; every sampled packet must get the brute force's rule. Also: the \
+         build (one insert per rule), rule updates (every tenth rule removed and inserted again), \
+         the tables TupleMerge made and the mean number it probed per packet. Not yet beside the \
+         reference TupleMerge (not packaged) or DPDK's `rte_acl`.";
+    const BASELINE: &'static str = BRUTE;
+
+    fn run(&self, ctx: &Ctx, opts: Opts) -> Vec<Record> {
+        let schema = classbench::schema();
+        let full: Vec<String> = FULL.iter().map(|s| s.to_string()).collect();
+        let quick: Vec<String> = QUICK.iter().map(|s| s.to_string()).collect();
+        let names = ctx.list_or(opts.sets, &quick, &full);
+        let n_packets = opts
+            .packets
+            .unwrap_or(if ctx.quick() { 20_000 } else { 100_000 });
+        let sets = rule_sets(ctx, &schema, &names);
+        ctx.set_steps(sets.len() as u64);
+        let mut all = Vec::new();
+        for set in &sets {
+            let c = case(&[("set", &set.name), ("rules", &set.rules.len())]);
+            let mut brute = BruteForce::new();
+            for r in &set.rules {
+                brute.insert(r.clone(), &r.priority.to_ne_bytes());
+            }
+            let started = Instant::now();
+            let map = WildcardMap::new(schema.clone(), 4, set.rules.len() as u32)
+                .expect("a map of the set's size");
+            for r in &set.rules {
+                // Rule files repeat a few rules: the first copy stays.
+                let _ = map.insert(r, &r.priority.to_ne_bytes(), BPF_NOEXIST);
+            }
+            let build = started.elapsed();
+            let packets = classbench::generate_trace(&schema, &set.rules, n_packets, 1.0, SEED);
+            let sample = &packets[..opts.brute_packets.min(packets.len()).max(1)];
+            let guard = bpfmaps::pin();
+            let answer = |p: &Packet| {
+                map.classify(p, &guard)
+                    .map_or(u32::MAX, |(r, _)| r.priority)
+            };
+            let wrong = sample
+                .iter()
+                .filter(|p| answer(p) != brute.classify(p).map_or(u32::MAX, |(r, _)| r.priority))
+                .count();
+            let probed: usize = packets
+                .iter()
+                .map(|p| map.classify_counting(p, &guard).1)
+                .sum();
+            let mut loops = vec![
+                classify_loop(&packets, answer),
+                classify_loop(sample, |p| {
+                    brute.classify(p).map_or(u32::MAX, |(r, _)| r.priority)
+                }),
+            ];
+            let rates = rate_samples_interleaved(ctx.plan(), &mut loops);
+            drop(loops);
+            drop(guard);
+            // Updates: every tenth rule out and back in.
+            let moved: Vec<&Rule> = set.rules.iter().step_by(10).collect();
+            let started = Instant::now();
+            let mut updates = 0u64;
+            for r in &moved {
+                if map.remove(r).is_ok() {
+                    map.insert(r, &r.priority.to_ne_bytes(), BPF_ANY)
+                        .expect("room for a rule just removed");
+                    updates += 2;
+                }
+            }
+            let update_rate = updates as f64 / started.elapsed().as_secs_f64();
+            let mut recs = Vec::new();
+            for (name, samples) in [MAP, BRUTE].into_iter().zip(&rates) {
+                recs.push(Record::stats(
+                    Self::NAME,
+                    &c,
+                    name,
+                    &NS_PER_LOOKUP,
+                    Stats::inverse_of(samples, 1e9),
+                ));
+            }
+            recs.extend([
+                Record::single(Self::NAME, &c, MAP, &BUILD_MS, build.as_secs_f64() * 1e3),
+                Record::single(Self::NAME, &c, MAP, &RULE_UPDATES_PER_SEC, update_rate),
+                Record::single(Self::NAME, &c, MAP, &TABLES, map.tables() as f64),
+                Record::single(
+                    Self::NAME,
+                    &c,
+                    MAP,
+                    &TABLES_PROBED,
+                    probed as f64 / packets.len() as f64,
+                ),
+                Record::single(Self::NAME, &c, MAP, &WILDCARD_DISAGREEMENTS, wrong as f64),
+            ]);
+            ctx.step();
+            ctx.print(&recs);
+            all.extend(recs);
+        }
+        all
+    }
+
+    fn summaries(&self, records: &[Record]) -> Vec<Table> {
+        let mut t = Table::new(
+            "wildcard-classbench: TupleMerge against the brute force",
+            &[
+                "set",
+                "rules",
+                "ns/packet",
+                "brute ns/packet",
+                "speed vs brute",
+                "build ms",
+                "updates/s",
+                "tables",
+                "probed",
+                "wrong",
+            ],
+        )
+        .with_note("Medians; `probed` is the mean number of tables a packet probed, `wrong` the sampled packets classified unlike the brute force.");
+        let mut cases: Vec<&str> = records.iter().map(|r| r.case.as_str()).collect();
+        cases.dedup();
+        for c in cases {
+            let get = |i: &str, m: &str| find(records, c, i, m);
+            let val = |i: &str, m: &str, prec: usize| {
+                get(i, m).map_or("-".into(), |r| format!("{:.prec$}", r.value))
+            };
+            t.push(vec![
+                crate::record::case_param(c, "set")
+                    .unwrap_or("?")
+                    .to_string(),
+                crate::record::case_param(c, "rules")
+                    .unwrap_or("?")
+                    .to_string(),
+                val(MAP, NS_PER_LOOKUP.name, 1),
+                val(BRUTE, NS_PER_LOOKUP.name, 1),
+                fmt_ratio(ratio(
+                    get(BRUTE, NS_PER_LOOKUP.name),
+                    get(MAP, NS_PER_LOOKUP.name),
+                )),
+                val(MAP, BUILD_MS.name, 1),
+                val(MAP, RULE_UPDATES_PER_SEC.name, 0),
+                val(MAP, TABLES.name, 0),
+                val(MAP, TABLES_PROBED.name, 1),
+                val(MAP, WILDCARD_DISAGREEMENTS.name, 0),
+            ]);
+        }
+        vec![t]
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn generated_rules_are_distinct_enough_and_classify_as_the_brute_force() {
+        let schema = classbench::schema();
+        let rules = generated_rules(&schema, 300);
+        let map = WildcardMap::new(schema.clone(), 4, 300).unwrap();
+        let mut brute = BruteForce::new();
+        for r in &rules {
+            map.insert(r, &r.priority.to_ne_bytes(), BPF_NOEXIST)
+                .unwrap();
+            brute.insert(r.clone(), &r.priority.to_ne_bytes());
+        }
+        let guard = bpfmaps::pin();
+        for p in classbench::generate_trace(&schema, &rules, 2000, 0.9, 1) {
+            assert_eq!(
+                map.classify(&p, &guard).map(|(r, _)| r.priority),
+                brute.classify(&p).map(|(r, _)| r.priority)
+            );
+        }
+    }
+}
