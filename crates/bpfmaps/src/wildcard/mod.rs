@@ -9,9 +9,10 @@
 //! is the linear scan it is tested against; [`classbench`] reads the
 //! ClassBench rule and trace files the benchmarks use.
 //!
-//! Status (issue 13): the classifier, its typed API and its tests. Not
-//! yet: the family in the registry (the byte contract with rule and
-//! match keys), the conformance suite, a fuzz target, the benchmarks.
+//! Status (issue 13): the classifier, its typed API, its tests, a fuzz
+//! target (`fuzz/`, `wildcard`) and a benchmark (`wildcard-classbench`).
+//! Not yet: the family in the registry (the byte contract with rule and
+//! match keys), the conformance suite, the other benchmarks.
 
 pub mod brute;
 pub mod classbench;
