@@ -63,6 +63,14 @@ fn word(s: &[u8], at: usize) -> u64 {
     u64::from_ne_bytes(s[at..at + 8].try_into().expect("8 bytes"))
 }
 
+/// `rest` past `prefix`, if it starts with it ([`equal`]: no `memcmp`
+/// call for short prefixes).
+#[inline(always)]
+pub fn strip_prefix<'k>(rest: &'k [u8], prefix: &[u8]) -> Option<&'k [u8]> {
+    let (head, after) = rest.split_at_checked(prefix.len())?;
+    equal(head, prefix).then_some(after)
+}
+
 #[inline(always)]
 fn wide(s: &[u8], at: usize) -> u128 {
     u128::from_ne_bytes(s[at..at + 16].try_into().expect("16 bytes"))

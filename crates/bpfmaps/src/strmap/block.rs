@@ -30,6 +30,7 @@ use std::marker::PhantomData;
 use std::ptr::NonNull;
 use std::sync::atomic::{AtomicU64, Ordering};
 
+use crate::core::bytes;
 use crate::core::prefetch::prefetch;
 
 /// 0x01 in every byte of a word.
@@ -329,12 +330,9 @@ impl<'g> Node<'g> {
         unsafe {
             let bytes = self.base.as_ptr().add(1 + n) as *const u8;
             let field = |at: usize, len: usize| std::slice::from_raw_parts(bytes.add(at), len);
-            let Some((head, rest)) = rest.split_at_checked(skip_len) else {
+            let Some(rest) = bytes::strip_prefix(rest, field(n, skip_len)) else {
                 return Step::Done(None);
             };
-            if !crate::core::bytes::equal(head, field(n, skip_len)) {
-                return Step::Done(None);
-            }
             let Some((&label, after)) = rest.split_first() else {
                 let end = header & END_BIT != 0;
                 return Step::Done(end.then(|| field(n + skip_len, value_size)));
@@ -348,7 +346,7 @@ impl<'g> Node<'g> {
             }
             let at = (word as u32 >> 1) as usize;
             let tail_len = (word >> LEAF_LEN_SHIFT) as usize;
-            let found = crate::core::bytes::equal(field(at, tail_len), after);
+            let found = bytes::equal(field(at, tail_len), after);
             Step::Done(found.then(|| field(at + tail_len, value_size)))
         }
     }

@@ -257,7 +257,7 @@ impl QpTrieMap {
         let (&first, mut rest) = key.split_first()?;
         let mut node = self.top(first, guard)?;
         loop {
-            match self.step(node, rest) {
+            match node.step(rest, self.limits.value_size) {
                 Step::Down(next, after) => {
                     // A small packed subtree is asked for whole on the way in
                     // (its nodes are back to back, and the lookup ends in
@@ -340,7 +340,7 @@ impl QpTrieMap {
             going = false;
             for (at, out) in at.iter_mut().zip(out.iter_mut()) {
                 let Some((node, rest)) = *at else { continue };
-                match self.step(node, rest) {
+                match node.step(rest, self.limits.value_size) {
                     Step::Down(next, after) => {
                         next.prefetch();
                         *at = Some((next, after));
@@ -355,13 +355,6 @@ impl QpTrieMap {
         }
     }
 
-    /// One node of a lookup: `rest` is what of the key is left to match at
-    /// `node`.
-    #[inline(always)]
-    fn step<'g, 'k>(&self, node: Node<'g>, rest: &'k [u8]) -> Step<'g, 'k> {
-        node.step(rest, self.limits.value_size)
-    }
-
     /// The longest stored key that is a prefix of `key` (or `key` itself),
     /// with its value.
     pub fn longest_prefix_of<'k, 'g>(
@@ -373,7 +366,7 @@ impl QpTrieMap {
         let mut node = self.top(first, guard)?;
         let mut best = None;
         loop {
-            let Some(after_skip) = strip_prefix(rest, node.skip()) else {
+            let Some(after_skip) = bytes::strip_prefix(rest, node.skip()) else {
                 return best;
             };
             rest = after_skip;
@@ -586,7 +579,7 @@ impl QpTrieMap {
         rest: &[u8],
         out: Option<&mut [u8]>,
     ) -> Result<Change> {
-        let rest = rest.strip_prefix(node.skip()).ok_or(Error::NotFound)?;
+        let rest = bytes::strip_prefix(rest, node.skip()).ok_or(Error::NotFound)?;
         let spec = match rest.split_first() {
             None => {
                 let value = node
@@ -1210,14 +1203,6 @@ const PREFETCH_SUBTREE_LINES: usize = 16;
 #[inline(always)]
 fn prefetched(node: Node<'_>) -> bool {
     (1..=PREFETCH_SUBTREE_LINES).contains(&node.span_lines())
-}
-
-/// `rest` past `prefix`, if it starts with it (`bytes::equal`, no
-/// `memcmp` call for short prefixes).
-#[inline(always)]
-fn strip_prefix<'k>(rest: &'k [u8], prefix: &[u8]) -> Option<&'k [u8]> {
-    let (head, after) = rest.split_at_checked(prefix.len())?;
-    bytes::equal(head, prefix).then_some(after)
 }
 
 /// `f` of a key the walk reached, if it is in `range` (`BOUNDED` false:

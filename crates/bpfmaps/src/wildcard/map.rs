@@ -283,6 +283,9 @@ impl WildcardMap {
         // SAFETY: a published view is freed only after the grace period
         // of its replacement, and the guard is pinned.
         let view = unsafe { self.view.load(Ordering::Acquire, guard).deref() };
+        let fields = &packet.values[..self.schema.fields().len()];
+        // A bucket's key array: per rule its priority, then its intervals.
+        let stride = 1 + 2 * fields.len();
         let mut best: Option<&'g Entry> = None;
         let mut probed = 0;
         for (top, table) in view.tables.iter() {
@@ -296,8 +299,7 @@ impl WildcardMap {
             let Some(chain) = (unsafe { chain.as_ref() }) else {
                 continue;
             };
-            let fields = &packet.values[..self.schema.fields().len()];
-            for (i, key) in chain.keys.chunks_exact(1 + 2 * fields.len()).enumerate() {
+            for (i, key) in chain.keys.chunks_exact(stride).enumerate() {
                 if let Some(b) = best {
                     let p = key[0] as u32;
                     if p > b.rule.priority
@@ -387,22 +389,24 @@ impl WildcardMap {
         check_len("value", value.len(), self.value_size)?;
         let mut w = self.writer.lock();
         let guard = &pin();
-        let entry = Arc::new(Entry {
-            rule: rule.clone(),
-            value: value.into(),
-        });
+        let entry = || {
+            Arc::new(Entry {
+                rule: rule.clone(),
+                value: value.into(),
+            })
+        };
         match (w.placed.get(rule).copied(), flag) {
             (Some(_), UpdateFlag::NoExist) => Err(Error::Exists),
             (None, UpdateFlag::Exist) => Err(Error::NotFound),
             (Some(id), _) => {
-                chain_replace(&w.tables[&id].table, entry, guard);
+                chain_replace(&w.tables[&id].table, entry(), guard);
                 Ok(())
             }
             (None, _) => {
                 if self.len() >= self.max_entries as usize {
                     return Err(Error::Full);
                 }
-                self.add(&mut w, entry, guard);
+                self.add(&mut w, entry(), guard);
                 self.len.fetch_add(1, Ordering::Relaxed);
                 Ok(())
             }
@@ -504,7 +508,7 @@ impl WildcardMap {
                 .iter()
                 .map(|e| e.rule.prefix_lengths(&self.schema))
                 .collect();
-            if self.split(w, id, &colliding) {
+            if self.split(w, id, &colliding, guard) {
                 return; // published
             }
         }
@@ -519,7 +523,7 @@ impl WildcardMap {
     /// their least and most), in a table that takes every rule of `id`
     /// that fits it. Both tables are published as fresh copies in one
     /// new view. False when no tuple separates them (nothing changes).
-    fn split(&self, w: &mut Writer, id: u64, colliding: &[Tuple]) -> bool {
+    fn split(&self, w: &mut Writer, id: u64, colliding: &[Tuple], guard: &Guard) -> bool {
         let n = self.schema.fields().len();
         let mut least = colliding[0];
         let mut most = colliding[0];
@@ -541,7 +545,6 @@ impl WildcardMap {
         if target == source_tuple {
             return false;
         }
-        let guard = &pin();
         let target_id = w
             .tables
             .iter()
