@@ -30,6 +30,7 @@ pub static FAMILIES: &[&Family] = &[
     &crate::strmap::QP_TRIE_FAMILY,
     &crate::strmap::TST_FAMILY,
     &crate::maple::MAPLE_TREE_FAMILY,
+    &crate::wildcard::WILDCARD_FAMILY,
     #[cfg(test)]
     &crate::conformance::toy::TOY_FAMILY,
 ];

@@ -94,6 +94,7 @@ pub const BLOOM_FILTER_FAMILY: Family = Family {
     key_size: SizeRule::exactly(0),
     value_size: VALUE_SIZE,
     keys: KeyKind::None,
+    sample_layout: None,
     build: |spec| Ok(Box::new(BloomFilter::from_spec(spec)?)),
 };
 

@@ -87,7 +87,8 @@ fn check_errno<T: fmt::Debug>(what: &str, r: Result<T>, want: i32) -> Result<(),
 
 /// The spec the suite builds `family` with: the smallest ordinary key and
 /// value sizes the family takes (8-byte keys where allowed: IPv4 for LPM
-/// keys, a `u64` for hash keys), `max_entries` entries, no flags.
+/// keys, a `u64` for hash keys; the family's sample key size and extra
+/// where it has them), `max_entries` entries, no flags.
 pub fn spec_for(family: &Family, max_entries: u32) -> MapSpec {
     let pick = |rule: crate::core::family::SizeRule, want: u32| {
         if rule.allows(want) {
@@ -98,12 +99,18 @@ pub fn spec_for(family: &Family, max_entries: u32) -> MapSpec {
                 .expect("a family takes some size")
         }
     };
-    MapSpec::new(
-        family.map_type,
-        pick(family.key_size, 8),
-        pick(family.value_size, 8),
-        max_entries,
-    )
+    let value_size = pick(family.value_size, 8);
+    match family.sample_layout {
+        Some((key_size, extra)) => {
+            MapSpec::new(family.map_type, key_size, value_size, max_entries).extra(extra)
+        }
+        None => MapSpec::new(
+            family.map_type,
+            pick(family.key_size, 8),
+            value_size,
+            max_entries,
+        ),
+    }
 }
 
 /// The `i`-th of a family's distinct valid keys for a map with `info`.
@@ -130,7 +137,30 @@ pub fn key(kind: KeyKind, info: &MapInfo, i: u64) -> Vec<u8> {
             let first = i * 4;
             [first.to_ne_bytes(), (first + i % 3).to_ne_bytes()].concat()
         }
+        KeyKind::Wildcard => wildcard_rule_key(info, i),
     }
+}
+
+/// A rule key of the schema in `info.map_extra`: priority `i`, every
+/// field something of its kind drawn from `i`, spelled as `get_next_key`
+/// spells it.
+fn wildcard_rule_key(info: &MapInfo, i: u64) -> Vec<u8> {
+    use crate::wildcard::{FieldKind, Schema};
+    let schema = Schema::from_map_extra(info.map_extra).expect("a wildcard map's schema");
+    let mut rng = StdRng::seed_from_u64(i);
+    let mut b = schema.rule(i as u32);
+    for f in schema.fields() {
+        let v = rng.random::<u128>() & f.max();
+        b = match f.kind {
+            FieldKind::Prefix => b.prefix(&f.name, v, rng.random_range(0..=f.bits())),
+            FieldKind::Range => {
+                let w = rng.random::<u128>() & f.max();
+                b.range(&f.name, v.min(w), v.max(w))
+            }
+            FieldKind::Match | FieldKind::WildcardMatch => b.exact(&f.name, v),
+        };
+    }
+    schema.rule_key(&b.build().expect("a rule of the schema"))
 }
 
 /// The `i`-th of distinct values for a map with `info` (never all zero).

@@ -41,8 +41,9 @@ impl Model {
     /// by the family's own API).
     pub fn new(keys: KeyKind, info: &MapInfo, caps: Caps) -> Option<Model> {
         let kind = match keys {
-            // The suite's range keys are disjoint: exact-match keys.
-            KeyKind::Bytes | KeyKind::Range => Kind::Exact,
+            // The suite's range keys are disjoint, and its wildcard keys
+            // rule keys in their one spelling: exact-match keys.
+            KeyKind::Bytes | KeyKind::Range | KeyKind::Wildcard => Kind::Exact,
             KeyKind::LpmPrefix => Kind::Lpm,
             KeyKind::None => Kind::Pushed(BTreeSet::new(), 0),
             KeyKind::Index => return None,

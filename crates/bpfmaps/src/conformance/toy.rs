@@ -27,6 +27,7 @@ pub const TOY_FAMILY: Family = Family {
     key_size: SizeRule::between(1, 64),
     value_size: SizeRule::between(1, 64),
     keys: KeyKind::Bytes,
+    sample_layout: None,
     build: |spec| Ok(Box::new(ToyMap::new(spec))),
 };
 

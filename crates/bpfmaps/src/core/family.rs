@@ -89,6 +89,13 @@ pub enum KeyKind {
     /// `first`, a delete removes exactly that range (the maple tree).
     /// Disjoint ranges behave as exact-match keys.
     Range,
+    /// A wildcard map's key (`bpfmaps::wildcard`, laid out as the BPF
+    /// proposal's): a native-endian `u32` type (0 a rule, 1 a concrete
+    /// key) and `u32` priority, then the rule's fields or the concrete
+    /// key's values. Updates, deletes and iteration take rule keys; a
+    /// lookup of a rule key answers that rule, of a concrete key the best
+    /// rule matching it. Rule keys behave as exact-match keys.
+    Wildcard,
 }
 
 /// One map family, as the registry lists it: its type, name, what
@@ -109,6 +116,11 @@ pub struct Family {
     pub value_size: SizeRule,
     /// What its keys are.
     pub keys: KeyKind,
+    /// For a family whose key layout `map_extra` sets (the wildcard map's
+    /// schema): a key size and extra that go together, which code that
+    /// builds any family (the contract tests, the fuzz targets) uses.
+    /// `None` for the others.
+    pub sample_layout: Option<(u32, u64)>,
     /// Builds the map from a spec that passed the checks above.
     pub build: fn(&MapSpec) -> Result<Box<dyn Map>>,
 }
@@ -123,6 +135,7 @@ impl std::fmt::Debug for Family {
             .field("key_size", &self.key_size)
             .field("value_size", &self.value_size)
             .field("keys", &self.keys)
+            .field("sample_layout", &self.sample_layout)
             .finish_non_exhaustive()
     }
 }

@@ -87,6 +87,7 @@ pub const HASH_FAMILY: Family = Family {
     key_size: KEY_SIZE,
     value_size: VALUE_SIZE,
     keys: KeyKind::Bytes,
+    sample_layout: None,
     build: |spec| Ok(Box::new(HashMap::from_spec(spec)?)),
 };
 
@@ -101,6 +102,7 @@ pub const LRU_HASH_FAMILY: Family = Family {
     key_size: KEY_SIZE,
     value_size: VALUE_SIZE,
     keys: KeyKind::Bytes,
+    sample_layout: None,
     build: |spec| Ok(Box::new(LruHashMap::from_spec(spec)?)),
 };
 

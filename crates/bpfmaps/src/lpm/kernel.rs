@@ -162,6 +162,7 @@ pub const KERNEL_LPM_TRIE_FAMILY: Family = Family {
     key_size: key::KEY_SIZE,
     value_size: key::VALUE_SIZE,
     keys: KeyKind::LpmPrefix,
+    sample_layout: None,
     build: |spec| Ok(Box::new(KernelLpmTrie::from_spec(spec)?)),
 };
 

@@ -46,6 +46,7 @@ pub const MAPLE_TREE_FAMILY: Family = Family {
     key_size: SizeRule::exactly(KEY_SIZE as u32),
     value_size: SizeRule::between(1, u16::MAX as u32),
     keys: KeyKind::Range,
+    sample_layout: None,
     build: |spec| {
         Ok(Box::new(MapleMap {
             tree: MapleTree::new(),

@@ -119,6 +119,7 @@ pub const STACK_TRACE_FAMILY: Family = Family {
         MAX_DEPTH * FRAME_SIZE as u32,
     ),
     keys: KeyKind::Index,
+    sample_layout: None,
     build: |spec| Ok(Box::new(StackTraceMap::from_spec(spec)?)),
 };
 

@@ -34,6 +34,7 @@ macro_rules! string_map_family {
             key_size: SizeRule::between(1, MAX_KEY_SIZE as u32),
             value_size: SizeRule::between(1, u16::MAX as u32),
             keys: KeyKind::Bytes,
+            sample_layout: None,
             build: |spec| {
                 let mut map = $map::new(
                     spec.key_size as usize,

@@ -26,6 +26,7 @@
 //! tables in one new list, so no reader misses a rule that moves.
 
 use std::collections::{BTreeMap, HashMap};
+use std::mem::size_of_val;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
@@ -165,8 +166,8 @@ struct Writer {
     tables: HashMap<u64, TableState>,
     /// Table ids in the published order.
     order: Vec<u64>,
-    /// Which table holds each rule.
-    placed: HashMap<Rule, u64>,
+    /// Which table holds each rule, in rule order (`get_next_key`).
+    placed: BTreeMap<Rule, u64>,
     next_id: u64,
 }
 
@@ -205,6 +206,8 @@ pub struct WildcardMap {
     writer: Mutex<Writer>,
     view: Atomic<View>,
     len: AtomicUsize,
+    /// Creation flags through the byte contract (`BPF_F_NO_PREALLOC`).
+    pub(super) map_flags: u32,
 }
 
 impl WildcardMap {
@@ -236,6 +239,7 @@ impl WildcardMap {
                 tables: Box::new([]),
             }),
             len: AtomicUsize::new(0),
+            map_flags: 0,
         })
     }
 
@@ -363,6 +367,47 @@ impl WildcardMap {
             })
     }
 
+    /// The first rule after `after` in rule order (`None`: the first
+    /// rule), whether or not `after` is held. Takes the writer lock: the
+    /// rule order is kept only by the writer.
+    pub fn next_rule(&self, after: Option<&Rule>) -> Option<Rule> {
+        use std::ops::Bound::{Excluded, Unbounded};
+        let w = self.writer.lock();
+        let lower = after.map_or(Unbounded, Excluded);
+        w.placed
+            .range((lower, Unbounded))
+            .next()
+            .map(|(r, _)| r.clone())
+    }
+
+    /// Bytes held: tables, buckets, rules and values, and the writer's
+    /// index of the rules (an estimate from sizes, not the allocator's
+    /// count).
+    pub fn memory_usage(&self) -> usize {
+        use std::mem::size_of;
+        let guard = &pin();
+        let w = self.writer.lock();
+        let mut bytes = size_of::<Self>();
+        let fields = self.schema.fields().len();
+        for state in w.tables.values() {
+            let table = &state.table;
+            bytes += size_of::<Table>() + 16 + table.slots.len() * size_of::<Atomic<Chain>>();
+            for slot in table.slots.iter() {
+                // SAFETY: under the guard.
+                if let Some(chain) = unsafe { slot.load(Ordering::Acquire, guard).as_ref() } {
+                    bytes += size_of::<Chain>()
+                        + size_of_val(&*chain.keys)
+                        + size_of_val(&*chain.entries);
+                }
+            }
+            bytes += size_of::<TableState>() + state.priorities.len() * 24;
+        }
+        // Each entry once (an `Arc` header, the rule and the value), and
+        // its line in the writer's index.
+        let entry = 16 + size_of::<Entry>() + fields * 32 + self.value_size;
+        bytes + w.placed.len() * (entry + size_of::<(Rule, u64)>() + 8)
+    }
+
     /// Every rule with its value, in rule order (a copy).
     pub fn rules(&self) -> Vec<(Rule, Vec<u8>)> {
         let guard = &pin();
@@ -384,7 +429,11 @@ impl WildcardMap {
     /// `BPF_NOEXIST`, `BPF_EXIST`). `E2BIG` when a new rule finds the map
     /// holding `max_entries`; `EINVAL` for a rule of another schema.
     pub fn insert(&self, rule: &Rule, value: &[u8], flags: u64) -> Result<()> {
-        let flag = UpdateFlag::from_bits(flags)?;
+        self.insert_flagged(rule, value, UpdateFlag::from_bits(flags)?)
+    }
+
+    /// [`insert`](Self::insert) with its flag decoded.
+    pub(super) fn insert_flagged(&self, rule: &Rule, value: &[u8], flag: UpdateFlag) -> Result<()> {
         self.check_rule(rule)?;
         check_len("value", value.len(), self.value_size)?;
         let mut w = self.writer.lock();

@@ -9,18 +9,26 @@
 //! is the linear scan it is tested against; [`classbench`] reads the
 //! ClassBench rule and trace files the benchmarks use.
 //!
-//! Status (issue 13): the classifier, its typed API, its tests, a fuzz
-//! target (`fuzz/`, `wildcard`) and a benchmark (`wildcard-classbench`).
-//! Not yet: the family in the registry (the byte contract with rule and
-//! match keys), the conformance suite, the other benchmarks.
+//! Through the byte contract (`create()` with `MapType::WILDCARD`) the
+//! schema goes in `map_extra` and keys are rule keys or concrete keys,
+//! laid out as the BPF proposal's (see `contract.rs`:
+//! [`Schema::rule_key`], [`Schema::match_key`]).
+//!
+//! Status (issue 13): the classifier, its typed API and byte contract,
+//! its tests, a fuzz target (`fuzz/`, `wildcard`) and benchmarks
+//! (`wildcard-*`); not yet at the issue's speed targets.
 
 pub mod brute;
 pub mod classbench;
+mod contract;
 mod map;
 pub mod schema;
 #[cfg(test)]
 mod tests;
 
 pub use brute::BruteForce;
+pub use contract::{
+    BPF_WILDCARD_KEY_ELEM, BPF_WILDCARD_KEY_RULE, SCHEMA_EXTRA_BITS, WILDCARD_FAMILY,
+};
 pub use map::{DEFAULT_COLLISION_LIMIT, WildcardMap};
 pub use schema::{Field, FieldKind, Packet, Rule, RuleBuilder, Schema};

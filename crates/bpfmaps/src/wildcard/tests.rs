@@ -595,3 +595,211 @@ fn readers_never_miss_a_stable_rule_while_a_writer_churns() {
     }
     assert_eq!(m.len(), stable.len() + 1 + live.len());
 }
+
+// The byte contract (`contract.rs`).
+
+#[test]
+fn schemas_round_trip_through_map_extra_and_bad_extras_are_einval() {
+    let s = five_tuple();
+    let back = Schema::from_map_extra(s.map_extra()).unwrap();
+    assert_eq!(back.map_extra(), s.map_extra());
+    assert!(
+        back.fields()
+            .iter()
+            .zip(s.fields())
+            .all(|(a, b)| (a.kind, a.size) == (b.kind, b.size))
+    );
+    // The family's sample: one field of each kind, 23-byte rule keys.
+    let (key_size, extra) = WILDCARD_FAMILY.sample_layout.unwrap();
+    let sample = Schema::new(vec![
+        Field::prefix("f0", 4),
+        Field::range("f1", 2),
+        Field::exact("f2", 1),
+        Field::wildcard("f3", 2),
+    ])
+    .unwrap();
+    assert_eq!(sample.map_extra(), extra);
+    assert_eq!(sample.rule_key_size(), key_size as usize);
+    // No fields, ten, bits past the last field, a 16-byte range.
+    for bad in [0, 10, s.map_extra() | 1 << 40, 1 | (1 | 15 << 2) << 4] {
+        assert_eq!(
+            Schema::from_map_extra(bad).unwrap_err().errno(),
+            22,
+            "{bad:#x}"
+        );
+    }
+    // The widest schema fits the declared bits.
+    let widest = Schema::new(
+        (0..9)
+            .map(|i| Field::wildcard(&format!("w{i}"), 16))
+            .collect(),
+    )
+    .unwrap();
+    assert_eq!(widest.map_extra() & !SCHEMA_EXTRA_BITS, 0);
+    assert_eq!(
+        Schema::from_map_extra(widest.map_extra())
+            .unwrap()
+            .key_size(),
+        9 * 16
+    );
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(crate::scaled(64, 2) as u32))]
+
+    /// A rule key names its rule; the key of the rule it names is the
+    /// key again; a concrete key carries its packet.
+    #[test]
+    fn rule_and_match_keys_round_trip(schema in arb_schema(), seeds in prop::collection::vec(any::<u64>(), 4), prio: u32) {
+        let rule = rule_from(&schema, prio, &seeds);
+        let key = schema.rule_key(&rule);
+        prop_assert_eq!(key.len(), schema.rule_key_size());
+        prop_assert_eq!(&schema.rule_from_key(&key).unwrap(), &rule);
+        let values: Vec<u128> = schema.fields().iter().zip(&seeds).map(|(f, &s)| near(f, s)).collect();
+        let p = schema.packet(&values).unwrap();
+        prop_assert_eq!(schema.packet_from_match_key(&schema.match_key(&p)).unwrap(), p);
+        prop_assert_eq!(schema.rule_from_key(&schema.match_key(&p)).unwrap_err().errno(), 22);
+    }
+}
+
+/// A 5-tuple wildcard map built through `create()`.
+fn created(max_entries: u32) -> Box<dyn crate::Map> {
+    let s = five_tuple();
+    let spec = crate::MapSpec::new(
+        crate::MapType::WILDCARD,
+        s.rule_key_size() as u32,
+        4,
+        max_entries,
+    )
+    .extra(s.map_extra());
+    crate::create(&spec).unwrap()
+}
+
+#[test]
+fn create_checks_the_schema_against_the_key_size() {
+    let s = five_tuple();
+    let spec =
+        |ks: u32, extra: u64| crate::MapSpec::new(crate::MapType::WILDCARD, ks, 4, 8).extra(extra);
+    let ks = s.rule_key_size() as u32;
+    assert_eq!(ks, 8 + (4 + 4) * 2 + 2 * 2 * 2 + 1 + 4);
+    assert!(crate::create(&spec(ks, s.map_extra())).is_ok());
+    assert_eq!(
+        crate::create(&spec(ks + 1, s.map_extra()))
+            .unwrap_err()
+            .errno(),
+        22
+    );
+    assert_eq!(crate::create(&spec(ks, 0)).unwrap_err().errno(), 22);
+    let m = created(8);
+    assert_eq!(m.info().map_extra, s.map_extra());
+    assert_eq!(m.map_type().name(), Some("wildcard"));
+}
+
+#[test]
+fn rule_keys_update_and_concrete_keys_classify_through_the_contract() {
+    let s = five_tuple();
+    let m = created(100);
+    let ssh = s
+        .parse_rule("src 10.0.0.0/8, dport 22, proto 6", 1)
+        .unwrap();
+    let low = s.parse_rule("dport 0-1023, proto 6", 5).unwrap();
+    m.update(&s.rule_key(&ssh), &v(1), BPF_NOEXIST).unwrap();
+    m.update(&s.rule_key(&low), &v(2), BPF_NOEXIST).unwrap();
+    let classify = |text: &str| {
+        let mut out = [0u8; 4];
+        m.lookup(&s.match_key(&s.parse_packet(text).unwrap()), &mut out)
+            .map(|()| u32::from_ne_bytes(out))
+    };
+    let pkt = "src 10.9.9.9, dst 1.1.1.1, sport 5000, dport 22, proto 6";
+    assert_eq!(classify(pkt), Ok(1));
+    assert_eq!(
+        classify("src 11.0.0.1, dst 1.1.1.1, sport 5000, dport 22, proto 6"),
+        Ok(2)
+    );
+    assert_eq!(
+        classify("src 11.0.0.1, dst 1.1.1.1, sport 5000, dport 2222, proto 6"),
+        Err(Error::NotFound)
+    );
+    // A concrete key's priority bytes and the bytes past its values are
+    // ignored.
+    let mut key = s.match_key(&s.parse_packet(pkt).unwrap());
+    key[4..8].copy_from_slice(&[9; 4]);
+    *key.last_mut().unwrap() = 0xff;
+    let mut out = [0u8; 4];
+    m.lookup(&key, &mut out).unwrap();
+    assert_eq!(out, v(1));
+    // A rule key looks up exactly its rule; host bits do not matter.
+    m.lookup(&s.rule_key(&low), &mut out).unwrap();
+    assert_eq!(out, v(2));
+    let mut spelled = s.rule_key(&ssh);
+    spelled[9] = 0x77; // 10.119.0.0/8: host bits
+    m.lookup(&spelled, &mut out).unwrap();
+    assert_eq!(out, v(1));
+
+    // Concrete keys neither update nor delete; unknown types, long
+    // prefixes and empty ranges are EINVAL; nothing changes.
+    let before = m.len();
+    let elem = s.match_key(&s.parse_packet(pkt).unwrap());
+    assert_eq!(m.update(&elem, &v(3), BPF_ANY).unwrap_err().errno(), 22);
+    assert_eq!(m.delete(&elem).unwrap_err().errno(), 22);
+    assert_eq!(
+        m.get_next_key(Some(&elem), &mut vec![0; key.len()])
+            .unwrap_err()
+            .errno(),
+        22
+    );
+    let mut typed = s.rule_key(&ssh);
+    typed[..4].copy_from_slice(&7u32.to_ne_bytes());
+    assert_eq!(m.lookup(&typed, &mut out).unwrap_err().errno(), 22);
+    assert_eq!(m.update(&typed, &v(3), BPF_ANY).unwrap_err().errno(), 22);
+    let mut long = s.rule_key(&ssh);
+    long[12..16].copy_from_slice(&33u32.to_ne_bytes()); // src /33
+    assert_eq!(m.update(&long, &v(3), BPF_ANY).unwrap_err().errno(), 22);
+    let mut empty = s.rule_key(&low);
+    let dport = 8 + 8 + 8 + 4; // after src, dst (4 + 4 each) and sport
+    empty[dport..dport + 4].copy_from_slice(&[0x04, 0x00, 0x00, 0x01]); // 1024-1
+    assert_eq!(m.update(&empty, &v(3), BPF_ANY).unwrap_err().errno(), 22);
+    assert_eq!(m.len(), before);
+    assert_eq!(m.lookup(&s.rule_key(&ssh), &mut out), Ok(()));
+    assert_eq!(out, v(1));
+}
+
+#[test]
+fn get_next_key_walks_rule_order_and_goes_on_past_a_removed_rule() {
+    let s = five_tuple();
+    let m = created(100);
+    let rules: Vec<Rule> = (0..30u32)
+        .map(|i| {
+            s.parse_rule(
+                &format!("src 10.{i}.0.0/16, dport {}-2000, proto 6", i * 7),
+                29 - i % 3,
+            )
+            .unwrap()
+        })
+        .collect();
+    for (i, r) in rules.iter().enumerate() {
+        m.update(&s.rule_key(r), &v(i as u32), BPF_NOEXIST).unwrap();
+    }
+    let mut sorted = rules.clone();
+    sorted.sort();
+    let walk = |m: &dyn crate::Map| {
+        let mut out = Vec::new();
+        let mut next = vec![0u8; s.rule_key_size()];
+        let mut prev: Option<Vec<u8>> = None;
+        while let Ok(n) = m.get_next_key(prev.as_deref(), &mut next) {
+            out.push(s.rule_from_key(&next[..n]).unwrap());
+            prev = Some(next[..n].to_vec());
+        }
+        out
+    };
+    assert_eq!(walk(&*m), sorted);
+    // From a rule just removed: the one after it.
+    m.delete(&s.rule_key(&sorted[10])).unwrap();
+    let mut next = vec![0u8; s.rule_key_size()];
+    m.get_next_key(Some(&s.rule_key(&sorted[10])), &mut next)
+        .unwrap();
+    assert_eq!(s.rule_from_key(&next).unwrap(), sorted[11]);
+    m.get_next_key(Some(&s.rule_key(&sorted[29])), &mut next)
+        .map(drop)
+        .unwrap_err();
+}

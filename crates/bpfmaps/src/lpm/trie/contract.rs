@@ -27,6 +27,7 @@ pub const LPM_TRIE_FAMILY: Family = Family {
     key_size: key::KEY_SIZE,
     value_size: key::VALUE_SIZE,
     keys: KeyKind::LpmPrefix,
+    sample_layout: None,
     build: |spec| Ok(Box::new(LpmTrie::from_spec(spec)?)),
 };
 
