@@ -22,8 +22,11 @@
 //! reader follows (the list of tables, each table's bucket array, each
 //! bucket's rules) is immutable once published: a writer builds the new
 //! one, publishes it with one release store and frees the old after the
-//! epoch's grace period. A table split publishes fresh copies of both
-//! tables in one new list, so no reader misses a rule that moves.
+//! epoch's grace period. A split puts the rules it moves into their new
+//! table and publishes it before it takes them out of the old one, so a
+//! reader finds a moving rule in one table or both, never in neither.
+//! Its work is the overflowing bucket's, not the table's: no update
+//! rebuilds a table, but for doubling its buckets.
 
 use std::collections::{BTreeMap, HashMap};
 use std::mem::size_of_val;
@@ -36,6 +39,7 @@ use parking_lot::Mutex;
 use super::schema::{FieldKind, MAX_FIELDS, Packet, Rule, Schema};
 use crate::core::error::{Error, Result, check_len};
 use crate::core::flags::UpdateFlag;
+use crate::core::prefetch::prefetch;
 use crate::core::reclaim::{Guard, drop_in_background, pin};
 
 /// Rules one bucket holds before its table splits (the reference's
@@ -51,28 +55,79 @@ struct Entry {
     value: Box<[u8]>,
 }
 
-/// One bucket's rules, in rule order, with what a probe reads of each
-/// copied in line, back to back: per rule its priority, then each
-/// field's interval (`1 + 2 * fields` numbers); a probe checks its
-/// candidates without following a pointer to each.
+/// One bucket's rules, in rule order, with all a probe reads of each in
+/// line, back to back in `keys`: per rule its priority, each field's
+/// interval, its entry's address and its value's bytes
+/// ([`Chain::stride`] numbers). A probe reads no other memory: on a large
+/// map each pointer followed is a cache miss.
 struct Chain {
     keys: Box<[u128]>,
+    /// Owns the entries whose addresses `keys` holds.
     entries: Box<[Arc<Entry>]>,
 }
 
 impl Chain {
+    /// Numbers per rule in `keys`, for `fields` fields and values of
+    /// `value_size` bytes.
+    fn stride(fields: usize, value_size: usize) -> usize {
+        2 + 2 * fields + value_size.div_ceil(16)
+    }
+
     fn new(entries: impl Into<Box<[Arc<Entry>]>>) -> Self {
         let entries = entries.into();
+        let mut keys = Vec::new();
+        for e in entries.iter() {
+            keys.push(u128::from(e.rule.priority));
+            keys.extend(e.rule.bounds().iter().flat_map(|&(lo, hi)| [lo, hi]));
+            keys.push(Arc::as_ptr(e).expose_provenance() as u128);
+            let at = keys.len();
+            keys.resize(at + e.value.len().div_ceil(16), 0);
+            bytemuck::cast_slice_mut::<u128, u8>(&mut keys[at..])[..e.value.len()]
+                .copy_from_slice(&e.value);
+        }
         Chain {
-            keys: entries
-                .iter()
-                .flat_map(|e| {
-                    std::iter::once(u128::from(e.rule.priority))
-                        .chain(e.rule.bounds().iter().flat_map(|&(lo, hi)| [lo, hi]))
-                })
-                .collect(),
+            keys: keys.into(),
             entries,
         }
+    }
+}
+
+/// The entry of a rule's numbers in a chain (`fields` fields).
+///
+/// # Safety
+/// `key` is a rule's numbers in a published chain, read under a pinned
+/// guard that outlives the borrow: the chain owns an `Arc` of the entry,
+/// and is freed only after the grace period of its replacement.
+#[inline]
+unsafe fn entry_of(key: &[u128], fields: usize) -> &Entry {
+    let addr = key[1 + 2 * fields] as usize;
+    // SAFETY: the caller's; `Chain::new` exposed the address.
+    unsafe { &*std::ptr::with_exposed_provenance::<Entry>(addr) }
+}
+
+/// Who holds a rule, in the writer's index: the entry, ordered by its
+/// rule and looked up by it.
+struct Placed(Arc<Entry>);
+
+impl PartialEq for Placed {
+    fn eq(&self, other: &Self) -> bool {
+        self.0.rule == other.0.rule
+    }
+}
+impl Eq for Placed {}
+impl PartialOrd for Placed {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+impl Ord for Placed {
+    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+        self.0.rule.cmp(&other.0.rule)
+    }
+}
+impl std::borrow::Borrow<Rule> for Placed {
+    fn borrow(&self) -> &Rule {
+        &self.0.rule
     }
 }
 
@@ -167,7 +222,7 @@ struct Writer {
     /// Table ids in the published order.
     order: Vec<u64>,
     /// Which table holds each rule, in rule order (`get_next_key`).
-    placed: BTreeMap<Rule, u64>,
+    placed: BTreeMap<Placed, u64>,
     next_id: u64,
 }
 
@@ -287,42 +342,68 @@ impl WildcardMap {
         // SAFETY: a published view is freed only after the grace period
         // of its replacement, and the guard is pinned.
         let view = unsafe { self.view.load(Ordering::Acquire, guard).deref() };
-        let fields = &packet.values[..self.schema.fields().len()];
-        // A bucket's key array: per rule its priority, then its intervals.
-        let stride = 1 + 2 * fields.len();
-        let mut best: Option<&'g Entry> = None;
+        let n = self.schema.fields().len();
+        let fields = &packet.values[..n];
+        let stride = Chain::stride(n, self.value_size);
+        // The best match's numbers in its chain.
+        let mut best: Option<&'g [u128]> = None;
         let mut probed = 0;
-        for (top, table) in view.tables.iter() {
-            if best.is_some_and(|b| *top > b.rule.priority) {
+        // The probes of different tables are independent: while one
+        // table's chain is read, the next table's chain and the bucket
+        // after it are already asked for, so their misses overlap.
+        let tables = &view.tables;
+        let slot_of = |i: usize| tables.get(i).map(|(_, t)| t.slot(&packet.values));
+        let mut ahead = [slot_of(0), slot_of(1)];
+        ahead.iter().flatten().for_each(|s| prefetch(*s));
+        for (i, (top, _)) in tables.iter().enumerate() {
+            if best.is_some_and(|b| u128::from(*top) > b[0]) {
                 break;
             }
+            let after = slot_of(i + 2);
+            if let Some(s) = after {
+                prefetch(s);
+            }
+            if let Some(next) = ahead[1] {
+                prefetch(next.load(Ordering::Relaxed, guard).as_raw());
+            }
+            let slot = ahead[0].expect("the slot of table i");
+            ahead = [ahead[1], after];
             probed += 1;
-            let chain = table.slot(&packet.values).load(Ordering::Acquire, guard);
+            let chain = slot.load(Ordering::Acquire, guard);
             // SAFETY: as the view: chains are freed after the grace
             // period of their replacement.
             let Some(chain) = (unsafe { chain.as_ref() }) else {
                 continue;
             };
-            for (i, key) in chain.keys.chunks_exact(stride).enumerate() {
+            for key in chain.keys.chunks_exact(stride) {
                 if let Some(b) = best {
-                    let p = key[0] as u32;
-                    if p > b.rule.priority
-                        || p == b.rule.priority && chain.entries[i].rule >= b.rule
-                    {
+                    // A tie of priorities goes to the first in rule order.
+                    let later = || {
+                        // SAFETY: both are numbers of published chains,
+                        // read under `guard`.
+                        unsafe { entry_of(key, n).rule >= entry_of(b, n).rule }
+                    };
+                    if key[0] > b[0] || key[0] == b[0] && later() {
                         break;
                     }
                 }
-                if key[1..]
+                if key[1..1 + 2 * n]
                     .chunks_exact(2)
                     .zip(fields)
                     .all(|(lo_hi, &v)| lo_hi[0] <= v && v <= lo_hi[1])
                 {
-                    best = Some(&chain.entries[i]);
+                    best = Some(key);
                     break;
                 }
             }
         }
-        (best.map(|e| (&e.rule, &*e.value)), probed)
+        let answer = best.map(|b| {
+            // SAFETY: as above.
+            let entry = unsafe { entry_of(b, n) };
+            let value = &bytemuck::cast_slice::<u128, u8>(&b[2 + 2 * n..])[..self.value_size];
+            (&entry.rule, value)
+        });
+        (answer, probed)
     }
 
     /// [`classify`](Self::classify) for each packet, into `out[i]`;
@@ -375,9 +456,9 @@ impl WildcardMap {
         let w = self.writer.lock();
         let lower = after.map_or(Unbounded, Excluded);
         w.placed
-            .range((lower, Unbounded))
+            .range::<Rule, _>((lower, Unbounded))
             .next()
-            .map(|(r, _)| r.clone())
+            .map(|(p, _)| p.0.rule.clone())
     }
 
     /// Bytes held: tables, buckets, rules and values, and the writer's
@@ -405,7 +486,7 @@ impl WildcardMap {
         // Each entry once (an `Arc` header, the rule and the value), and
         // its line in the writer's index.
         let entry = 16 + size_of::<Entry>() + fields * 32 + self.value_size;
-        bytes + w.placed.len() * (entry + size_of::<(Rule, u64)>() + 8)
+        bytes + w.placed.len() * (entry + size_of::<(Placed, u64)>() + 8)
     }
 
     /// Every rule with its value, in rule order (a copy).
@@ -419,9 +500,9 @@ impl WildcardMap {
                 all.push((e.rule.clone(), e.value.to_vec()));
             }
         }
-        // One view never holds a rule twice: a split publishes both of
-        // its tables anew in one view.
+        // A rule a split is moving is in two tables for a moment.
         all.sort_by(|a, b| a.0.cmp(&b.0));
+        all.dedup_by(|a, b| a.0 == b.0);
         all
     }
 
@@ -448,7 +529,11 @@ impl WildcardMap {
             (Some(_), UpdateFlag::NoExist) => Err(Error::Exists),
             (None, UpdateFlag::Exist) => Err(Error::NotFound),
             (Some(id), _) => {
-                chain_replace(&w.tables[&id].table, entry(), guard);
+                let entry = entry();
+                chain_replace(&w.tables[&id].table, Arc::clone(&entry), guard);
+                // The index holds the entry in use, not the one replaced.
+                w.placed.remove(rule);
+                w.placed.insert(Placed(entry), id);
                 Ok(())
             }
             (None, _) => {
@@ -534,6 +619,7 @@ impl WildcardMap {
         let rule = entry.rule.clone();
         let state = w.tables.get_mut(&id).expect("its table");
         let before = state.best();
+        w.placed.insert(Placed(Arc::clone(&entry)), id);
         let bucket = chain_insert(&state.table, entry, guard);
         count(&mut state.priorities, rule.priority, true);
         state.rules += 1;
@@ -551,12 +637,8 @@ impl WildcardMap {
             ));
         }
         let after = state.best();
-        w.placed.insert(rule.clone(), id);
         if bucket > self.collision_limit {
-            let colliding: Vec<Tuple> = bucket_of(&w.tables[&id].table, &rule, guard)
-                .iter()
-                .map(|e| e.rule.prefix_lengths(&self.schema))
-                .collect();
+            let colliding = bucket_of(&w.tables[&id].table, &rule, guard);
             if self.split(w, id, &colliding, guard) {
                 return; // published
             }
@@ -566,17 +648,25 @@ impl WildcardMap {
         }
     }
 
-    /// Splits table `id`, whose bucket of `colliding` rules overflowed,
-    /// as the reference does: hash more bits of the field where the
-    /// colliding rules' prefix lengths differ most (half way between
-    /// their least and most), in a table that takes every rule of `id`
-    /// that fits it. Both tables are published as fresh copies in one
-    /// new view. False when no tuple separates them (nothing changes).
-    fn split(&self, w: &mut Writer, id: u64, colliding: &[Tuple], guard: &Guard) -> bool {
+    /// Splits the overflowing bucket of table `id` (its rules are
+    /// `colliding`) as the reference does: hash more bits of the field
+    /// where the colliding rules' prefix lengths differ most (half way
+    /// between their least and most), in a table of that tuple (made if
+    /// there is none), which takes the colliding rules that fit it. The
+    /// work is the bucket's, not the table's: the moved rules go into
+    /// the target's buckets (and are published with it) before they
+    /// leave the source's, so a reader finds each in one table or both,
+    /// never in neither. False when no tuple separates them (nothing
+    /// changes).
+    fn split(&self, w: &mut Writer, id: u64, colliding: &[Arc<Entry>], guard: &Guard) -> bool {
         let n = self.schema.fields().len();
-        let mut least = colliding[0];
-        let mut most = colliding[0];
-        for t in colliding {
+        let tuples: Vec<Tuple> = colliding
+            .iter()
+            .map(|e| e.rule.prefix_lengths(&self.schema))
+            .collect();
+        let mut least = tuples[0];
+        let mut most = tuples[0];
+        for t in &tuples {
             for d in 0..n {
                 least[d] = least[d].min(t[d]);
                 most[d] = most[d].max(t[d]);
@@ -590,56 +680,78 @@ impl WildcardMap {
         };
         let mut target = least;
         target[d] = least[d] + (most[d] - least[d]).div_ceil(2);
-        let source_tuple = w.tables[&id].table.tuple;
-        if target == source_tuple {
+        let source = Arc::clone(&w.tables[&id].table);
+        if target == source.tuple {
             return false;
         }
-        let target_id = w
+        let moving: Vec<Arc<Entry>> = colliding
+            .iter()
+            .zip(&tuples)
+            .filter(|(_, t)| fits(t, &target))
+            .map(|(e, _)| Arc::clone(e))
+            .collect();
+        if moving.is_empty() {
+            return false;
+        }
+        // Into the target: a new table, a rebuilt larger one, or its
+        // buckets one chain at a time.
+        let existing = w
             .tables
             .iter()
             .find(|(_, s)| s.table.tuple == target)
             .map(|(&tid, _)| tid);
-        // Every rule of the source, and of the target if there is one.
-        let source_entries = table_entries(&w.tables[&id].table, guard);
-        let target_entries =
-            target_id.map_or_else(Vec::new, |t| table_entries(&w.tables[&t].table, guard));
-        let (moving, staying): (Vec<_>, Vec<_>) = source_entries
-            .into_iter()
-            .partition(|e| fits(&e.rule.prefix_lengths(&self.schema), &target));
-        if moving.is_empty() {
-            return false;
-        }
-        let new_target: Vec<Arc<Entry>> = target_entries.into_iter().chain(moving).collect();
-        let target_id = match target_id {
-            Some(t) => {
-                let table = build_table(target, &self.schema, slots_for(&new_target), &new_target);
-                w.tables.get_mut(&t).expect("target").table = Arc::new(table);
-                t
-            }
+        let target_id = match existing {
             None => w.new_table(build_table(
                 target,
                 &self.schema,
-                slots_for(&new_target),
-                &new_target,
+                slots_for(moving.len()),
+                &moving,
             )),
+            Some(t) => {
+                let state = w.tables.get_mut(&t).expect("target");
+                if state.rules + moving.len() > state.table.slots.len() {
+                    let mut all = table_entries(&state.table, guard);
+                    all.extend(moving.iter().cloned());
+                    state.table = Arc::new(build_table(
+                        target,
+                        &self.schema,
+                        slots_for(all.len()),
+                        &all,
+                    ));
+                } else {
+                    for e in &moving {
+                        chain_insert(&state.table, Arc::clone(e), guard);
+                    }
+                }
+                t
+            }
         };
-        recount(w.tables.get_mut(&target_id).expect("target"), &new_target);
-        for e in &new_target {
-            w.placed.insert(e.rule.clone(), target_id);
-        }
-        if staying.is_empty() {
-            w.tables.remove(&id);
-        } else {
-            let state = w.tables.get_mut(&id).expect("source");
-            state.table = Arc::new(build_table(
-                source_tuple,
-                &self.schema,
-                slots_for(&staying),
-                &staying,
-            ));
-            recount(state, &staying);
+        let state = w.tables.get_mut(&target_id).expect("target");
+        for e in &moving {
+            count(&mut state.priorities, e.rule.priority, true);
+            state.rules += 1;
+            *w.placed.get_mut(&e.rule).expect("a placed rule") = target_id;
         }
         self.publish(w, guard);
+        // Out of the source: the one bucket they shared.
+        let slot = source.slot(&lows(&moving[0].rule));
+        let staying: Vec<Arc<Entry>> = chain_entries(slot, guard)
+            .into_iter()
+            .filter(|e| !moving.iter().any(|m| Arc::ptr_eq(m, e)))
+            .collect();
+        publish_chain(slot, staying, guard);
+        let state = w.tables.get_mut(&id).expect("source");
+        let before = state.best();
+        for e in &moving {
+            count(&mut state.priorities, e.rule.priority, false);
+            state.rules -= 1;
+        }
+        if state.rules == 0 {
+            w.tables.remove(&id);
+            self.publish(w, guard);
+        } else if state.best() != before {
+            self.publish(w, guard);
+        }
         true
     }
 
@@ -745,14 +857,6 @@ fn count(priorities: &mut BTreeMap<u32, usize>, priority: u32, add: bool) {
     }
 }
 
-fn recount(state: &mut TableState, entries: &[Arc<Entry>]) {
-    state.priorities.clear();
-    for e in entries {
-        count(&mut state.priorities, e.rule.priority, true);
-    }
-    state.rules = entries.len();
-}
-
 /// Each field's lower bound, as a packet: where a rule hashes.
 fn lows(rule: &Rule) -> [u128; MAX_FIELDS] {
     let mut v = [0; MAX_FIELDS];
@@ -843,9 +947,9 @@ fn chain_remove(table: &Table, rule: &Rule, guard: &Guard) -> Option<Arc<Entry>>
     Some(entry)
 }
 
-/// Buckets for a table of `entries`: one per rule, at least 8.
-fn slots_for(entries: &[Arc<Entry>]) -> usize {
-    entries.len().next_power_of_two().max(8)
+/// Buckets for a table of `rules`: one per rule, at least 8.
+fn slots_for(rules: usize) -> usize {
+    rules.next_power_of_two().max(8)
 }
 
 /// A fresh, unpublished table of `tuple` with `slots` buckets holding
