@@ -7,6 +7,7 @@
 //! | `judysl` | JudySL (the same library and module) | `libjudy-dev` | `strmap-real` ([`crate::str_tables`]) |
 //! | `hat-trie` | libhat-trie ([`hat_trie`], where `cfg(native_hat_trie)`) | `libhat-trie-dev` | `strmap-real` |
 //! | `kernel-maple` | the kernel's maple tree, built at bench time from the source package and run as separate processes ([`kernel_maple`], always compiled) | `linux-source-6.12`, `liburcu-dev` | `maple-kernel` ([`crate::suites`]) |
+//! | `rte-acl` | DPDK 22.11's `rte_acl`, through Debian's `dpdk-test-acl` program run as a separate process on the suite's rules and packets ([`dpdk_acl`], always compiled; nothing built) | `dpdk-dev` | `wildcard-classbench` |
 //!
 //! ## The rule
 //! A native library comes only from Debian's packages, which `apt-get`
@@ -45,6 +46,7 @@
 //! ```sh
 //! apt-get install -y libjudy-dev       # judy, judysl
 //! apt-get install -y libhat-trie-dev   # hat-trie
+//! apt-get install -y dpdk-dev          # rte-acl (dpdk-test-acl, found at run time)
 //! ```
 //! `.ci/run` does this when it runs as root with `apt-get` (or with
 //! password-less `sudo`), and prints a note and goes on otherwise.
@@ -71,8 +73,8 @@
 //!    and the trait impl there, both under `#[cfg(native_NAME)]`; tests
 //!    that count the list add `cfg!(native_NAME)`.
 //!
-//! The next ones planned: DPDK's `rte_acl` and `rte_lpm` (`dpdk-dev`,
-//! pkg-config `libdpdk`).
+//! The next one planned: DPDK's `rte_lpm` (`libdpdk-dev`, pkg-config
+//! `libdpdk`). (`rte_acl` is in, as a separate process: [`dpdk_acl`].)
 //!
 //! ## Caveats
 //! - Memory: a C library that calls `malloc` itself is not seen by the
@@ -88,6 +90,7 @@
 //! - A native peer takes no Rust `BuildHasher`: it hashes (or not) its own
 //!   way, so a ratio against it compares the hash too.
 
+pub mod dpdk_acl;
 #[cfg(native_hat_trie)]
 pub mod hat_trie;
 #[cfg(native_judy)]
@@ -123,9 +126,10 @@ pub fn libraries() -> Vec<Library> {
 }
 
 /// One line for the report's machine section: each library with what
-/// became of it.
+/// became of it, then the peers run as separate programs that are found
+/// at run time ([`dpdk_acl::summary`]: whether `dpdk-test-acl` is there).
 pub fn summary() -> String {
-    describe(&libraries())
+    format!("{}; {}", describe(&libraries()), dpdk_acl::summary())
 }
 
 /// `judy (libjudy-dev): built in; ...`, or `none` for an empty list.

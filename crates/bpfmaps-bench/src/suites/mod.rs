@@ -30,7 +30,9 @@ mod strmap_common;
 mod strmap_real;
 mod strmap_synthetic;
 mod strmap_threads;
+mod wildcard_cilium;
 mod wildcard_classbench;
+mod wildcard_geoip;
 
 /// Every suite, in the order `report` runs them.
 pub const ALL: &[&dyn DynSuite] = &[
@@ -52,6 +54,8 @@ pub const ALL: &[&dyn DynSuite] = &[
     &maple_readers::MapleReaders,
     &maple_kernel::MapleKernel,
     &wildcard_classbench::WildcardClassbench,
+    &wildcard_cilium::WildcardCilium,
+    &wildcard_geoip::WildcardGeoip,
 ];
 
 /// The suite named `name`.

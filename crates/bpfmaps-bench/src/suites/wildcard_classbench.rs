@@ -1,5 +1,8 @@
 //! `wildcard-classbench`: packet classification on the ClassBench rule
-//! sets, `WildcardMap` (TupleMerge) beside the brute-force classifier.
+//! sets, `WildcardMap` (TupleMerge) beside the brute-force classifier and,
+//! where Debian's `dpdk-dev` is installed, DPDK's `rte_acl` (the native
+//! peer [`dpdk_acl`], its `dpdk-test-acl` program run as a separate
+//! process on the same rules and packets).
 //!
 //! Varies: the rule set. Holds fixed: the 5-tuple schema (two 4-byte
 //! prefixes, two 2-byte port ranges, a 1-byte protocol prefix), the
@@ -8,6 +11,17 @@
 //! data directory; without it, generated rule sets of 1K and 10K rules.
 //! Every packet of the brute-force sample must be classified as the
 //! brute force classifies it.
+//!
+//! `rte_acl` takes the rules in the same order of preference: the rule
+//! file lists them by priority, first line best, and `dpdk-test-acl` gives
+//! each line a priority that falls with the line number (higher wins in
+//! `rte_acl`). ClassBench priorities are the line numbers, so no two rules
+//! tie (a tie would go by the rules' intervals, bpfmaps' tie rule, see
+//! [`dpdk_acl::priority_order`]). Its figures are one timed run (the mean
+//! over three passes, timed by the tool) and its build is a whole
+//! `rte_acl_build`, which every rule change costs: reported beside
+//! bpfmaps' update rate. Which rule it gives each packet comes from a
+//! second, untimed run on the brute force's sample.
 
 use std::hint::black_box;
 use std::io::Read;
@@ -20,6 +34,7 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
 use crate::measure::rate_samples_interleaved;
+use crate::native::dpdk_acl;
 use crate::record::{
     BUILD_MS, NS_PER_LOOKUP, RULE_UPDATES_PER_SEC, Record, TABLES, TABLES_PROBED,
     WILDCARD_DISAGREEMENTS, case, find, ratio,
@@ -41,9 +56,13 @@ pub struct Opts {
     /// Packets classified per set [quick: 20000; full: 100000].
     #[arg(long)]
     packets: Option<usize>,
-    /// Packets the brute-force classifier is timed and checked on.
+    /// Packets the brute-force classifier is timed and checked on (and
+    /// rte_acl checked on).
     #[arg(long, default_value_t = 2000)]
     brute_packets: usize,
+    /// Leave out DPDK's rte_acl even where dpdk-test-acl is installed.
+    #[arg(long)]
+    no_rte_acl: bool,
 }
 
 const FULL: [&str; 6] = [
@@ -58,6 +77,7 @@ const QUICK: [&str; 2] = ["acl1_1k", "acl1_10k.gz"];
 const SEED: u64 = 0x7475_706c;
 const MAP: &str = "bpfmaps-wildcard";
 const BRUTE: &str = "brute-force";
+const RTE_ACL: &str = dpdk_acl::NAME;
 
 /// A rule set: its name and rules.
 struct RuleSet {
@@ -146,6 +166,92 @@ fn generated_rules(schema: &Schema, n: usize) -> Vec<Rule> {
         .collect()
 }
 
+/// DPDK's `rte_acl` on `set` and `packets` (timed by `dpdk-test-acl`),
+/// and checked on `sample` against the brute force: its records, and a
+/// note on what ran (or why it did not).
+fn rte_acl(
+    ctx: &Ctx,
+    acl: &dpdk_acl::RteAcl,
+    set: &RuleSet,
+    packets: &[Packet],
+    sample: &[Packet],
+    brute: &BruteForce,
+    c: &str,
+) -> Vec<Record> {
+    let suite = WildcardClassbench::NAME;
+    let t = match acl.time(&set.rules, packets) {
+        Ok(t) => t,
+        Err(e) => {
+            ctx.note(&format!(
+                "rte_acl {}: failed, left out: {}",
+                set.name,
+                e.lines().take(12).collect::<Vec<_>>().join(" | ")
+            ));
+            return Vec::new();
+        }
+    };
+    let mut recs = vec![Record::single(
+        suite,
+        c,
+        RTE_ACL,
+        &NS_PER_LOOKUP,
+        t.ns_per_packet,
+    )];
+    if let Some(b) = t.build {
+        recs.push(Record::single(
+            suite,
+            c,
+            RTE_ACL,
+            &BUILD_MS,
+            b.as_secs_f64() * 1e3,
+        ));
+    }
+    let checked = match acl.classify(&set.rules, sample, t.alg) {
+        Ok(got) => {
+            let wrong = sample
+                .iter()
+                .zip(&got)
+                .filter(|(p, g)| {
+                    g.map(|i| set.rules[i].priority) != brute.classify(p).map(|(r, _)| r.priority)
+                })
+                .count();
+            recs.push(Record::single(
+                suite,
+                c,
+                RTE_ACL,
+                &WILDCARD_DISAGREEMENTS,
+                wrong as f64,
+            ));
+            format!(
+                "{wrong} of {} sampled packets unlike the brute force",
+                sample.len()
+            )
+        }
+        Err(e) => format!("not checked: {}", e.lines().next().unwrap_or("")),
+    };
+    let mb = |b: Option<u64>| b.map_or("?".to_string(), |b| format!("{:.0} MB", b as f64 / 1e6));
+    ctx.note(&format!(
+        "rte_acl {}: --alg={}, {} packets x {} passes, {:.1} ns/packet ({:.1} cycles at {:.3} GHz), \
+         build {}, runtime tables {}, build memory {}, peak RSS {}, {:.1} s in all; {checked}",
+        set.name,
+        t.alg.name(),
+        t.packets / u64::from(t.iterations.max(1)),
+        t.iterations,
+        t.ns_per_packet,
+        t.cycles as f64 / t.packets as f64,
+        t.tsc_hz / 1e9,
+        t.build.map_or("not timed (no stdbuf)".to_string(), |b| format!(
+            "{:.1} ms",
+            b.as_secs_f64() * 1e3
+        )),
+        mb(t.runtime_bytes),
+        mb(t.build_bytes),
+        mb(t.peak_rss_bytes),
+        t.wall.as_secs_f64(),
+    ));
+    recs
+}
+
 /// A timed loop classifying `packets` in turn, [`BATCH`] per call.
 fn classify_loop<'a>(
     packets: &'a [Packet],
@@ -166,7 +272,7 @@ fn classify_loop<'a>(
 impl Suite for WildcardClassbench {
     type Opts = Opts;
     const NAME: &'static str = "wildcard-classbench";
-    const ABOUT: &'static str = "ClassBench rule sets: WildcardMap (TupleMerge) vs brute force, ns per packet, build, updates";
+    const ABOUT: &'static str = "ClassBench rule sets: WildcardMap (TupleMerge) vs brute force and DPDK's rte_acl, ns per packet, build, updates";
     const DESCRIBE: &'static str = "Each rule set (ClassBench `acl1`, `fw1`, `ipc1` at 1K and 10K \
          rules from `classbench/` in the data directory; without it, generated sets of 1K and 10K) \
          is loaded into a `WildcardMap` of the 5-tuple schema (line order is priority) and into the \
@@ -174,8 +280,15 @@ impl Suite for WildcardClassbench {
          interval (one seed). Classification is timed in interleaved turns, the brute force on a \
          sample of the packets; every sampled packet must get the brute force's rule. Also: the \
          build (one insert per rule), rule updates (every tenth rule removed and inserted again), \
-         the tables TupleMerge made and the mean number it probed per packet. Not yet beside the \
-         reference TupleMerge (not packaged) or DPDK's `rte_acl`.";
+         the tables TupleMerge made and the mean number it probed per packet. Beside DPDK 22.11's \
+         `rte_acl` where Debian's `dpdk-dev` is installed: its `dpdk-test-acl` program, run as a \
+         separate process on the same rules (in priority order, first line best; no ties) and the \
+         same packets, `--alg=avx2` (scalar where AVX2 is refused), 256 packets per \
+         `rte_acl_classify` call, three passes timed by the tool (one observation, their mean); \
+         its build (a full `rte_acl_build`, what any rule change costs) and, from a second untimed \
+         run, which rule it gave each packet of the brute force's sample. Without the program, a \
+         note says so and its columns are empty. Not yet beside the reference TupleMerge (not \
+         packaged).";
     const BASELINE: &'static str = BRUTE;
 
     fn run(&self, ctx: &Ctx, opts: Opts) -> Vec<Record> {
@@ -187,6 +300,18 @@ impl Suite for WildcardClassbench {
             .packets
             .unwrap_or(if ctx.quick() { 20_000 } else { 100_000 });
         let sets = rule_sets(ctx, &schema, &names);
+        let acl = if opts.no_rte_acl {
+            ctx.note("rte_acl: skipped (--no-rte-acl)");
+            None
+        } else {
+            match dpdk_acl::find() {
+                Ok(acl) => Some(acl),
+                Err(e) => {
+                    ctx.note(&format!("rte_acl: skipped, {e}"));
+                    None
+                }
+            }
+        };
         ctx.set_steps(sets.len() as u64);
         let mut all = Vec::new();
         for set in &sets {
@@ -262,6 +387,9 @@ impl Suite for WildcardClassbench {
                 ),
                 Record::single(Self::NAME, &c, MAP, &WILDCARD_DISAGREEMENTS, wrong as f64),
             ]);
+            if let Some(acl) = &acl {
+                recs.extend(rte_acl(ctx, acl, set, &packets, sample, &brute, &c));
+            }
             ctx.step();
             ctx.print(&recs);
             all.extend(recs);
@@ -278,14 +406,21 @@ impl Suite for WildcardClassbench {
                 "ns/packet",
                 "brute ns/packet",
                 "speed vs brute",
+                "rte_acl ns/packet",
+                "speed vs rte_acl",
                 "build ms",
                 "updates/s",
+                "rte_acl build ms",
                 "tables",
                 "probed",
                 "wrong",
+                "rte_acl wrong",
             ],
         )
-        .with_note("Medians; `probed` is the mean number of tables a packet probed, `wrong` the sampled packets classified unlike the brute force.");
+        .with_note("Medians; `probed` is the mean number of tables a packet probed, `wrong` the sampled packets classified unlike the brute force. \
+            rte_acl: DPDK 22.11's `dpdk-test-acl` on the same rules and packets (256 a call, mean of 3 passes, one run; `-` where it is not installed); \
+            `speed vs rte_acl` is rte_acl's ns/packet over bpfmaps', above 1 when bpfmaps is faster; \
+            `rte_acl build ms` is a full `rte_acl_build` (rules read and compiled), what each rule change costs it, beside bpfmaps' `updates/s`.");
         let mut cases: Vec<&str> = records.iter().map(|r| r.case.as_str()).collect();
         cases.dedup();
         for c in cases {
@@ -306,11 +441,18 @@ impl Suite for WildcardClassbench {
                     get(BRUTE, NS_PER_LOOKUP.name),
                     get(MAP, NS_PER_LOOKUP.name),
                 )),
+                val(RTE_ACL, NS_PER_LOOKUP.name, 1),
+                fmt_ratio(ratio(
+                    get(RTE_ACL, NS_PER_LOOKUP.name),
+                    get(MAP, NS_PER_LOOKUP.name),
+                )),
                 val(MAP, BUILD_MS.name, 1),
                 val(MAP, RULE_UPDATES_PER_SEC.name, 0),
+                val(RTE_ACL, BUILD_MS.name, 1),
                 val(MAP, TABLES.name, 0),
                 val(MAP, TABLES_PROBED.name, 1),
                 val(MAP, WILDCARD_DISAGREEMENTS.name, 0),
+                val(RTE_ACL, WILDCARD_DISAGREEMENTS.name, 0),
             ]);
         }
         vec![t]
