@@ -29,13 +29,13 @@
 //! rebuilds a table, but for doubling its buckets.
 
 use std::collections::{BTreeMap, HashMap};
-use std::mem::size_of_val;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use crossbeam_epoch::{Atomic, Owned, Shared};
 use parking_lot::Mutex;
 
+use super::chain::{Chain, Entry, Layout, Width, Word, entry_of, value_of};
 use super::schema::{FieldKind, MAX_FIELDS, Packet, Rule, Schema};
 use crate::core::error::{Error, Result, check_len};
 use crate::core::flags::UpdateFlag;
@@ -48,62 +48,6 @@ pub const DEFAULT_COLLISION_LIMIT: usize = 10;
 
 /// Per field, the leading bits a table hashes.
 type Tuple = [u8; MAX_FIELDS];
-
-/// A rule and its value, shared by the buckets that hold it.
-struct Entry {
-    rule: Rule,
-    value: Box<[u8]>,
-}
-
-/// One bucket's rules, in rule order, with all a probe reads of each in
-/// line, back to back in `keys`: per rule its priority, each field's
-/// interval, its entry's address and its value's bytes
-/// ([`Chain::stride`] numbers). A probe reads no other memory: on a large
-/// map each pointer followed is a cache miss.
-struct Chain {
-    keys: Box<[u128]>,
-    /// Owns the entries whose addresses `keys` holds.
-    entries: Box<[Arc<Entry>]>,
-}
-
-impl Chain {
-    /// Numbers per rule in `keys`, for `fields` fields and values of
-    /// `value_size` bytes.
-    fn stride(fields: usize, value_size: usize) -> usize {
-        2 + 2 * fields + value_size.div_ceil(16)
-    }
-
-    fn new(entries: impl Into<Box<[Arc<Entry>]>>) -> Self {
-        let entries = entries.into();
-        let mut keys = Vec::new();
-        for e in entries.iter() {
-            keys.push(u128::from(e.rule.priority));
-            keys.extend(e.rule.bounds().iter().flat_map(|&(lo, hi)| [lo, hi]));
-            keys.push(Arc::as_ptr(e).expose_provenance() as u128);
-            let at = keys.len();
-            keys.resize(at + e.value.len().div_ceil(16), 0);
-            bytemuck::cast_slice_mut::<u128, u8>(&mut keys[at..])[..e.value.len()]
-                .copy_from_slice(&e.value);
-        }
-        Chain {
-            keys: keys.into(),
-            entries,
-        }
-    }
-}
-
-/// The entry of a rule's numbers in a chain (`fields` fields).
-///
-/// # Safety
-/// `key` is a rule's numbers in a published chain, read under a pinned
-/// guard that outlives the borrow: the chain owns an `Arc` of the entry,
-/// and is freed only after the grace period of its replacement.
-#[inline]
-unsafe fn entry_of(key: &[u128], fields: usize) -> &Entry {
-    let addr = key[1 + 2 * fields] as usize;
-    // SAFETY: the caller's; `Chain::new` exposed the address.
-    unsafe { &*std::ptr::with_exposed_provenance::<Entry>(addr) }
-}
 
 /// Who holds a rule, in the writer's index: the entry, ordered by its
 /// rule and looked up by it.
@@ -140,6 +84,8 @@ struct Table {
     /// its leading `tuple` bits; `hashed` of them.
     fields: [(u8, u8); MAX_FIELDS],
     hashed: usize,
+    /// The word its chains use.
+    width: Width,
     slots: Box<[Atomic<Chain>]>,
 }
 
@@ -157,25 +103,28 @@ impl Table {
             tuple,
             fields,
             hashed,
+            width: Width::of(schema),
             slots: (0..slots).map(|_| Atomic::null()).collect(),
         }
     }
 
-    /// The hash of the leading bits this table keys on.
+    /// The hash of the leading bits this table keys on, from the fields'
+    /// values in words of any width that holds them (the same hash in
+    /// each: a narrow word's lane is the wide one's).
     #[inline]
-    fn hash(&self, values: &[u128; MAX_FIELDS]) -> u64 {
+    fn hash<W: Word>(&self, values: &[W; MAX_FIELDS]) -> u64 {
         const K: u64 = 0x9e37_79b9_7f4a_7c15;
         let mut h = 0x2545_f491_4f6c_dd1d_u64;
         for &(field, shift) in &self.fields[..self.hashed] {
-            let v = values[usize::from(field)] >> shift;
-            h = (h.rotate_left(23) ^ v as u64 ^ ((v >> 64) as u64).rotate_left(29)).wrapping_mul(K);
+            let lane = values[usize::from(field)].lane(shift);
+            h = (h.rotate_left(23) ^ lane).wrapping_mul(K);
         }
         h ^ (h >> 31)
     }
 
     /// The bucket `values` hash to.
     #[inline]
-    fn slot(&self, values: &[u128; MAX_FIELDS]) -> &Atomic<Chain> {
+    fn slot<W: Word>(&self, values: &[W; MAX_FIELDS]) -> &Atomic<Chain> {
         &self.slots[self.hash(values) as usize & (self.slots.len() - 1)]
     }
 }
@@ -261,6 +210,8 @@ pub struct WildcardMap {
     writer: Mutex<Writer>,
     view: Atomic<View>,
     len: AtomicUsize,
+    /// The word its chains use.
+    width: Width,
     /// Creation flags through the byte contract (`BPF_F_NO_PREALLOC`).
     pub(super) map_flags: u32,
 }
@@ -285,6 +236,7 @@ impl WildcardMap {
             ));
         }
         Ok(WildcardMap {
+            width: Width::of(&schema),
             schema,
             value_size,
             max_entries,
@@ -339,24 +291,46 @@ impl WildcardMap {
         packet: &Packet,
         guard: &'g Guard,
     ) -> (Option<(&'g Rule, &'g [u8])>, usize) {
+        match self.width {
+            Width::W32 => self.classify_in::<u32>(packet, guard),
+            Width::W64 => self.classify_in::<u64>(packet, guard),
+            Width::W128 => self.classify_in::<u128>(packet, guard),
+        }
+    }
+
+    /// [`classify_counting`](Self::classify_counting) on chains of `W`
+    /// words.
+    #[inline]
+    fn classify_in<'g, W: Word>(
+        &self,
+        packet: &Packet,
+        guard: &'g Guard,
+    ) -> (Option<(&'g Rule, &'g [u8])>, usize) {
+        let n = self.schema.fields().len();
+        if packet.values[..n].iter().any(|&v| v > W::MAX) {
+            return (None, 0); // wider than every field: matches no rule
+        }
+        let mut words = [W::zeroed(); MAX_FIELDS];
+        for (w, &v) in words.iter_mut().zip(&packet.values[..n]) {
+            *w = W::of(v);
+        }
+        let values = &words[..n];
+        let layout = Layout::new::<W>(n, self.value_size);
         // SAFETY: a published view is freed only after the grace period
         // of its replacement, and the guard is pinned.
         let view = unsafe { self.view.load(Ordering::Acquire, guard).deref() };
-        let n = self.schema.fields().len();
-        let fields = &packet.values[..n];
-        let stride = Chain::stride(n, self.value_size);
-        // The best match's numbers in its chain.
-        let mut best: Option<&'g [u128]> = None;
+        // The best match's words in its chain.
+        let mut best: Option<&'g [W]> = None;
         let mut probed = 0;
         // The probes of different tables are independent: while one
         // table's chain is read, the next table's chain and the bucket
         // after it are already asked for, so their misses overlap.
         let tables = &view.tables;
-        let slot_of = |i: usize| tables.get(i).map(|(_, t)| t.slot(&packet.values));
+        let slot_of = |i: usize| tables.get(i).map(|(_, t)| t.slot(&words));
         let mut ahead = [slot_of(0), slot_of(1)];
         ahead.iter().flatten().for_each(|s| prefetch(*s));
         for (i, (top, _)) in tables.iter().enumerate() {
-            if best.is_some_and(|b| u128::from(*top) > b[0]) {
+            if best.is_some_and(|b| W::of(u128::from(*top)) > b[0]) {
                 break;
             }
             let after = slot_of(i + 2);
@@ -375,13 +349,13 @@ impl WildcardMap {
             let Some(chain) = (unsafe { chain.as_ref() }) else {
                 continue;
             };
-            for key in chain.keys.chunks_exact(stride) {
+            for key in chain.rules::<W>(&layout) {
                 if let Some(b) = best {
                     // A tie of priorities goes to the first in rule order.
                     let later = || {
-                        // SAFETY: both are numbers of published chains,
+                        // SAFETY: both are words of published chains,
                         // read under `guard`.
-                        unsafe { entry_of(key, n).rule >= entry_of(b, n).rule }
+                        unsafe { entry_of(key, &layout).rule >= entry_of(b, &layout).rule }
                     };
                     if key[0] > b[0] || key[0] == b[0] && later() {
                         break;
@@ -389,7 +363,7 @@ impl WildcardMap {
                 }
                 if key[1..1 + 2 * n]
                     .chunks_exact(2)
-                    .zip(fields)
+                    .zip(values)
                     .all(|(lo_hi, &v)| lo_hi[0] <= v && v <= lo_hi[1])
                 {
                     best = Some(key);
@@ -399,9 +373,8 @@ impl WildcardMap {
         }
         let answer = best.map(|b| {
             // SAFETY: as above.
-            let entry = unsafe { entry_of(b, n) };
-            let value = &bytemuck::cast_slice::<u128, u8>(&b[2 + 2 * n..])[..self.value_size];
-            (&entry.rule, value)
+            let entry = unsafe { entry_of(b, &layout) };
+            (&entry.rule, value_of(b, &layout, self.value_size))
         });
         (answer, probed)
     }
@@ -476,9 +449,7 @@ impl WildcardMap {
             for slot in table.slots.iter() {
                 // SAFETY: under the guard.
                 if let Some(chain) = unsafe { slot.load(Ordering::Acquire, guard).as_ref() } {
-                    bytes += size_of::<Chain>()
-                        + size_of_val(&*chain.keys)
-                        + size_of_val(&*chain.entries);
+                    bytes += chain.bytes();
                 }
             }
             bytes += size_of::<TableState>() + state.priorities.len() * 24;
@@ -739,7 +710,7 @@ impl WildcardMap {
             .into_iter()
             .filter(|e| !moving.iter().any(|m| Arc::ptr_eq(m, e)))
             .collect();
-        publish_chain(slot, staying, guard);
+        publish_chain(slot, staying, source.width, guard);
         let state = w.tables.get_mut(&id).expect("source");
         let before = state.best();
         for e in &moving {
@@ -887,11 +858,11 @@ fn bucket_of(table: &Table, rule: &Rule, guard: &Guard) -> Vec<Arc<Entry>> {
 
 /// Publishes `entries` as the chain of `slot`, freeing the one it
 /// replaces after the grace period.
-fn publish_chain(slot: &Atomic<Chain>, entries: Vec<Arc<Entry>>, guard: &Guard) {
+fn publish_chain(slot: &Atomic<Chain>, entries: Vec<Arc<Entry>>, width: Width, guard: &Guard) {
     let new = if entries.is_empty() {
         Shared::null()
     } else {
-        Owned::new(Chain::new(entries)).into_shared(guard)
+        Owned::new(Chain::new(entries, width)).into_shared(guard)
     };
     let old = slot.swap(new, Ordering::AcqRel, guard);
     if !old.is_null() {
@@ -921,7 +892,7 @@ fn chain_replace(table: &Table, entry: Arc<Entry>, guard: &Guard) {
             }
         })
         .collect();
-    publish_chain(slot, entries, guard);
+    publish_chain(slot, entries, table.width, guard);
 }
 
 /// Puts `entry` in its bucket of `table` (a new chain, published);
@@ -932,7 +903,7 @@ fn chain_insert(table: &Table, entry: Arc<Entry>, guard: &Guard) -> usize {
     let at = entries.partition_point(|e| e.rule < entry.rule);
     entries.insert(at, entry);
     let len = entries.len();
-    publish_chain(slot, entries, guard);
+    publish_chain(slot, entries, table.width, guard);
     len
 }
 
@@ -943,7 +914,7 @@ fn chain_remove(table: &Table, rule: &Rule, guard: &Guard) -> Option<Arc<Entry>>
     let mut entries = chain_entries(slot, guard);
     let at = entries.iter().position(|e| e.rule == *rule)?;
     let entry = entries.remove(at);
-    publish_chain(slot, entries, guard);
+    publish_chain(slot, entries, table.width, guard);
     Some(entry)
 }
 
@@ -964,7 +935,10 @@ fn build_table(tuple: Tuple, schema: &Schema, slots: usize, entries: &[Arc<Entry
     for (slot, mut chain) in table.slots.iter().zip(chains) {
         if !chain.is_empty() {
             chain.sort_by(|a, b| a.rule.cmp(&b.rule));
-            slot.store(Owned::new(Chain::new(chain)), Ordering::Relaxed);
+            slot.store(
+                Owned::new(Chain::new(chain, table.width)),
+                Ordering::Relaxed,
+            );
         }
     }
     table

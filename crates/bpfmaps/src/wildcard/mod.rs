@@ -19,6 +19,7 @@
 //! (`wildcard-*`); not yet at the speed targets.
 
 pub mod brute;
+mod chain;
 pub mod classbench;
 mod contract;
 mod map;

@@ -298,7 +298,7 @@ fn classify_many_answers_each_packet_and_wants_room() {
 /// A small random schema: 1 to 4 fields of every kind, narrow enough that
 /// random rules overlap.
 fn arb_schema() -> impl Strategy<Value = Schema> {
-    let field = (0..4usize, prop::sample::select(vec![1usize, 2, 4, 16]));
+    let field = (0..4usize, prop::sample::select(vec![1usize, 2, 4, 8, 16]));
     prop::collection::vec(field, 1..=4).prop_map(|fs| {
         let fields = fs
             .into_iter()
