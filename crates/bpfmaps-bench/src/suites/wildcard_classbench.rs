@@ -50,7 +50,8 @@ pub struct WildcardClassbench;
 #[derive(Debug, Args)]
 pub struct Opts {
     /// Rule files under `classbench/` [quick: acl1_1k,acl1_10k.gz; full:
-    /// the 1K and 10K sets of acl1, fw1, ipc1].
+    /// the 1K and 10K sets of acl1, fw1, ipc1 and CutSplit's four sets,
+    /// `cutsplit/NAME.gz`, each with its own trace].
     #[arg(long, value_delimiter = ',')]
     sets: Vec<String>,
     /// Packets classified per set [quick: 20000; full: 100000].
@@ -65,13 +66,17 @@ pub struct Opts {
     no_rte_acl: bool,
 }
 
-const FULL: [&str; 6] = [
+const FULL: [&str; 10] = [
     "acl1_1k",
     "fw1_1k",
     "ipc1_1k",
     "acl1_10k.gz",
     "fw1_10k.gz",
     "ipc1_10k.gz",
+    "cutsplit/acl_1k.gz",
+    "cutsplit/fw_1k.gz",
+    "cutsplit/ipc_1k.gz",
+    "cutsplit/fw_10k.gz",
 ];
 const QUICK: [&str; 2] = ["acl1_1k", "acl1_10k.gz"];
 const SEED: u64 = 0x7475_706c;
@@ -79,10 +84,24 @@ const MAP: &str = "bpfmaps-wildcard";
 const BRUTE: &str = "brute-force";
 const RTE_ACL: &str = dpdk_acl::NAME;
 
-/// A rule set: its name and rules.
+/// A rule set: its name, rules, and the packets of its own trace file
+/// (`NAME_trace.gz` beside it) if it has one.
 struct RuleSet {
     name: String,
     rules: Vec<Rule>,
+    trace: Option<Vec<Packet>>,
+}
+
+/// A ClassBench file's text, gzipped or not.
+fn read_text(path: &std::path::Path) -> std::io::Result<String> {
+    let mut text = String::new();
+    let f = std::fs::File::open(path)?;
+    if path.extension().is_some_and(|e| e == "gz") {
+        flate2::read::GzDecoder::new(f).read_to_string(&mut text)?;
+    } else {
+        std::io::BufReader::new(f).read_to_string(&mut text)?;
+    }
+    Ok(text)
 }
 
 /// The named sets from the data directory, or generated ones.
@@ -93,21 +112,31 @@ fn rule_sets(ctx: &Ctx, schema: &Schema, names: &[String]) -> Vec<RuleSet> {
             ctx.note(&format!("classbench/{name}: absent"));
             continue;
         };
-        let mut text = String::new();
-        let read = std::fs::File::open(&path).and_then(|f| {
-            if name.ends_with(".gz") {
-                flate2::read::GzDecoder::new(f).read_to_string(&mut text)
-            } else {
-                std::io::BufReader::new(f).read_to_string(&mut text)
-            }
-        });
-        match read
+        let stem = name.trim_end_matches(".gz");
+        let trace =
+            ctx.data_file(&format!("classbench/{stem}_trace.gz"))
+                .and_then(|p| {
+                    match read_text(&p).map_err(|e| e.to_string()).and_then(|t| {
+                        classbench::parse_trace(schema, &t).map_err(|e| e.to_string())
+                    }) {
+                        Ok(packets) if !packets.is_empty() => Some(packets),
+                        Ok(_) => None,
+                        Err(e) => {
+                            ctx.note(&format!(
+                                "classbench/{stem}_trace.gz: {e}; a generated trace instead"
+                            ));
+                            None
+                        }
+                    }
+                });
+        match read_text(&path)
             .map_err(|e| e.to_string())
-            .and_then(|_| classbench::parse_rules(schema, &text).map_err(|e| e.to_string()))
+            .and_then(|text| classbench::parse_rules(schema, &text).map_err(|e| e.to_string()))
         {
             Ok(rules) => sets.push(RuleSet {
-                name: name.trim_end_matches(".gz").to_string(),
+                name: stem.to_string(),
                 rules,
+                trace,
             }),
             Err(e) => ctx.note(&format!("classbench/{name}: {e}")),
         }
@@ -118,6 +147,7 @@ fn rule_sets(ctx: &Ctx, schema: &Schema, names: &[String]) -> Vec<RuleSet> {
             sets.push(RuleSet {
                 name: format!("generated_{}k", n / 1000),
                 rules: generated_rules(schema, n),
+                trace: None,
             });
         }
     }
@@ -274,10 +304,12 @@ impl Suite for WildcardClassbench {
     const NAME: &'static str = "wildcard-classbench";
     const ABOUT: &'static str = "ClassBench rule sets: WildcardMap (TupleMerge) vs brute force and DPDK's rte_acl, ns per packet, build, updates";
     const DESCRIBE: &'static str = "Each rule set (ClassBench `acl1`, `fw1`, `ipc1` at 1K and 10K \
-         rules from `classbench/` in the data directory; without it, generated sets of 1K and 10K) \
-         is loaded into a `WildcardMap` of the 5-tuple schema (line order is priority) and into the \
-         brute-force classifier. Packets: each field drawn uniformly inside a random rule's \
-         interval (one seed). Classification is timed in interleaved turns, the brute force on a \
+         rules, and CutSplit's `acl`, `fw`, `ipc` 1K and `fw` 10K sets, from `classbench/` in the \
+         data directory; without it, generated sets of 1K and 10K) is loaded into a `WildcardMap` \
+         of the 5-tuple schema (line order is priority) and into the brute-force classifier. \
+         Packets: the set's own trace where it has one (CutSplit's `NAME_trace.gz`, cycled to the \
+         packet count), else each field drawn uniformly inside a random rule's interval (one \
+         seed). Classification is timed in interleaved turns, the brute force on a \
          sample of the packets; every sampled packet must get the brute force's rule. Also: the \
          build (one insert per rule), rule updates (every tenth rule removed and inserted again), \
          the tables TupleMerge made and the mean number it probed per packet. Beside DPDK 22.11's \
@@ -328,7 +360,11 @@ impl Suite for WildcardClassbench {
                 let _ = map.insert(r, &r.priority.to_ne_bytes(), BPF_NOEXIST);
             }
             let build = started.elapsed();
-            let packets = classbench::generate_trace(&schema, &set.rules, n_packets, 1.0, SEED);
+            let packets = match &set.trace {
+                // The set's own trace, cycled to the packet count.
+                Some(trace) => trace.iter().copied().cycle().take(n_packets).collect(),
+                None => classbench::generate_trace(&schema, &set.rules, n_packets, 1.0, SEED),
+            };
             let sample = &packets[..opts.brute_packets.min(packets.len()).max(1)];
             let guard = bpfmaps::pin();
             let answer = |p: &Packet| {
