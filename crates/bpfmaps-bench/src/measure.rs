@@ -168,6 +168,28 @@ pub fn ns_per_op(plan: Plan, batch: impl FnMut() -> u64) -> Stats {
     Stats::inverse_of(&rate_samples(plan, batch), 1e9)
 }
 
+/// A batch loop answering `items` in turn, cycling, `BATCH` per call
+/// under one guard (as a BPF program's lookups run in one RCU read
+/// section); the answers are folded so none is optimised away. For
+/// [`rate_samples`] or [`rate_samples_interleaved`].
+pub fn answer_loop<'a, T>(
+    items: &'a [T],
+    answer: impl Fn(&T, &bpfmaps::Guard) -> u32 + 'a,
+) -> Box<dyn FnMut() -> u64 + 'a> {
+    assert!(!items.is_empty(), "nothing to answer");
+    let mut at = 0;
+    Box::new(move || {
+        let guard = bpfmaps::pin();
+        let mut acc = 0u32;
+        for _ in 0..crate::suite::BATCH {
+            acc ^= answer(&items[at], &guard);
+            at = if at + 1 == items.len() { 0 } else { at + 1 };
+        }
+        std::hint::black_box(acc);
+        crate::suite::BATCH as u64
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -524,6 +524,24 @@ pub fn find<'a>(
         .find(|r| r.case == case && r.impl_name == impl_name && r.metric == metric)
 }
 
+/// The cases of `records`, each once, in the order they first appear
+/// (the rows of a summary table).
+pub fn cases(records: &[Record]) -> Vec<&str> {
+    let mut out: Vec<&str> = Vec::new();
+    for r in records {
+        if !out.contains(&r.case.as_str()) {
+            out.push(&r.case);
+        }
+    }
+    out
+}
+
+/// A summary table's cell: the value of `metric` for `impl_name` in
+/// `case` with `prec` decimals, or `-` where there is none.
+pub fn cell(records: &[Record], case: &str, impl_name: &str, metric: &str, prec: usize) -> String {
+    find(records, case, impl_name, metric).map_or("-".into(), |r| format!("{:.prec$}", r.value))
+}
+
 /// `num / den` of the values of two records, if both exist and `den > 0`.
 pub fn ratio(num: Option<&Record>, den: Option<&Record>) -> Option<f64> {
     match (num, den) {

@@ -9,7 +9,6 @@
 //! one seed. Every packet must get the same rule from both.
 
 use std::collections::HashSet;
-use std::hint::black_box;
 use std::time::Instant;
 
 use bpfmaps::hashtab::TypedHashMap;
@@ -21,13 +20,13 @@ use rand::{Rng, SeedableRng};
 
 use crate::alloc::MemProbe;
 use crate::lpm_tables::flush_deferred;
-use crate::measure::rate_samples_interleaved;
+use crate::measure::{answer_loop, rate_samples_interleaved};
 use crate::record::{
     BUILD_MS, MEM_BYTES_PER_KEY, NS_PER_LOOKUP, Record, TABLES, TABLES_PROBED,
-    WILDCARD_DISAGREEMENTS, case, find, ratio,
+    WILDCARD_DISAGREEMENTS, case, cases, cell, find, ratio,
 };
 use crate::stats::Stats;
-use crate::suite::{BATCH, Ctx, Suite};
+use crate::suite::{Ctx, Suite};
 use crate::table::{Table, fmt_ratio};
 
 /// The suite.
@@ -220,25 +219,6 @@ fn six_lookups(h: &TypedHashMap<[u8; 8], u32>, k: &[u8; 8], guard: &Guard) -> Op
     None
 }
 
-/// A timed loop answering `items` in turn, [`BATCH`] per call, under one
-/// guard per batch.
-fn loop_over<'a, T>(
-    items: &'a [T],
-    answer: impl Fn(&T, &Guard) -> u32 + 'a,
-) -> Box<dyn FnMut() -> u64 + 'a> {
-    let mut at = 0;
-    Box::new(move || {
-        let guard = bpfmaps::pin();
-        let mut acc = 0u32;
-        for _ in 0..BATCH {
-            acc ^= answer(&items[at], &guard);
-            at = if at + 1 == items.len() { 0 } else { at + 1 };
-        }
-        black_box(acc);
-        BATCH as u64
-    })
-}
-
 fn one_case(ctx: &Ctx, shape: &str, n: usize, n_packets: usize) -> Vec<Record> {
     let suite = WildcardCilium::NAME;
     let schema = schema();
@@ -295,7 +275,7 @@ fn one_case(ctx: &Ctx, shape: &str, n: usize, n_packets: usize) -> Vec<Record> {
             .sum();
         (wrong, probed)
     };
-    let mut loops = vec![loop_over(&packets, by_map), loop_over(&keys, by_hash)];
+    let mut loops = vec![answer_loop(&packets, by_map), answer_loop(&keys, by_hash)];
     let rates = rate_samples_interleaved(ctx.plan(), &mut loops);
     drop(loops);
 
@@ -414,13 +394,9 @@ impl Suite for WildcardCilium {
              exact ones); bytes per rule held after the build (the hash map's rules expand to \
              one key per port of a range); `wrong`: packets the two answered differently.",
         );
-        let mut cases: Vec<&str> = records.iter().map(|r| r.case.as_str()).collect();
-        cases.dedup();
-        for c in cases {
+        for c in cases(records) {
             let get = |i: &str, m: &str| find(records, c, i, m);
-            let val = |i: &str, m: &str, prec: usize| {
-                get(i, m).map_or("-".into(), |r| format!("{:.prec$}", r.value))
-            };
+            let val = |i: &str, m: &str, prec: usize| cell(records, c, i, m, prec);
             t.push(vec![
                 crate::record::case_param(c, "shape")
                     .unwrap_or("?")

@@ -23,24 +23,23 @@
 //! bpfmaps' update rate. Which rule it gives each packet comes from a
 //! second, untimed run on the brute force's sample.
 
-use std::hint::black_box;
 use std::io::Read;
 use std::time::Instant;
 
 use bpfmaps::wildcard::{BruteForce, Packet, Rule, Schema, WildcardMap, classbench};
-use bpfmaps::{BPF_ANY, BPF_NOEXIST};
+use bpfmaps::{BPF_ANY, BPF_NOEXIST, Guard};
 use clap::Args;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
-use crate::measure::rate_samples_interleaved;
+use crate::measure::{answer_loop, rate_samples_interleaved};
 use crate::native::dpdk_acl;
 use crate::record::{
     BUILD_MS, NS_PER_LOOKUP, RULE_UPDATES_PER_SEC, Record, TABLES, TABLES_PROBED,
-    WILDCARD_DISAGREEMENTS, case, find, ratio,
+    WILDCARD_DISAGREEMENTS, case, cases, cell, find, ratio,
 };
 use crate::stats::Stats;
-use crate::suite::{BATCH, Ctx, Suite};
+use crate::suite::{Ctx, Suite};
 use crate::table::{Table, fmt_ratio};
 
 /// The suite.
@@ -282,23 +281,6 @@ fn rte_acl(
     recs
 }
 
-/// A timed loop classifying `packets` in turn, [`BATCH`] per call.
-fn classify_loop<'a>(
-    packets: &'a [Packet],
-    classify: impl Fn(&Packet) -> u32 + 'a,
-) -> Box<dyn FnMut() -> u64 + 'a> {
-    let mut at = 0;
-    Box::new(move || {
-        let mut acc = 0u32;
-        for _ in 0..BATCH {
-            acc ^= classify(&packets[at]);
-            at = if at + 1 == packets.len() { 0 } else { at + 1 };
-        }
-        black_box(acc);
-        BATCH as u64
-    })
-}
-
 impl Suite for WildcardClassbench {
     type Opts = Opts;
     const NAME: &'static str = "wildcard-classbench";
@@ -366,28 +348,26 @@ impl Suite for WildcardClassbench {
                 None => classbench::generate_trace(&schema, &set.rules, n_packets, 1.0, SEED),
             };
             let sample = &packets[..opts.brute_packets.min(packets.len()).max(1)];
-            let guard = bpfmaps::pin();
-            let answer = |p: &Packet| {
-                map.classify(p, &guard)
-                    .map_or(u32::MAX, |(r, _)| r.priority)
+            let answer = |p: &Packet, guard: &Guard| {
+                map.classify(p, guard).map_or(u32::MAX, |(r, _)| r.priority)
             };
-            let wrong = sample
-                .iter()
-                .filter(|p| answer(p) != brute.classify(p).map_or(u32::MAX, |(r, _)| r.priority))
-                .count();
-            let probed: usize = packets
-                .iter()
-                .map(|p| map.classify_counting(p, &guard).1)
-                .sum();
-            let mut loops = vec![
-                classify_loop(&packets, answer),
-                classify_loop(sample, |p| {
-                    brute.classify(p).map_or(u32::MAX, |(r, _)| r.priority)
-                }),
-            ];
+            let by_brute =
+                |p: &Packet, _: &Guard| brute.classify(p).map_or(u32::MAX, |(r, _)| r.priority);
+            let (wrong, probed) = {
+                let guard = bpfmaps::pin();
+                let wrong = sample
+                    .iter()
+                    .filter(|p| answer(p, &guard) != by_brute(p, &guard))
+                    .count();
+                let probed: usize = packets
+                    .iter()
+                    .map(|p| map.classify_counting(p, &guard).1)
+                    .sum();
+                (wrong, probed)
+            };
+            let mut loops = vec![answer_loop(&packets, answer), answer_loop(sample, by_brute)];
             let rates = rate_samples_interleaved(ctx.plan(), &mut loops);
             drop(loops);
-            drop(guard);
             // Updates: every tenth rule out and back in.
             let moved: Vec<&Rule> = set.rules.iter().step_by(10).collect();
             let started = Instant::now();
@@ -457,13 +437,9 @@ impl Suite for WildcardClassbench {
             rte_acl: DPDK 22.11's `dpdk-test-acl` on the same rules and packets (256 a call, mean of 3 passes, one run; `-` where it is not installed); \
             `speed vs rte_acl` is rte_acl's ns/packet over bpfmaps', above 1 when bpfmaps is faster; \
             `rte_acl build ms` is a full `rte_acl_build` (rules read and compiled), what each rule change costs it, beside bpfmaps' `updates/s`.");
-        let mut cases: Vec<&str> = records.iter().map(|r| r.case.as_str()).collect();
-        cases.dedup();
-        for c in cases {
+        for c in cases(records) {
             let get = |i: &str, m: &str| find(records, c, i, m);
-            let val = |i: &str, m: &str, prec: usize| {
-                get(i, m).map_or("-".into(), |r| format!("{:.prec$}", r.value))
-            };
+            let val = |i: &str, m: &str, prec: usize| cell(records, c, i, m, prec);
             t.push(vec![
                 crate::record::case_param(c, "set")
                     .unwrap_or("?")

@@ -23,7 +23,7 @@ use crate::measure::rate_samples_interleaved;
 use crate::prefixes::{Family, IPV4_TABLE, IPV6_TABLE, Prefix, V4, V6, addrs_inside, generate};
 use crate::record::{
     BUILD_MS, LPM_DISAGREEMENTS, MEM_BYTES_PER_PREFIX, NS_PER_LOOKUP, Record, TABLES,
-    TABLES_PROBED, case, find, ratio,
+    TABLES_PROBED, case, cases, cell, find, ratio,
 };
 use crate::stats::Stats;
 use crate::suite::{BATCH, Ctx, Suite};
@@ -301,15 +301,11 @@ impl Suite for WildcardGeoip {
              is faster; `time vs LpmTrie` is the wildcard map's time over the LpmTrie's (the \
              issue's target: at most 3); `wrong` counts addresses answered unlike the kernel trie.",
         );
-        let mut cases: Vec<&str> = records.iter().map(|r| r.case.as_str()).collect();
-        cases.dedup();
         let kernel = <KernelLpmTrie as LpmTable<V4>>::NAME;
         let trie = <LpmTrie as LpmTable<V4>>::NAME;
-        for c in cases {
+        for c in cases(records) {
             let get = |i: &str, m: &str| find(records, c, i, m);
-            let val = |i: &str, m: &str, prec: usize| {
-                get(i, m).map_or("-".into(), |r| format!("{:.prec$}", r.value))
-            };
+            let val = |i: &str, m: &str, prec: usize| cell(records, c, i, m, prec);
             t.push(vec![
                 format!(
                     "{} ({})",

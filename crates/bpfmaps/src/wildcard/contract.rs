@@ -112,6 +112,57 @@ fn native_u32(bytes: &[u8]) -> u32 {
 }
 
 impl Schema {
+    /// The schema as the byte contract takes it at creation, in
+    /// `map_extra` (the BPF proposal passed a `struct wildcard_desc`; 58
+    /// bits hold the same): the number of fields in bits 0-3, then 6 bits
+    /// per field, its kind in the low 2 (prefix 0, range 1, match 2,
+    /// wildcard match 3) and its size less one in the high 4. Field names
+    /// are not kept: [`from_map_extra`] names them `f0`, `f1`, ...
+    ///
+    /// [`from_map_extra`]: Self::from_map_extra
+    ///
+    /// ```
+    /// use bpfmaps::wildcard::{Field, Schema};
+    ///
+    /// let schema = Schema::new(vec![Field::prefix("src", 4), Field::range("dport", 2)]).unwrap();
+    /// let back = Schema::from_map_extra(schema.map_extra()).unwrap();
+    /// assert_eq!(back.fields()[1], Field::range("f1", 2));
+    /// ```
+    pub fn map_extra(&self) -> u64 {
+        self.fields()
+            .iter()
+            .enumerate()
+            .fold(self.fields().len() as u64, |extra, (i, f)| {
+                extra | (kind_code(f.kind) | (f.size as u64 - 1) << 2) << (4 + 6 * i)
+            })
+    }
+
+    /// The schema `map_extra` encodes ([`map_extra`](Self::map_extra));
+    /// `EINVAL` for 0 or more than [`MAX_FIELDS`] fields, bits set past
+    /// the last field, or a field [`new`](Self::new) refuses.
+    pub fn from_map_extra(extra: u64) -> Result<Schema> {
+        let n = (extra & 0xf) as usize;
+        if !(1..=MAX_FIELDS).contains(&n) || extra >> (4 + 6 * n) != 0 {
+            return Err(Error::invalid(format!(
+                "map_extra {extra:#x} is no wildcard schema: 1 to {MAX_FIELDS} fields in bits \
+                 0-3, 6 bits each after them, nothing past the last"
+            )));
+        }
+        let fields = (0..n)
+            .map(|i| {
+                let code = extra >> (4 + 6 * i) & 0x3f;
+                let kind = match code & 3 {
+                    0 => FieldKind::Prefix,
+                    1 => FieldKind::Range,
+                    2 => FieldKind::Match,
+                    _ => FieldKind::WildcardMatch,
+                };
+                super::schema::Field::new(&format!("f{i}"), kind, (code >> 2) as usize + 1)
+            })
+            .collect();
+        Schema::new(fields)
+    }
+
     /// Bytes of a rule key: the map's key size through the contract.
     pub fn rule_key_size(&self) -> usize {
         HEADER
@@ -273,59 +324,6 @@ impl MapOps for WildcardMap {
         let bytes = self.schema().rule_key(&rule);
         next.copy_from_slice(&bytes);
         Ok(bytes.len())
-    }
-}
-
-impl Schema {
-    /// The schema as the byte contract takes it at creation, in
-    /// `map_extra` (the BPF proposal passed a `struct wildcard_desc`; 58
-    /// bits hold the same): the number of fields in bits 0-3, then 6 bits
-    /// per field, its kind in the low 2 (prefix 0, range 1, match 2,
-    /// wildcard match 3) and its size less one in the high 4. Field names
-    /// are not kept: [`from_map_extra`] names them `f0`, `f1`, ...
-    ///
-    /// [`from_map_extra`]: Self::from_map_extra
-    ///
-    /// ```
-    /// use bpfmaps::wildcard::{Field, Schema};
-    ///
-    /// let schema = Schema::new(vec![Field::prefix("src", 4), Field::range("dport", 2)]).unwrap();
-    /// let back = Schema::from_map_extra(schema.map_extra()).unwrap();
-    /// assert_eq!(back.fields()[1], Field::range("f1", 2));
-    /// ```
-    pub fn map_extra(&self) -> u64 {
-        self.fields()
-            .iter()
-            .enumerate()
-            .fold(self.fields().len() as u64, |extra, (i, f)| {
-                extra | (kind_code(f.kind) | (f.size as u64 - 1) << 2) << (4 + 6 * i)
-            })
-    }
-
-    /// The schema `map_extra` encodes ([`map_extra`](Self::map_extra));
-    /// `EINVAL` for 0 or more than [`MAX_FIELDS`] fields, bits set past
-    /// the last field, or a field [`new`](Self::new) refuses.
-    pub fn from_map_extra(extra: u64) -> Result<Schema> {
-        let n = (extra & 0xf) as usize;
-        if !(1..=MAX_FIELDS).contains(&n) || extra >> (4 + 6 * n) != 0 {
-            return Err(Error::invalid(format!(
-                "map_extra {extra:#x} is no wildcard schema: 1 to {MAX_FIELDS} fields in bits \
-                 0-3, 6 bits each after them, nothing past the last"
-            )));
-        }
-        let fields = (0..n)
-            .map(|i| {
-                let code = extra >> (4 + 6 * i) & 0x3f;
-                let kind = match code & 3 {
-                    0 => FieldKind::Prefix,
-                    1 => FieldKind::Range,
-                    2 => FieldKind::Match,
-                    _ => FieldKind::WildcardMatch,
-                };
-                super::schema::Field::new(&format!("f{i}"), kind, (code >> 2) as usize + 1)
-            })
-            .collect();
-        Schema::new(fields)
     }
 }
 
