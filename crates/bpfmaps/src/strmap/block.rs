@@ -20,6 +20,9 @@
 //! which the writer swaps (release) when it replaces a child; every other
 //! change builds a new node and publishes it through its parent's slot.
 //!
+//! A bucket (see "Buckets" below) is a node with no slots whose byte area
+//! holds a small subtree's keys as sorted records.
+//!
 //! A node is its own heap allocation, or one of many copied into a
 //! [`Slab`] (its header's packed bit set) by a compaction that lays a
 //! subtree out in walk order; a packed node is never freed alone, its slab
@@ -53,6 +56,10 @@ const SPAN_BITS: u32 = 8;
 /// Largest subtree span a header records, in lines.
 pub const MAX_SPAN_LINES: usize = (1 << SPAN_BITS) - 1;
 const WORDS_SHIFT: u32 = 32;
+const WORDS_MASK: u64 = (1 << 31) - 1;
+/// Set in the header of a bucket ([`Bucket`](#buckets)): a node with no
+/// children that holds a small subtree's keys as sorted records.
+const BUCKET_BIT: u64 = 1 << 63;
 /// Where a leaf's slot keeps its tail's length (its record's offset, in
 /// the bits below, is under 2^31: a node's byte area is at most 256
 /// leaves of 4095 tail bytes and 65535 value bytes).
@@ -133,7 +140,22 @@ impl<'g> Node<'g> {
     }
 
     fn words(self) -> usize {
-        (self.header() >> WORDS_SHIFT) as usize
+        ((self.header() >> WORDS_SHIFT) & WORDS_MASK) as usize
+    }
+
+    /// Whether this node is a bucket: the keys of a small subtree as
+    /// sorted records, no children.
+    #[inline(always)]
+    pub fn is_bucket(self) -> bool {
+        self.header() & BUCKET_BIT != 0
+    }
+
+    /// Whether this node holds at most one bucket's worth of keys without
+    /// children of its own: a bucket, or a node holding one key (a
+    /// subtree's only key, or a tail too long to keep inline).
+    #[inline(always)]
+    pub fn is_small(self) -> bool {
+        self.len() == 0
     }
 
     /// Whether this node lives in a [`Slab`] (and is freed with it).
@@ -333,6 +355,9 @@ impl<'g> Node<'g> {
             let Some(rest) = bytes::strip_prefix(rest, field(n, skip_len)) else {
                 return Step::Done(None);
             };
+            if header & BUCKET_BIT != 0 {
+                return Step::Done(bucket_find(bytes.add(skip_len), rest, value_size));
+            }
             let Some((&label, after)) = rest.split_first() else {
                 let end = header & END_BIT != 0;
                 return Step::Done(end.then(|| field(n + skip_len, value_size)));
@@ -356,17 +381,300 @@ impl<'g> Node<'g> {
     pub fn find(self, label: u8) -> Option<usize> {
         find_label(self.bytes(), self.len(), label)
     }
+
+    /// A bucket's records in order: each key's rest past the skip, and its
+    /// value.
+    pub fn bucket_entries(self, value_size: usize) -> BucketEntries<'g> {
+        debug_assert!(self.is_bucket());
+        let area = &self.bytes()[self.skip_len()..];
+        let c = usize::from(area[0]);
+        let offsets = &area[1 + c..1 + c + 2 * (c + 1)];
+        BucketEntries {
+            offsets,
+            records: &area[1 + c + 2 * (c + 1)..],
+            value_size,
+            i: 0,
+            c,
+        }
+    }
+
+    /// How many keys a bucket holds.
+    pub fn bucket_len(self) -> usize {
+        debug_assert!(self.is_bucket());
+        usize::from(self.bytes()[self.skip_len()])
+    }
+}
+
+// Buckets
+//
+// Below a branching point, most subtrees hold a handful of keys spread
+// over a chain of small nodes (70 % of the nodes of the real key sets
+// have two children): a lookup would wait for one node after another.
+// A subtree of at most `BUCKET_KEYS` keys whose records take at most
+// `BUCKET_BYTES` is instead one *bucket*: a childless node whose byte
+// area holds
+//
+//   skip | c | tags (c bytes) | offsets (c + 1 u16) | records
+//   record i: rest of key i past the skip | value     (sorted by rest)
+//
+// A lookup strips the skip, hashes the rest of its key to a one-byte tag,
+// compares it with the c tags a word at a time and checks the record of
+// each tag that matches: one node, a few lines, instead of a chain. The
+// records are in key order, so a walk reads them front to back, and the
+// offsets give each record's bounds (`offsets[c]` is the records' end).
+// Whether a set of keys is a bucket depends only on the set (its count and
+// its rests past their common prefix), so the shape stays canonical.
+
+/// Most keys a bucket holds (its count is a byte). Chosen by timings of
+/// lookups of every key of the shared kernel symbols and English words
+/// in a scratch program, against 32, 64 and 128 keys: the larger, the
+/// fewer nodes above the buckets and the faster (docs/benchmarks.md).
+pub const BUCKET_KEYS: usize = 255;
+/// Most bytes a bucket's records (rests past its skip, and values) take:
+/// what a write copies. 4 KiB against 3, 6 and 8 KiB in the same timings:
+/// larger buckets looked up no faster beyond the noise.
+pub const BUCKET_BYTES: usize = 4096;
+
+/// A key's rest hashed to a bucket's one-byte tag: its length and its
+/// first and last (up to) eight bytes, mixed by a multiply.
+#[inline(always)]
+pub fn tag(rest: &[u8]) -> u8 {
+    let n = rest.len();
+    let load = |s: &[u8]| {
+        let mut word = [0u8; 8];
+        word[..s.len()].copy_from_slice(s);
+        u64::from_le_bytes(word)
+    };
+    let (head, tail) = if n >= 8 {
+        (load(&rest[..8]), load(&rest[n - 8..]))
+    } else {
+        (load(rest), 0)
+    };
+    let h = (head ^ tail.rotate_left(29) ^ (n as u64) << 56).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+    (h >> 56) as u8
+}
+
+/// The value of `rest` in the bucket whose area (past its skip) starts at
+/// `area`.
+///
+/// # Safety
+/// `area` points at a published bucket's `c` byte, followed by its tags,
+/// offsets and records as `build_bucket` laid them out, and at least 8
+/// bytes past the tags rounded up to a word (the offsets alone are 6 or
+/// more, the records 2 or more); the guard keeps them alive.
+#[inline(always)]
+unsafe fn bucket_find<'g>(area: *const u8, rest: &[u8], value_size: usize) -> Option<&'g [u8]> {
+    // SAFETY: the layout above (caller).
+    unsafe {
+        let c = usize::from(*area);
+        let tags = area.add(1);
+        let offsets = tags.add(c);
+        let records = offsets.add(2 * (c + 1));
+        let offset = |i: usize| {
+            usize::from(u16::from_le_bytes([
+                *offsets.add(2 * i),
+                *offsets.add(2 * i + 1),
+            ]))
+        };
+        let pattern = u64::from(tag(rest)) * LOW_BYTES;
+        for w in 0..c.div_ceil(8) {
+            let x = u64::from_le((tags.add(8 * w) as *const u64).read_unaligned()) ^ pattern;
+            // Every zero byte of `x` (a matching tag) is flagged; a flag
+            // above one may be false, and the record compare refuses it.
+            let mut zero = x.wrapping_sub(LOW_BYTES) & !x & (LOW_BYTES << 7);
+            while zero != 0 {
+                let i = 8 * w + zero.trailing_zeros() as usize / 8;
+                if i >= c {
+                    break;
+                }
+                let (start, end) = (offset(i), offset(i + 1));
+                let len = end - start - value_size;
+                if bytes::equal(std::slice::from_raw_parts(records.add(start), len), rest) {
+                    return Some(std::slice::from_raw_parts(
+                        records.add(start + len),
+                        value_size,
+                    ));
+                }
+                zero &= zero - 1;
+            }
+        }
+        None
+    }
+}
+
+/// Iterator over a bucket's records ([`Node::bucket_entries`]).
+pub struct BucketEntries<'g> {
+    offsets: &'g [u8],
+    records: &'g [u8],
+    value_size: usize,
+    i: usize,
+    c: usize,
+}
+
+impl<'g> Iterator for BucketEntries<'g> {
+    type Item = (&'g [u8], &'g [u8]);
+
+    #[inline(always)]
+    fn next(&mut self) -> Option<Self::Item> {
+        if self.i == self.c {
+            return None;
+        }
+        let offset = |i: usize| {
+            usize::from(u16::from_le_bytes([
+                self.offsets[2 * i],
+                self.offsets[2 * i + 1],
+            ]))
+        };
+        let (start, end) = (offset(self.i), offset(self.i + 1));
+        self.i += 1;
+        Some(self.records[start..end].split_at(end - start - self.value_size))
+    }
+}
+
+/// A copy of `old` (a bucket) with its records `at..at + removed`
+/// replaced by `added` (a key's rest and value, or none), the rest kept
+/// as they are: the same skip, the kept records and tags copied in at
+/// most three moves. The common write to a bucket (a new key, a new
+/// value, a removal that leaves the skip as it is); unpublished.
+pub fn splice_bucket(
+    old: Node<'_>,
+    at: usize,
+    removed: usize,
+    added: Option<(&[u8], &[u8])>,
+    value_size: usize,
+) -> (u64, usize) {
+    let skip = old.skip();
+    let area = &old.bytes()[skip.len()..];
+    let c = usize::from(area[0]);
+    let tags = &area[1..1 + c];
+    let offsets = &area[1 + c..1 + c + 2 * (c + 1)];
+    let records = &area[1 + c + 2 * (c + 1)..];
+    let offset = |i: usize| usize::from(u16::from_le_bytes([offsets[2 * i], offsets[2 * i + 1]]));
+    let (cut, resume) = (offset(at), offset(at + removed));
+    let added_len = added.map_or(0, |(k, v)| k.len() + v.len());
+    let new_c = c - removed + usize::from(added.is_some());
+    let new_records = offset(c) - (resume - cut) + added_len;
+    assert!((2..=255).contains(&new_c) && new_records <= usize::from(u16::MAX));
+    let byte_len = skip.len() + 1 + new_c + 2 * (new_c + 1) + new_records;
+    let words = 1 + byte_len.div_ceil(8);
+    let layout = layout(words);
+    // SAFETY: non-zero size.
+    let base = unsafe { alloc_zeroed(layout) } as *mut u64;
+    if base.is_null() {
+        std::alloc::handle_alloc_error(layout);
+    }
+    let header = BUCKET_BIT | (skip.len() as u64) << SKIP_SHIFT | (words as u64) << WORDS_SHIFT;
+    // SAFETY: the allocation is ours until published; `words` words.
+    unsafe {
+        base.write(header);
+        let bytes = std::slice::from_raw_parts_mut(base.add(1) as *mut u8, byte_len);
+        let (head, out_area) = bytes.split_at_mut(skip.len());
+        head.copy_from_slice(skip);
+        out_area[0] = new_c as u8;
+        let (out_tags, rest) = out_area[1..].split_at_mut(new_c);
+        let (out_offsets, out_records) = rest.split_at_mut(2 * (new_c + 1));
+        let added_n = usize::from(added.is_some());
+        // Tags: before, the new one, after.
+        out_tags[..at].copy_from_slice(&tags[..at]);
+        out_tags[at + added_n..].copy_from_slice(&tags[at + removed..]);
+        // Records the same way; offsets after the cut move by the change
+        // in size.
+        out_records[..cut].copy_from_slice(&records[..cut]);
+        if let Some((key, value)) = added {
+            out_tags[at] = tag(key);
+            out_records[cut..cut + key.len()].copy_from_slice(key);
+            out_records[cut + key.len()..cut + added_len].copy_from_slice(value);
+            debug_assert_eq!(value.len(), value_size);
+        }
+        out_records[cut + added_len..].copy_from_slice(&records[resume..offset(c)]);
+        let put = |out: &mut [u8], i: usize, v: usize| {
+            out[2 * i..2 * i + 2].copy_from_slice(&(v as u16).to_le_bytes())
+        };
+        out_offsets[..2 * (at + 1)].copy_from_slice(&offsets[..2 * (at + 1)]);
+        let shift = |v: usize| v + cut + added_len - resume;
+        for i in at + removed..=c {
+            put(out_offsets, i - removed + added_n, shift(offset(i)));
+        }
+    }
+    (base as usize as u64, words * 8)
+}
+
+/// A key of a bucket being built: its rest past the bucket's skip in two
+/// pieces (`head` then `tail`, so that a writer need not join them) and
+/// its value.
+#[derive(Clone, Copy)]
+pub struct Record<'a> {
+    pub head: &'a [u8],
+    pub tail: &'a [u8],
+    pub value: &'a [u8],
+}
+
+impl<'a> Record<'a> {
+    /// A key whose rest is `rest`, tag to be computed.
+    pub fn new(rest: &'a [u8], value: &'a [u8]) -> Self {
+        Record {
+            head: &[],
+            tail: rest,
+            value,
+        }
+    }
+}
+
+/// Allocates and fills a bucket past `skip` of `entries` (sorted by
+/// rest; 2 to 255 of them, records under 64 KiB); unpublished. Returns
+/// its word and size.
+pub fn build_bucket(skip: &[u8], entries: &[Record<'_>]) -> (u64, usize) {
+    let c = entries.len();
+    let records: usize = entries
+        .iter()
+        .map(|e| e.head.len() + e.tail.len() + e.value.len())
+        .sum();
+    assert!((2..=255).contains(&c) && records <= usize::from(u16::MAX) && skip.len() <= MAX_SKIP);
+    let byte_len = skip.len() + 1 + c + 2 * (c + 1) + records;
+    let words = 1 + byte_len.div_ceil(8);
+    let layout = layout(words);
+    // SAFETY: non-zero size.
+    let base = unsafe { alloc_zeroed(layout) } as *mut u64;
+    if base.is_null() {
+        std::alloc::handle_alloc_error(layout);
+    }
+    let header = BUCKET_BIT | (skip.len() as u64) << SKIP_SHIFT | (words as u64) << WORDS_SHIFT;
+    // SAFETY: the allocation is ours until published; `words` words.
+    unsafe {
+        base.write(header);
+        let bytes = std::slice::from_raw_parts_mut(base.add(1) as *mut u8, byte_len);
+        let (head, area) = bytes.split_at_mut(skip.len());
+        head.copy_from_slice(skip);
+        area[0] = c as u8;
+        let (tags, rest) = area[1..].split_at_mut(c);
+        let (offsets, out) = rest.split_at_mut(2 * (c + 1));
+        let mut at = 0;
+        for (i, e) in entries.iter().enumerate() {
+            offsets[2 * i..2 * i + 2].copy_from_slice(&(at as u16).to_le_bytes());
+            let key = at..at + e.head.len() + e.tail.len();
+            for piece in [e.head, e.tail, e.value] {
+                out[at..at + piece.len()].copy_from_slice(piece);
+                at += piece.len();
+            }
+            tags[i] = tag(&out[key]);
+        }
+        debug_assert!((1..c).all(|i| {
+            let e = |i: usize| [entries[i].head, entries[i].tail].concat();
+            e(i - 1) < e(i)
+        }));
+        offsets[2 * c..].copy_from_slice(&(at as u16).to_le_bytes());
+    }
+    (base as usize as u64, words * 8)
 }
 
 /// The index of `label` among the `n` labels at the start of a node's
-/// byte area. Up to 16 labels are compared a word (8 labels) at a time,
-/// with no branch on where the label is (a lookup meets such a node at
-/// almost every step); more, by binary search.
+/// byte area, compared a word (8 labels) at a time, with no branch on
+/// where the label is. Wide nodes are common above the buckets, where a
+/// binary search (used for more than 16 labels before buckets) took 10 %
+/// longer per lookup of kernel symbols (scratch timings, 155-158 against
+/// 172-177 ns).
 #[inline(always)]
 fn find_label(bytes: &[u8], n: usize, label: u8) -> Option<usize> {
-    if n > 16 {
-        return bytes[..n].binary_search(&label).ok();
-    }
     // The byte area is whole words, so it holds the `n.div_ceil(8)` words
     // read here; bytes past the labels may match too, and are refused by
     // `i < n`.
@@ -441,6 +749,7 @@ pub enum ChildSpec {
 impl Spec {
     /// The content of `node`.
     pub fn of(node: Node<'_>, value_size: usize) -> Self {
+        debug_assert!(!node.is_bucket(), "a bucket is rebuilt from its entries");
         Spec {
             skip: node.skip().to_vec(),
             end: node.end_value(value_size).map(<[u8]>::to_vec),

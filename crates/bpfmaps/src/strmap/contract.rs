@@ -24,23 +24,25 @@ impl MapType {
 /// API the contract needs (`new`, `get`, `insert`, `remove`,
 /// `with_next_key`, `len`, `memory_usage`), so one definition serves them.
 macro_rules! string_map_family {
-    ($(#[$doc:meta])* $family:ident: $map:ident, $map_type:expr, $name:literal) => {
+    ($(#[$doc:meta])* $family:ident: $map:ident, $map_type:expr, $name:literal,
+     extra: $extra:expr, sample: $sample:expr) => {
         $(#[$doc])*
         pub const $family: Family = Family {
             map_type: $map_type,
             name: $name,
             map_flags: BPF_F_NO_PREALLOC,
-            map_extra: 0,
+            map_extra: $extra,
             key_size: SizeRule::between(1, MAX_KEY_SIZE as u32),
             value_size: SizeRule::between(1, u16::MAX as u32),
             keys: KeyKind::Bytes,
-            sample_layout: None,
+            sample_layout: $sample,
             build: |spec| {
                 let mut map = $map::new(
                     spec.key_size as usize,
                     spec.value_size as usize,
                     spec.max_entries,
-                )?;
+                )?
+                .with_map_extra(spec.extra)?;
                 map.map_flags = spec.flags;
                 Ok(Box::new(map))
             },
@@ -62,7 +64,7 @@ macro_rules! string_map_family {
                     value_size: self.value_size() as u32,
                     max_entries: self.max_entries(),
                     map_flags: self.map_flags,
-                    map_extra: 0,
+                    map_extra: self.map_extra(),
                 }
             }
 
@@ -127,15 +129,26 @@ string_map_family! {
     /// The qp-trie map, for the registry: keys of 1 to `key_size` bytes
     /// (`key_size` up to 4096), flags 0 or `BPF_F_NO_PREALLOC` (nodes are
     /// always allocated as keys come; the flag changes nothing).
-    QP_TRIE_FAMILY: QpTrieMap, MapType::QP_TRIE, "qp_trie"
+    /// `map_extra` sizes its buckets ([`QpTrieMap::with_buckets`]): 0 for
+    /// the defaults, else bits 0-7 the most keys in a bucket (below 2: no
+    /// buckets) and bits 8-23 the most bytes of their records. The
+    /// contract tests and the fuzz target use buckets of 3 keys and 40
+    /// bytes, so that their few keys fill, burst and empty buckets.
+    QP_TRIE_FAMILY: QpTrieMap, MapType::QP_TRIE, "qp_trie",
+    extra: QP_TRIE_BUCKET_EXTRA_BITS, sample: Some((8, 3 | 40 << 8))
 }
+
+/// The bits of `map_extra` a qp-trie map reads: a bucket's most keys (bits
+/// 0-7) and most bytes of records (bits 8-23).
+pub const QP_TRIE_BUCKET_EXTRA_BITS: u64 = 0xff_ffff;
 
 string_map_family! {
     /// The ternary search tree map, for the registry: keys of 1 to
     /// `key_size` bytes (`key_size` up to 4096), flags 0 or
     /// `BPF_F_NO_PREALLOC` (the patch required the flag; nodes are always
     /// allocated as keys come, so here it changes nothing).
-    TST_FAMILY: TstMap, MapType::TST, "tst"
+    TST_FAMILY: TstMap, MapType::TST, "tst",
+    extra: 0, sample: None
 }
 
 /// The conformance suite runs over this family with every other

@@ -5,16 +5,19 @@
 //! A key's first byte picks its subtree; below, each node holds the bytes
 //! its keys share (skip), the value of a key ending there, and one child
 //! per next byte. A key with no sibling below some node is a leaf of that
-//! node: the rest of the key and the value, inline. So every key byte is
-//! stored once, and a lookup reads one node per branching point.
+//! node: the rest of the key and the value, inline. A subtree of few
+//! enough keys is a bucket: their common prefix, then each key's rest and
+//! value as sorted records, found by a one-byte hash tag. So every key
+//! byte is stored once, and a lookup reads one node per branching point
+//! above the buckets, then one bucket.
 //!
 //! Writers copy what they change: a new node is built and published with
 //! one release store into its parent's slot (or the subtree's root), and
 //! the nodes it replaced are freed after the epoch's grace period. A
-//! reader sees each node whole, old or new. The shape is canonical: below
-//! the root, every node has at least two entries (an end value or
-//! children), so removals restore what a fresh build of the same keys
-//! has.
+//! reader sees each node whole, old or new. The shape is canonical: a set
+//! of keys is a bucket when it fits one, and below the root every other
+//! node has at least two entries (an end value or children), so removals
+//! restore what a fresh build of the same keys has.
 
 use std::cmp::Ordering as CmpOrdering;
 use std::ops::{Bound, ControlFlow};
@@ -23,7 +26,9 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
 use parking_lot::Mutex;
 
-use super::block::{self, Child, ChildSpec, Node, Slab, Spec, Step};
+use super::block::{
+    self, BUCKET_BYTES, BUCKET_KEYS, Child, ChildSpec, Node, Record, Slab, Spec, Step,
+};
 use super::limits::{Counts, Limits, string_map_methods};
 use crate::core::bytes;
 use crate::core::error::{Error, Result, check_len};
@@ -61,6 +66,16 @@ pub struct QpTrieMap {
     /// Creation flags, for `MapInfo`.
     pub(super) map_flags: u32,
     counts: Counts,
+    buckets: BucketLimits,
+}
+
+/// How many keys, and bytes of records, a bucket may hold
+/// ([`block::BUCKET_KEYS`] and [`block::BUCKET_BYTES`]; tests use small
+/// ones, so that small key sets burst and collapse buckets).
+#[derive(Clone, Copy)]
+pub(super) struct BucketLimits {
+    pub keys: usize,
+    pub bytes: usize,
 }
 
 /// Lookups [`QpTrieMap::get_many`] runs side by side.
@@ -124,13 +139,74 @@ impl Write<'_> {
     }
 
     fn build(&mut self, spec: &Spec) -> u64 {
-        self.packing.changed = true;
         let (word, size) = spec.build();
+        self.built(word, size)
+    }
+
+    fn built(&mut self, word: u64, size: usize) -> u64 {
+        self.packing.changed = true;
         self.map
             .counts
             .node_bytes
             .fetch_add(size, Ordering::Relaxed);
         word
+    }
+
+    /// A subtree of `entries` (one or more, sorted, spelled from the
+    /// subtree's place on) below its parent's label: a leaf for one key,
+    /// else [`node_of`](Self::node_of).
+    fn subtree(&mut self, entries: &[Entry<'_>]) -> ChildSpec {
+        match entries {
+            [(tail, value)] => self.leaf(tail, value),
+            _ => ChildSpec::Node(self.node_of(entries)),
+        }
+    }
+
+    /// The canonical node of `entries` (one or more, sorted): one key is a
+    /// node of its own (its skip the key, its end the value); keys that
+    /// fit one bucket are a bucket; more are a node where they part, its
+    /// children canonical in turn.
+    fn node_of(&mut self, entries: &[Entry<'_>]) -> u64 {
+        if let [(key, value)] = entries {
+            return self.build(&Spec {
+                skip: key.to_vec(),
+                end: Some(value.to_vec()),
+                children: Vec::new(),
+            });
+        }
+        let common = common_prefix(entries[0].0, entries[entries.len() - 1].0);
+        let skip = &entries[0].0[..common];
+        if fits(entries, self.map.buckets) {
+            let rests: Vec<_> = entries
+                .iter()
+                .map(|(k, v)| Record::new(&k[common..], v))
+                .collect();
+            let (word, size) = block::build_bucket(skip, &rests);
+            return self.built(word, size);
+        }
+        let mut spec = Spec {
+            skip: skip.to_vec(),
+            end: None,
+            children: Vec::new(),
+        };
+        let mut rest = entries;
+        if entries[0].0.len() == common {
+            spec.end = Some(entries[0].1.to_vec());
+            rest = &entries[1..];
+        }
+        while let Some(((key, _), _)) = rest.split_first() {
+            let label = key[common];
+            // Sorted: the keys under one label are next to each other.
+            let n = rest.partition_point(|(k, _)| k[common] == label);
+            let group: Vec<Entry<'_>> = rest[..n]
+                .iter()
+                .map(|(k, v)| (&k[common + 1..], *v))
+                .collect();
+            let child = self.subtree(&group);
+            spec.children.push((label, child));
+            rest = &rest[n..];
+        }
+        self.build(&spec)
     }
 
     /// Frees the replaced nodes after the grace period (their
@@ -231,10 +307,65 @@ impl QpTrieMap {
             limits,
             map_flags: 0,
             counts: Counts::default(),
+            buckets: BucketLimits {
+                keys: BUCKET_KEYS,
+                bytes: BUCKET_BYTES,
+            },
         })
     }
 
     string_map_methods!();
+
+    /// The same map with buckets of at most `keys` keys whose records
+    /// (each key's rest past the bucket's skip, and its value) take at
+    /// most `bytes` bytes; `keys` below 2 means no buckets (a node per
+    /// branching point down to the leaves, as before buckets). The
+    /// defaults are [`BUCKET_KEYS`] and [`BUCKET_BYTES`]: a write to a
+    /// bucket copies it, so smaller buckets make writes cheaper and
+    /// lookups slower. `EINVAL` past 255 keys or 65,535 bytes, or once
+    /// the map holds keys.
+    ///
+    /// ```
+    /// use bpfmaps::strmap::QpTrieMap;
+    ///
+    /// let churned = QpTrieMap::new(64, 8, 1_000_000).unwrap().with_buckets(32, 512).unwrap();
+    /// assert_eq!(churned.bucket_limits(), (32, 512));
+    /// ```
+    pub fn with_buckets(mut self, keys: usize, bytes: usize) -> Result<Self> {
+        if keys > 255 || bytes > usize::from(u16::MAX) {
+            return Err(Error::invalid(format!(
+                "buckets of {keys} keys and {bytes} bytes: at most 255 and 65535"
+            )));
+        }
+        if !self.is_empty() {
+            return Err(Error::invalid("buckets are sized before any key is stored"));
+        }
+        self.buckets = BucketLimits { keys, bytes };
+        Ok(self)
+    }
+
+    /// The most keys, and bytes of records, a bucket holds.
+    pub fn bucket_limits(&self) -> (usize, usize) {
+        (self.buckets.keys, self.buckets.bytes)
+    }
+
+    /// The buckets `map_extra` asks for (0: the defaults; else bits 0-7
+    /// the keys, bits 8-23 the bytes).
+    pub(super) fn with_map_extra(self, extra: u64) -> Result<Self> {
+        if extra == 0 {
+            return Ok(self);
+        }
+        self.with_buckets((extra & 0xff) as usize, (extra >> 8 & 0xffff) as usize)
+    }
+
+    /// The `map_extra` it was created with.
+    pub(super) fn map_extra(&self) -> u64 {
+        if self.bucket_limits() == (BUCKET_KEYS, BUCKET_BYTES) {
+            0
+        } else {
+            self.buckets.keys as u64 | (self.buckets.bytes as u64) << 8
+        }
+    }
 
     /// Bytes held: the map itself and its nodes (with those waiting out a
     /// grace period).
@@ -371,6 +502,17 @@ impl QpTrieMap {
             };
             rest = after_skip;
             let done = key.len() - rest.len();
+            if node.is_bucket() {
+                // Sorted: of the records that are prefixes of `rest`, each
+                // extends the one before; the last is the longest.
+                let mut found = best;
+                for (tail, value) in node.bucket_entries(self.limits.value_size) {
+                    if rest.starts_with(tail) {
+                        found = Some((&key[..done + tail.len()], value));
+                    }
+                }
+                return found;
+            }
             if let Some(value) = node.end_value(self.limits.value_size) {
                 best = Some((&key[..done], value));
             }
@@ -444,22 +586,21 @@ impl QpTrieMap {
         value: &[u8],
         flag: UpdateFlag,
     ) -> Result<Change> {
+        if node.is_small() {
+            return self.insert_small(write, node, rest, value, flag);
+        }
         let skip = node.skip();
         let common = common_prefix(skip, rest);
         if common < skip.len() {
             // The key leaves the skip: a new node where they part, with
-            // this one (shortened) and the key's leaf as children.
+            // this one (shortened) and the key's leaf as children. (This
+            // node's keys fill more than a bucket, so theirs and the new
+            // key do too.)
             flag.check(false)?;
             self.reserve()?;
-            // A top node holding one key goes down as a leaf.
-            let lower = match node.end_value(self.limits.value_size) {
-                Some(end) if node.len() == 0 => write.leaf(&skip[common + 1..], end),
-                _ => {
-                    let mut lower = Spec::of(node, self.limits.value_size);
-                    lower.skip.drain(..=common);
-                    ChildSpec::Node(write.build(&lower))
-                }
-            };
+            let mut lower = Spec::of(node, self.limits.value_size);
+            lower.skip.drain(..=common);
+            let lower = ChildSpec::Node(write.build(&lower));
             let mut split = Spec {
                 skip: skip[..common].to_vec(),
                 end: None,
@@ -503,26 +644,121 @@ impl QpTrieMap {
                 Ok(self.replaced(write, &spec))
             }
             Child::Leaf { tail, value: old } => {
-                // Two keys below `label`: a node where they part.
+                // Two keys below `label`: a bucket (or a node where they
+                // part, if they are too long for one).
                 flag.check(false)?;
                 self.reserve()?;
-                let common = common_prefix(tail, after);
-                let mut split = Spec {
-                    skip: tail[..common].to_vec(),
-                    end: None,
-                    children: Vec::new(),
-                };
-                for (rest, v) in [(tail, old), (after, value)] {
-                    match rest.get(common) {
-                        None => split.end = Some(v.to_vec()),
-                        Some(&l) => split.set_child(l, write.leaf(&rest[common + 1..], v)),
-                    }
-                }
+                let mut pair = [(tail, old), (after, value)];
+                pair.sort_unstable_by(|a, b| a.0.cmp(b.0));
                 let mut spec = Spec::of(node, self.limits.value_size);
-                spec.set_child(label, ChildSpec::Node(write.build(&split)));
+                spec.set_child(label, ChildSpec::Node(write.node_of(&pair)));
                 Ok(self.replaced(write, &spec))
             }
         }
+    }
+
+    /// [`insert_at`](Self::insert_at) into a bucket or a node of one key:
+    /// its keys with this one, rebuilt canonical (a bucket while they fit
+    /// one, else a node above smaller buckets).
+    fn insert_small(
+        &self,
+        write: &mut Write<'_>,
+        node: Node<'_>,
+        rest: &[u8],
+        value: &[u8],
+        flag: UpdateFlag,
+    ) -> Result<Change> {
+        if node.is_bucket()
+            && let Some(change) = self.bucket_insert(write, node, rest, value, flag)?
+        {
+            return Ok(change);
+        }
+        let owned = self.entries_of(node, Vec::new());
+        let mut entries = as_entries(&owned);
+        match entries.binary_search_by(|(k, _)| (*k).cmp(rest)) {
+            Ok(i) => {
+                flag.check(true)?;
+                entries[i].1 = value;
+            }
+            Err(i) => {
+                flag.check(false)?;
+                self.reserve()?;
+                entries.insert(i, (rest, value));
+            }
+        }
+        Ok(Change::Swap(write.node_of(&entries)))
+    }
+
+    /// [`insert_small`](Self::insert_small) into a bucket that still fits
+    /// its keys with this one: the new bucket is built from the old one's
+    /// records, none copied out. `None` when they no longer fit one.
+    fn bucket_insert(
+        &self,
+        write: &mut Write<'_>,
+        node: Node<'_>,
+        rest: &[u8],
+        value: &[u8],
+        flag: UpdateFlag,
+    ) -> Result<Option<Change>> {
+        let value_size = self.limits.value_size;
+        let skip = node.skip();
+        let common = common_prefix(skip, rest);
+        // Every old key's rest gains what of the skip the new key does
+        // not share; the new key's rest is what it has past the rest.
+        let (head, new) = (&skip[common..], &rest[common..]);
+        let records: Vec<(&[u8], &[u8])> = node.bucket_entries(value_size).collect();
+        let at = if head.is_empty() {
+            records.binary_search_by(|(r, _)| (*r).cmp(new))
+        } else if new < head {
+            Err(0)
+        } else {
+            Err(records.len())
+        };
+        let count = records.len() + usize::from(at.is_err());
+        let bytes = records
+            .iter()
+            .map(|(r, _)| head.len() + r.len() + value_size)
+            .sum::<usize>()
+            + at.map_or(new.len() + value_size, |_| 0);
+        match at {
+            Ok(_) => flag.check(true)?,
+            Err(_) => flag.check(false)?,
+        }
+        if count > self.buckets.keys || bytes > self.buckets.bytes {
+            return Ok(None);
+        }
+        if at.is_err() {
+            self.reserve()?;
+        }
+        if head.is_empty() {
+            let (at, removed) = match at {
+                Ok(i) => (i, 1),
+                Err(i) => (i, 0),
+            };
+            let (word, size) =
+                block::splice_bucket(node, at, removed, Some((new, value)), value_size);
+            return Ok(Some(Change::Swap(write.built(word, size))));
+        }
+        // The new key parts from the skip: every old rest gains the part
+        // of the skip it does not share.
+        let mut entries: Vec<Record<'_>> = records
+            .iter()
+            .map(|&(tail, value)| Record { head, tail, value })
+            .collect();
+        match at {
+            Ok(i) => entries[i].value = value,
+            Err(i) => entries.insert(i, Record::new(new, value)),
+        }
+        let (word, size) = block::build_bucket(&rest[..common], &entries);
+        Ok(Some(Change::Swap(write.built(word, size))))
+    }
+
+    /// The keys of `node`'s subtree spelled from `prefix` on (the node's
+    /// skip next), with their values, in order.
+    fn entries_of(&self, node: Node<'_>, mut prefix: Vec<u8>) -> Vec<(Vec<u8>, Vec<u8>)> {
+        let mut out = Vec::new();
+        collect(node, &mut prefix, self.limits.value_size, &mut out);
+        out
     }
 
     /// `node` rebuilt as `spec`: the parent publishes it (and retires
@@ -573,6 +809,136 @@ impl QpTrieMap {
     }
 
     fn remove_at(
+        &self,
+        write: &mut Write<'_>,
+        node: Node<'_>,
+        rest: &[u8],
+        out: Option<&mut [u8]>,
+    ) -> Result<Change> {
+        if node.is_small() {
+            return self.remove_small(write, node, rest, out);
+        }
+        let change = self.remove_below(write, node, rest, out)?;
+        Ok(self.collapse(write, node, change))
+    }
+
+    /// [`remove_at`](Self::remove_at) from a bucket or a node of one key.
+    fn remove_small(
+        &self,
+        write: &mut Write<'_>,
+        node: Node<'_>,
+        rest: &[u8],
+        out: Option<&mut [u8]>,
+    ) -> Result<Change> {
+        if node.is_bucket() {
+            return self.bucket_remove(write, node, rest, out);
+        }
+        let mut owned = self.entries_of(node, Vec::new());
+        let i = owned
+            .binary_search_by(|(k, _)| k.as_slice().cmp(rest))
+            .map_err(|_| Error::NotFound)?;
+        let (_, value) = owned.remove(i);
+        if let Some(out) = out {
+            out.copy_from_slice(&value);
+        }
+        Ok(match owned.len() {
+            0 => Change::Gone,
+            1 => {
+                let (tail, value) = owned.pop().expect("one key");
+                Change::Leaf { tail, value }
+            }
+            _ => Change::Swap(write.node_of(&as_entries(&owned))),
+        })
+    }
+
+    /// [`remove_small`](Self::remove_small) from a bucket: the rest of its
+    /// records, their common prefix moved into the skip, or a leaf when
+    /// one key is left.
+    fn bucket_remove(
+        &self,
+        write: &mut Write<'_>,
+        node: Node<'_>,
+        rest: &[u8],
+        out: Option<&mut [u8]>,
+    ) -> Result<Change> {
+        let skip = node.skip();
+        let rest = bytes::strip_prefix(rest, skip).ok_or(Error::NotFound)?;
+        let value_size = self.limits.value_size;
+        let mut records: Vec<(&[u8], &[u8])> = node.bucket_entries(value_size).collect();
+        let i = records
+            .binary_search_by(|(r, _)| (*r).cmp(rest))
+            .map_err(|_| Error::NotFound)?;
+        let (_, gone) = records.remove(i);
+        if let Some(out) = out {
+            out.copy_from_slice(gone);
+        }
+        if let [(tail, value)] = records[..] {
+            return Ok(Change::Leaf {
+                tail: [skip, tail].concat(),
+                value: value.to_vec(),
+            });
+        }
+        // The keys left may share more than the skip: it grows, and their
+        // rests (and tags) change; else the bucket is copied around the gap.
+        let first = records[0].0;
+        let extra = common_prefix(first, records[records.len() - 1].0);
+        if extra == 0 {
+            let (word, size) = block::splice_bucket(node, i, 1, None, value_size);
+            return Ok(Change::Swap(write.built(word, size)));
+        }
+        let entries: Vec<Record<'_>> = records
+            .iter()
+            .map(|&(r, v)| Record::new(&r[extra..], v))
+            .collect();
+        let (word, size) = block::build_bucket(&[skip, &first[..extra]].concat(), &entries);
+        Ok(Change::Swap(write.built(word, size)))
+    }
+
+    /// After a removal below `node` (`change` is what it asks of its
+    /// parent): the subtree as one bucket if its keys now fit one, so the
+    /// shape stays what a fresh build of the same keys has.
+    fn collapse(&self, write: &mut Write<'_>, node: Node<'_>, change: Change) -> Change {
+        let now = match change {
+            Change::Keep => node,
+            // SAFETY: just built, unpublished; this writer's own.
+            Change::Swap(word) => unsafe { Node::from_word(word) },
+            _ => return change,
+        };
+        if now.is_small() {
+            return change;
+        }
+        // Cheap test first: a child that is a full node holds more keys
+        // than a bucket does.
+        let mut count = usize::from(now.has_end());
+        for i in 0..now.len() {
+            count += match now.child(i, self.limits.value_size) {
+                Child::Leaf { .. } => 1,
+                Child::Node(child) if child.is_bucket() => child.bucket_len(),
+                Child::Node(child) if child.is_small() => 1,
+                Child::Node(_) => return change,
+            };
+            if count > self.buckets.keys {
+                return change;
+            }
+        }
+        let owned = self.entries_of(now, Vec::new());
+        let entries = as_entries(&owned);
+        if !fits(&entries, self.buckets) {
+            return change;
+        }
+        for i in 0..now.len() {
+            if let Some(child) = now.node_child(i) {
+                write.retired.push(child.word());
+            }
+        }
+        if let Change::Swap(word) = change {
+            write.retired.push(word);
+        }
+        Change::Swap(write.node_of(&entries))
+    }
+
+    /// [`remove_at`](Self::remove_at) in a node with children.
+    fn remove_below(
         &self,
         write: &mut Write<'_>,
         node: Node<'_>,
@@ -657,10 +1023,20 @@ impl QpTrieMap {
                     ChildSpec::Node(word) => {
                         // SAFETY: a live child of the node being replaced.
                         let child = unsafe { Node::from_word(word) };
+                        write.retired.push(word);
+                        if child.is_small() {
+                            let mut owned = self.entries_of(child, joined);
+                            return match owned.len() {
+                                1 => {
+                                    let (tail, value) = owned.pop().expect("one key");
+                                    Change::Leaf { tail, value }
+                                }
+                                _ => Change::Swap(write.node_of(&as_entries(&owned))),
+                            };
+                        }
                         let mut merged = Spec::of(child, self.limits.value_size);
                         joined.extend_from_slice(&merged.skip);
                         merged.skip = joined;
-                        write.retired.push(word);
                         Change::Swap(write.build(&merged))
                     }
                 }
@@ -729,6 +1105,16 @@ impl QpTrieMap {
                 Side::Above => lower = Bound::Unbounded,
                 Side::Inside => {}
             }
+        }
+        if node.is_bucket() {
+            for (rest, value) in node.bucket_entries(self.limits.value_size) {
+                let before = key.len;
+                key.extend(rest);
+                visit::<BOUNDED, _>(key.get(), value, (lower, upper), f)?;
+                key.len = before;
+            }
+            key.len = at;
+            return ControlFlow::Continue(());
         }
         // A packed subtree is read front to back: the hardware prefetcher
         // is ahead of the walk there.
@@ -933,6 +1319,21 @@ impl QpTrieMap {
 
 #[cfg(test)]
 impl QpTrieMap {
+    /// Buckets reachable now, and the keys they hold.
+    pub(super) fn bucket_keys(&self) -> (usize, usize) {
+        let guard = &pin();
+        let mut all = Vec::new();
+        for top in (0..=255u8).filter_map(|b| self.top(b, guard)) {
+            subtree_nodes(top, &mut all);
+        }
+        // SAFETY: reachable nodes, under the guard.
+        let buckets: Vec<_> = all
+            .into_iter()
+            .map(|w| unsafe { Node::from_word(w) })
+            .filter(|n| n.is_bucket())
+            .collect();
+        (buckets.len(), buckets.iter().map(|n| n.bucket_len()).sum())
+    }
     /// Bytes of the nodes reachable now (for tests of the shape).
     pub(super) fn live_bytes(&self) -> usize {
         fn sum(node: Node<'_>, value_size: usize) -> usize {
@@ -1130,6 +1531,9 @@ fn subtree_nodes(node: Node<'_>, nodes: &mut Vec<u64>) -> usize {
 }
 
 fn count_keys(node: Node<'_>, value_size: usize) -> usize {
+    if node.is_bucket() {
+        return node.bucket_len();
+    }
     usize::from(node.has_end())
         + (0..node.len())
             .map(|i| match node.child(i, value_size) {
@@ -1137,6 +1541,63 @@ fn count_keys(node: Node<'_>, value_size: usize) -> usize {
                 Child::Leaf { .. } => 1,
             })
             .sum::<usize>()
+}
+
+/// A key below some node as a writer handles it: its rest from that
+/// node's place on, and its value.
+type Entry<'a> = (&'a [u8], &'a [u8]);
+
+fn as_entries(owned: &[(Vec<u8>, Vec<u8>)]) -> Vec<Entry<'_>> {
+    owned
+        .iter()
+        .map(|(k, v)| (k.as_slice(), v.as_slice()))
+        .collect()
+}
+
+/// Whether `entries` (sorted) make one bucket: few enough keys, and few
+/// enough bytes past their common prefix.
+fn fits(entries: &[Entry<'_>], limits: BucketLimits) -> bool {
+    let (Some(first), Some(last)) = (entries.first(), entries.last()) else {
+        return false;
+    };
+    let common = common_prefix(first.0, last.0);
+    entries.len() <= limits.keys
+        && entries
+            .iter()
+            .map(|(k, v)| k.len() - common + v.len())
+            .sum::<usize>()
+            <= limits.bytes
+}
+
+/// Appends the keys of `node`'s subtree to `out`, each spelled from
+/// `prefix` (the node's skip next), with their values, in order.
+fn collect(
+    node: Node<'_>,
+    prefix: &mut Vec<u8>,
+    value_size: usize,
+    out: &mut Vec<(Vec<u8>, Vec<u8>)>,
+) {
+    let at = prefix.len();
+    prefix.extend_from_slice(node.skip());
+    let key = |prefix: &[u8], tail: &[u8]| [prefix, tail].concat();
+    if node.is_bucket() {
+        for (rest, value) in node.bucket_entries(value_size) {
+            out.push((key(prefix, rest), value.to_vec()));
+        }
+    } else {
+        if let Some(end) = node.end_value(value_size) {
+            out.push((prefix.clone(), end.to_vec()));
+        }
+        for (i, &label) in node.labels().iter().enumerate() {
+            prefix.push(label);
+            match node.child(i, value_size) {
+                Child::Node(child) => collect(child, prefix, value_size, out),
+                Child::Leaf { tail, value } => out.push((key(prefix, tail), value.to_vec())),
+            }
+            prefix.pop();
+        }
+    }
+    prefix.truncate(at);
 }
 
 fn common_prefix(a: &[u8], b: &[u8]) -> usize {

@@ -7,10 +7,12 @@ use std::sync::Arc;
 
 use proptest::prelude::*;
 
+use super::block::{BUCKET_BYTES, BUCKET_KEYS};
 use super::common_tests::{self as common, Model, StringMap, v};
 use super::{MAX_INLINE_TAIL, QpTrieMap};
+use crate::core::contract::{MapSpec, MapType};
 use crate::core::flags::{BPF_ANY, BPF_NOEXIST};
-use crate::{Error, pin};
+use crate::{Error, create, pin};
 
 #[test]
 fn keys_that_are_prefixes_of_each_other_and_nul_bytes() {
@@ -172,15 +174,22 @@ proptest! {
 
 /// Every operation's result and every query against a `BTreeMap` (see
 /// `matches_a_btreemap`), for keys of at most `max_key` bytes (`probes`
-/// may be longer).
+/// may be longer): with the default buckets, and with buckets of at most
+/// 3 keys and 40 bytes, which these small key sets fill, burst and empty.
 fn matches_the_model(
     ops: &[Op],
     probes: &[Vec<u8>],
     cap: usize,
     max_key: usize,
 ) -> Result<(), TestCaseError> {
-    {
-        let m = QpTrieMap::new(max_key, 8, cap as u32).unwrap();
+    for (keys, bytes) in [(BUCKET_KEYS, BUCKET_BYTES), (3, 40)] {
+        let new = || {
+            QpTrieMap::new(max_key, 8, cap as u32)
+                .unwrap()
+                .with_buckets(keys, bytes)
+                .unwrap()
+        };
+        let m = new();
         let mut model = Model::new();
         for op in ops {
             match op {
@@ -251,11 +260,12 @@ fn matches_the_model(
             prop_assert_eq!(&got, want);
             Ok(())
         })?;
-        let fresh = QpTrieMap::new(max_key, 8, cap as u32).unwrap();
+        let fresh = new();
         for (k, val) in &model {
             fresh.insert(k, &v(*val), BPF_NOEXIST).unwrap();
         }
         prop_assert_eq!(m.live_bytes(), fresh.live_bytes());
+        prop_assert_eq!(m.bucket_keys(), fresh.bucket_keys());
     }
     Ok(())
 }
@@ -448,4 +458,98 @@ fn readers_beside_writers_and_compaction() {
 #[test]
 fn updates_are_never_stale_or_torn() {
     common::updates_are_never_stale_or_torn::<QpTrieMap>();
+}
+
+/// A subtree past `BUCKET_KEYS` keys bursts into a node over buckets;
+/// removed down to a bucket's worth, it is one bucket again, as a fresh
+/// build of the keys left is.
+#[test]
+fn buckets_burst_and_collapse() {
+    let m = QpTrieMap::new(8, 8, 10_000).unwrap();
+    let key = |i: usize| format!("k{i:04}").into_bytes();
+    for i in 0..BUCKET_KEYS {
+        m.insert(&key(i), &v(i as u64), BPF_NOEXIST).unwrap();
+    }
+    assert_eq!(m.bucket_keys(), (1, BUCKET_KEYS));
+    for i in BUCKET_KEYS..1000 {
+        m.insert(&key(i), &v(i as u64), BPF_NOEXIST).unwrap();
+    }
+    let (buckets, held) = m.bucket_keys();
+    assert!(
+        buckets > 1 && held == 1000,
+        "{buckets} buckets holding {held} keys"
+    );
+    for i in 100..1000 {
+        m.remove(&key(i), None).unwrap();
+    }
+    assert_eq!(m.bucket_keys(), (1, 100));
+    let guard = pin();
+    for i in 0..1000 {
+        let want = (i < 100).then(|| v(i as u64));
+        assert_eq!(m.get(&key(i), &guard), want.as_ref().map(|w| &w[..]));
+    }
+}
+
+/// Bucket sizes: set before any key, at most 255 keys and 65,535 bytes,
+/// through `map_extra` as through the typed call; below 2 keys, none.
+#[test]
+fn bucket_limits_are_checked_and_reach_the_contract() {
+    let m = || QpTrieMap::new(8, 8, 100).unwrap();
+    assert!(matches!(m().with_buckets(256, 100), Err(Error::Invalid(_))));
+    assert!(matches!(
+        m().with_buckets(8, 65_536),
+        Err(Error::Invalid(_))
+    ));
+    let full = m();
+    full.insert(b"a", &v(1), BPF_ANY).unwrap();
+    assert!(matches!(full.with_buckets(8, 100), Err(Error::Invalid(_))));
+    let none = m().with_buckets(0, 0).unwrap();
+    for k in [&b"ab"[..], b"ac", b"ad"] {
+        none.insert(k, &v(1), BPF_ANY).unwrap();
+    }
+    assert_eq!(none.bucket_keys(), (0, 0));
+
+    let spec = |extra| MapSpec::new(MapType::QP_TRIE, 8, 8, 100).extra(extra);
+    let small = create(&spec(3 | 40 << 8)).unwrap();
+    assert_eq!(small.info().map_extra, 3 | 40 << 8);
+    assert_eq!(create(&spec(0)).unwrap().info().map_extra, 0);
+    assert!(matches!(create(&spec(1 << 24)), Err(Error::Invalid(_))));
+}
+
+/// A path as deep as the longest key (every prefix a key, so every node
+/// holds an end value and one child): inserts, lookups, the walk,
+/// removals and the free go down it. The writers and the walk recurse
+/// once per node on the path (at most one per key byte): release builds
+/// take well under a test thread's 2 MiB for 4,096 levels, debug builds
+/// about 5 KB per level of `insert_at`, so the test runs on a thread
+/// with room for them (docs/design.md, "String keys").
+#[test]
+fn a_path_as_deep_as_the_longest_key() {
+    std::thread::Builder::new()
+        .stack_size(64 << 20)
+        .spawn(deep_path)
+        .unwrap()
+        .join()
+        .unwrap();
+}
+
+fn deep_path() {
+    let n = crate::scaled(4096, 24);
+    let m = QpTrieMap::new(n, 8, n as u32).unwrap();
+    for len in (1..=n).rev().step_by(2).chain((1..=n).step_by(2)) {
+        m.insert(&vec![b'a'; len], &v(len as u64), BPF_NOEXIST)
+            .unwrap();
+    }
+    assert_eq!(m.len(), n);
+    let guard = pin();
+    assert_eq!(m.get(&vec![b'a'; n], &guard), Some(&v(n as u64)[..]));
+    let all: Vec<_> = m.iter(&guard).map(|(k, _)| k.len()).collect();
+    assert_eq!(all, (1..=n).collect::<Vec<_>>());
+    m.compact();
+    for len in (1..=n).step_by(3) {
+        m.remove(&vec![b'a'; len], None).unwrap();
+    }
+    assert_eq!(m.iter(&guard).count(), m.len());
+    drop(guard);
+    drop(m);
 }

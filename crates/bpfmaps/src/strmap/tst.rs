@@ -425,6 +425,16 @@ impl TstMap {
 
     string_map_methods!();
 
+    /// It takes no `map_extra` (the registry refuses any).
+    pub(super) fn with_map_extra(self, extra: u64) -> Result<Self> {
+        debug_assert_eq!(extra, 0);
+        Ok(self)
+    }
+
+    pub(super) fn map_extra(&self) -> u64 {
+        0
+    }
+
     /// Bytes held: the map itself and its nodes (with those waiting out a
     /// grace period).
     pub fn memory_usage(&self) -> usize {

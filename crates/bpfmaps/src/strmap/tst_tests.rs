@@ -134,9 +134,21 @@ fn next_key_walks_in_order_past_deleted_keys() {
 }
 
 /// A path as deep as the longest key (every prefix a key): the walk and
-/// the frees use explicit stacks.
+/// the frees use explicit stacks; `remove` recurses once per node on the
+/// path, which a debug build's frames make more than a test thread's 2
+/// MiB at 4,096 levels (release builds take far less), so the test runs
+/// on a thread with room for them.
 #[test]
 fn a_path_as_deep_as_the_longest_key() {
+    std::thread::Builder::new()
+        .stack_size(64 << 20)
+        .spawn(deep_path)
+        .unwrap()
+        .join()
+        .unwrap();
+}
+
+fn deep_path() {
     let n = crate::scaled(4096, 24);
     let m = TstMap::new(n, 8, n as u32).unwrap();
     for len in (1..=n).rev().step_by(2).chain((1..=n).step_by(2)) {
