@@ -388,13 +388,24 @@ impl<'g> Node<'g> {
         debug_assert!(self.is_bucket());
         let area = &self.bytes()[self.skip_len()..];
         let c = usize::from(area[0]);
-        let offsets = &area[1 + c..1 + c + 2 * (c + 1)];
+        // The first offset is 0: the records start where the offsets end.
         BucketEntries {
-            offsets,
+            offsets: &area[1 + c + 2..1 + c + 2 * (c + 1)],
             records: &area[1 + c + 2 * (c + 1)..],
             value_size,
-            i: 0,
-            c,
+            start: 0,
+        }
+    }
+
+    /// A bucket's records by index, for a writer.
+    pub fn bucket(self, value_size: usize) -> Bucket<'g> {
+        debug_assert!(self.is_bucket());
+        let area = &self.bytes()[self.skip_len()..];
+        let c = usize::from(area[0]);
+        Bucket {
+            offsets: &area[1 + c..1 + c + 2 * (c + 1)],
+            records: &area[1 + c + 2 * (c + 1)..],
+            value_size,
         }
     }
 
@@ -502,32 +513,75 @@ unsafe fn bucket_find<'g>(area: *const u8, rest: &[u8], value_size: usize) -> Op
     }
 }
 
-/// Iterator over a bucket's records ([`Node::bucket_entries`]).
-pub struct BucketEntries<'g> {
+/// A bucket's records by index ([`Node::bucket`]).
+#[derive(Clone, Copy)]
+pub struct Bucket<'g> {
     offsets: &'g [u8],
     records: &'g [u8],
     value_size: usize,
-    i: usize,
-    c: usize,
+}
+
+impl<'g> Bucket<'g> {
+    /// How many keys it holds.
+    pub fn len(self) -> usize {
+        self.offsets.len() / 2 - 1
+    }
+
+    fn offset(self, i: usize) -> usize {
+        usize::from(u16::from_le_bytes([
+            self.offsets[2 * i],
+            self.offsets[2 * i + 1],
+        ]))
+    }
+
+    /// Record `i`: its rest and its value.
+    pub fn record(self, i: usize) -> (&'g [u8], &'g [u8]) {
+        let record = &self.records[self.offset(i)..self.offset(i + 1)];
+        record.split_at(record.len() - self.value_size)
+    }
+
+    /// Bytes its records take.
+    pub fn records_bytes(self) -> usize {
+        self.offset(self.len())
+    }
+
+    /// Where `rest` is among its records (sorted), as `binary_search`.
+    pub fn search(self, rest: &[u8]) -> Result<usize, usize> {
+        let (mut lo, mut hi) = (0, self.len());
+        while lo < hi {
+            let mid = (lo + hi) / 2;
+            match self.record(mid).0.cmp(rest) {
+                std::cmp::Ordering::Less => lo = mid + 1,
+                std::cmp::Ordering::Greater => hi = mid,
+                std::cmp::Ordering::Equal => return Ok(mid),
+            }
+        }
+        Err(lo)
+    }
+}
+
+/// Iterator over a bucket's records ([`Node::bucket_entries`]).
+pub struct BucketEntries<'g> {
+    /// The ends of the records not yet visited.
+    offsets: &'g [u8],
+    records: &'g [u8],
+    value_size: usize,
+    /// Where the next record starts.
+    start: usize,
 }
 
 impl<'g> Iterator for BucketEntries<'g> {
     type Item = (&'g [u8], &'g [u8]);
 
+    /// One offset read per record: its start is the last one's end.
     #[inline(always)]
     fn next(&mut self) -> Option<Self::Item> {
-        if self.i == self.c {
-            return None;
-        }
-        let offset = |i: usize| {
-            usize::from(u16::from_le_bytes([
-                self.offsets[2 * i],
-                self.offsets[2 * i + 1],
-            ]))
-        };
-        let (start, end) = (offset(self.i), offset(self.i + 1));
-        self.i += 1;
-        Some(self.records[start..end].split_at(end - start - self.value_size))
+        let (end, offsets) = self.offsets.split_first_chunk::<2>()?;
+        let end = usize::from(u16::from_le_bytes(*end));
+        self.offsets = offsets;
+        let record = &self.records[self.start..end];
+        self.start = end;
+        Some(record.split_at(record.len() - self.value_size))
     }
 }
 

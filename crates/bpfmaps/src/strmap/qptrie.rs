@@ -152,6 +152,19 @@ impl Write<'_> {
         word
     }
 
+    /// What a node whose keys are now `entries` (sorted) asks of its
+    /// parent: nothing left, one key (a leaf), or the canonical node.
+    fn small(&mut self, entries: &[Entry<'_>]) -> Change {
+        match entries {
+            [] => Change::Gone,
+            [(tail, value)] => Change::Leaf {
+                tail: tail.to_vec(),
+                value: value.to_vec(),
+            },
+            _ => Change::Swap(self.node_of(entries)),
+        }
+    }
+
     /// A subtree of `entries` (one or more, sorted, spelled from the
     /// subtree's place on) below its parent's label: a leaf for one key,
     /// else [`node_of`](Self::node_of).
@@ -674,7 +687,7 @@ impl QpTrieMap {
             return Ok(change);
         }
         let owned = self.entries_of(node, Vec::new());
-        let mut entries = as_entries(&owned);
+        let mut entries = owned.entries();
         match entries.binary_search_by(|(k, _)| (*k).cmp(rest)) {
             Ok(i) => {
                 flag.check(true)?;
@@ -706,19 +719,17 @@ impl QpTrieMap {
         // Every old key's rest gains what of the skip the new key does
         // not share; the new key's rest is what it has past the rest.
         let (head, new) = (&skip[common..], &rest[common..]);
-        let records: Vec<(&[u8], &[u8])> = node.bucket_entries(value_size).collect();
+        let bucket = node.bucket(value_size);
         let at = if head.is_empty() {
-            records.binary_search_by(|(r, _)| (*r).cmp(new))
+            bucket.search(new)
         } else if new < head {
             Err(0)
         } else {
-            Err(records.len())
+            Err(bucket.len())
         };
-        let count = records.len() + usize::from(at.is_err());
-        let bytes = records
-            .iter()
-            .map(|(r, _)| head.len() + r.len() + value_size)
-            .sum::<usize>()
+        let count = bucket.len() + usize::from(at.is_err());
+        let bytes = bucket.records_bytes()
+            + bucket.len() * head.len()
             + at.map_or(new.len() + value_size, |_| 0);
         match at {
             Ok(_) => flag.check(true)?,
@@ -741,9 +752,11 @@ impl QpTrieMap {
         }
         // The new key parts from the skip: every old rest gains the part
         // of the skip it does not share.
-        let mut entries: Vec<Record<'_>> = records
-            .iter()
-            .map(|&(tail, value)| Record { head, tail, value })
+        let mut entries: Vec<Record<'_>> = (0..bucket.len())
+            .map(|i| {
+                let (tail, value) = bucket.record(i);
+                Record { head, tail, value }
+            })
             .collect();
         match at {
             Ok(i) => entries[i].value = value,
@@ -755,8 +768,8 @@ impl QpTrieMap {
 
     /// The keys of `node`'s subtree spelled from `prefix` on (the node's
     /// skip next), with their values, in order.
-    fn entries_of(&self, node: Node<'_>, mut prefix: Vec<u8>) -> Vec<(Vec<u8>, Vec<u8>)> {
-        let mut out = Vec::new();
+    fn entries_of(&self, node: Node<'_>, mut prefix: Vec<u8>) -> Keys {
+        let mut out = Keys::default();
         collect(node, &mut prefix, self.limits.value_size, &mut out);
         out
     }
@@ -833,22 +846,16 @@ impl QpTrieMap {
         if node.is_bucket() {
             return self.bucket_remove(write, node, rest, out);
         }
-        let mut owned = self.entries_of(node, Vec::new());
-        let i = owned
-            .binary_search_by(|(k, _)| k.as_slice().cmp(rest))
+        let owned = self.entries_of(node, Vec::new());
+        let mut entries = owned.entries();
+        let i = entries
+            .binary_search_by(|(k, _)| (*k).cmp(rest))
             .map_err(|_| Error::NotFound)?;
-        let (_, value) = owned.remove(i);
+        let (_, value) = entries.remove(i);
         if let Some(out) = out {
-            out.copy_from_slice(&value);
+            out.copy_from_slice(value);
         }
-        Ok(match owned.len() {
-            0 => Change::Gone,
-            1 => {
-                let (tail, value) = owned.pop().expect("one key");
-                Change::Leaf { tail, value }
-            }
-            _ => Change::Swap(write.node_of(&as_entries(&owned))),
-        })
+        Ok(write.small(&entries))
     }
 
     /// [`remove_small`](Self::remove_small) from a bucket: the rest of its
@@ -864,31 +871,34 @@ impl QpTrieMap {
         let skip = node.skip();
         let rest = bytes::strip_prefix(rest, skip).ok_or(Error::NotFound)?;
         let value_size = self.limits.value_size;
-        let mut records: Vec<(&[u8], &[u8])> = node.bucket_entries(value_size).collect();
-        let i = records
-            .binary_search_by(|(r, _)| (*r).cmp(rest))
-            .map_err(|_| Error::NotFound)?;
-        let (_, gone) = records.remove(i);
+        let bucket = node.bucket(value_size);
+        let i = bucket.search(rest).map_err(|_| Error::NotFound)?;
         if let Some(out) = out {
-            out.copy_from_slice(gone);
+            out.copy_from_slice(bucket.record(i).1);
         }
-        if let [(tail, value)] = records[..] {
+        let n = bucket.len();
+        if n == 2 {
+            let (tail, value) = bucket.record(1 - i);
             return Ok(Change::Leaf {
                 tail: [skip, tail].concat(),
                 value: value.to_vec(),
             });
         }
         // The keys left may share more than the skip: it grows, and their
-        // rests (and tags) change; else the bucket is copied around the gap.
-        let first = records[0].0;
-        let extra = common_prefix(first, records[records.len() - 1].0);
+        // rests change; else the bucket is copied around the gap.
+        let first = bucket.record(usize::from(i == 0)).0;
+        let last = bucket.record(if i == n - 1 { n - 2 } else { n - 1 }).0;
+        let extra = common_prefix(first, last);
         if extra == 0 {
             let (word, size) = block::splice_bucket(node, i, 1, None, value_size);
             return Ok(Change::Swap(write.built(word, size)));
         }
-        let entries: Vec<Record<'_>> = records
-            .iter()
-            .map(|&(r, v)| Record::new(&r[extra..], v))
+        let entries: Vec<Record<'_>> = (0..n)
+            .filter(|&j| j != i)
+            .map(|j| {
+                let (r, v) = bucket.record(j);
+                Record::new(&r[extra..], v)
+            })
             .collect();
         let (word, size) = block::build_bucket(&[skip, &first[..extra]].concat(), &entries);
         Ok(Change::Swap(write.built(word, size)))
@@ -922,7 +932,7 @@ impl QpTrieMap {
             }
         }
         let owned = self.entries_of(now, Vec::new());
-        let entries = as_entries(&owned);
+        let entries = owned.entries();
         if !fits(&entries, self.buckets) {
             return change;
         }
@@ -1025,14 +1035,8 @@ impl QpTrieMap {
                         let child = unsafe { Node::from_word(word) };
                         write.retired.push(word);
                         if child.is_small() {
-                            let mut owned = self.entries_of(child, joined);
-                            return match owned.len() {
-                                1 => {
-                                    let (tail, value) = owned.pop().expect("one key");
-                                    Change::Leaf { tail, value }
-                                }
-                                _ => Change::Swap(write.node_of(&as_entries(&owned))),
-                            };
+                            let owned = self.entries_of(child, joined);
+                            return write.small(&owned.entries());
                         }
                         let mut merged = Spec::of(child, self.limits.value_size);
                         joined.extend_from_slice(&merged.skip);
@@ -1547,11 +1551,33 @@ fn count_keys(node: Node<'_>, value_size: usize) -> usize {
 /// node's place on, and its value.
 type Entry<'a> = (&'a [u8], &'a [u8]);
 
-fn as_entries(owned: &[(Vec<u8>, Vec<u8>)]) -> Vec<Entry<'_>> {
-    owned
-        .iter()
-        .map(|(k, v)| (k.as_slice(), v.as_slice()))
-        .collect()
+/// Keys a writer took out of a subtree, with their values: their bytes
+/// in one buffer (a burst or a collapse handles up to a bucket's worth,
+/// one allocation each would cost more than the rebuild).
+#[derive(Default)]
+struct Keys {
+    bytes: Vec<u8>,
+    /// Each key's start, length and its value's length.
+    spans: Vec<(usize, usize, usize)>,
+}
+
+impl Keys {
+    fn push(&mut self, key: &[&[u8]], value: &[u8]) {
+        let start = self.bytes.len();
+        for piece in key {
+            self.bytes.extend_from_slice(piece);
+        }
+        let key_len = self.bytes.len() - start;
+        self.bytes.extend_from_slice(value);
+        self.spans.push((start, key_len, value.len()));
+    }
+
+    fn entries(&self) -> Vec<Entry<'_>> {
+        self.spans
+            .iter()
+            .map(|&(start, key, value)| self.bytes[start..start + key + value].split_at(key))
+            .collect()
+    }
 }
 
 /// Whether `entries` (sorted) make one bucket: few enough keys, and few
@@ -1571,28 +1597,22 @@ fn fits(entries: &[Entry<'_>], limits: BucketLimits) -> bool {
 
 /// Appends the keys of `node`'s subtree to `out`, each spelled from
 /// `prefix` (the node's skip next), with their values, in order.
-fn collect(
-    node: Node<'_>,
-    prefix: &mut Vec<u8>,
-    value_size: usize,
-    out: &mut Vec<(Vec<u8>, Vec<u8>)>,
-) {
+fn collect(node: Node<'_>, prefix: &mut Vec<u8>, value_size: usize, out: &mut Keys) {
     let at = prefix.len();
     prefix.extend_from_slice(node.skip());
-    let key = |prefix: &[u8], tail: &[u8]| [prefix, tail].concat();
     if node.is_bucket() {
         for (rest, value) in node.bucket_entries(value_size) {
-            out.push((key(prefix, rest), value.to_vec()));
+            out.push(&[prefix, rest], value);
         }
     } else {
         if let Some(end) = node.end_value(value_size) {
-            out.push((prefix.clone(), end.to_vec()));
+            out.push(&[prefix], end);
         }
         for (i, &label) in node.labels().iter().enumerate() {
             prefix.push(label);
             match node.child(i, value_size) {
                 Child::Node(child) => collect(child, prefix, value_size, out),
-                Child::Leaf { tail, value } => out.push((key(prefix, tail), value.to_vec())),
+                Child::Leaf { tail, value } => out.push(&[prefix, tail], value),
             }
             prefix.pop();
         }
