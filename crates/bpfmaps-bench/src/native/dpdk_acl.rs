@@ -986,8 +986,13 @@ ACL: trie 0: number of rules: 9774, indexes: 4
         eprintln!("{timing:?}");
         assert_eq!(timing.packets, packets.len() as u64 * u64::from(ITERATIONS));
         assert!(timing.ns_per_packet > 0.0 && timing.ns_per_packet < 1e5);
-        if acl.stdbuf.is_some() {
-            assert!(timing.build.is_some());
+        // The build time needs the tool's lines timestamped as they come;
+        // on a loaded machine the reader may take the build line and the
+        // timed loop's together (this run's loop is microseconds long),
+        // and then the build is rightly not reported (the parse is tested
+        // with set timestamps above). When it is, it is plausible.
+        if let Some(build) = timing.build {
+            assert!(build < Duration::from_secs(60), "{build:?}");
         }
         #[cfg(target_arch = "x86_64")]
         {
