@@ -436,14 +436,15 @@ impl<'g> Node<'g> {
 // Whether a set of keys is a bucket depends only on the set (its count and
 // its rests past their common prefix), so the shape stays canonical.
 
-/// Most keys a bucket holds (its count is a byte). Chosen by timings of
-/// lookups of every key of the shared kernel symbols and English words
-/// in a scratch program, against 32, 64 and 128 keys: the larger, the
-/// fewer nodes above the buckets and the faster (docs/benchmarks.md).
+/// Most keys a bucket holds (its count is a byte). Chosen by `strmap-real`
+/// lookups of the shared kernel symbols, BTF strings and English words
+/// against 32, 64 and 128 keys: the larger, the fewer nodes above the
+/// buckets and the faster (docs/benchmarks.md, "String keys").
 pub const BUCKET_KEYS: usize = 255;
 /// Most bytes a bucket's records (rests past its skip, and values) take:
-/// what a write copies. 4 KiB against 3, 6 and 8 KiB in the same timings:
-/// larger buckets looked up no faster beyond the noise.
+/// what a write copies. 4 KiB against 3 KiB in the same runs, and against
+/// 6 and 8 KiB in a scratch program: larger buckets looked up no faster
+/// beyond the noise.
 pub const BUCKET_BYTES: usize = 4096;
 
 /// A key's rest hashed to a bucket's one-byte tag: its length and its
