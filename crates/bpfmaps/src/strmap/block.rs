@@ -382,37 +382,37 @@ impl<'g> Node<'g> {
         find_label(self.bytes(), self.len(), label)
     }
 
-    /// A bucket's records in order: each key's rest past the skip, and its
-    /// value.
-    pub fn bucket_entries(self, value_size: usize) -> BucketEntries<'g> {
-        debug_assert!(self.is_bucket());
-        let area = &self.bytes()[self.skip_len()..];
-        let c = usize::from(area[0]);
-        // The first offset is 0: the records start where the offsets end.
-        BucketEntries {
-            offsets: &area[1 + c + 2..1 + c + 2 * (c + 1)],
-            records: &area[1 + c + 2 * (c + 1)..],
-            value_size,
-            start: 0,
-        }
-    }
-
     /// A bucket's records by index, for a writer.
     pub fn bucket(self, value_size: usize) -> Bucket<'g> {
         debug_assert!(self.is_bucket());
         let area = &self.bytes()[self.skip_len()..];
         let c = usize::from(area[0]);
+        let (tags, rest) = area[1..].split_at(c);
+        let (offsets, records) = rest.split_at(2 * (c + 1));
         Bucket {
-            offsets: &area[1 + c..1 + c + 2 * (c + 1)],
-            records: &area[1 + c + 2 * (c + 1)..],
+            tags,
+            offsets,
+            records,
             value_size,
+        }
+    }
+
+    /// A bucket's records in order: each key's rest past the skip, and its
+    /// value.
+    pub fn bucket_entries(self, value_size: usize) -> BucketEntries<'g> {
+        let bucket = self.bucket(value_size);
+        // The first offset is 0: the records start where the offsets end.
+        BucketEntries {
+            ends: &bucket.offsets[2..],
+            records: bucket.records,
+            value_size,
+            start: 0,
         }
     }
 
     /// How many keys a bucket holds.
     pub fn bucket_len(self) -> usize {
-        debug_assert!(self.is_bucket());
-        usize::from(self.bytes()[self.skip_len()])
+        self.bucket(0).len()
     }
 }
 
@@ -517,6 +517,8 @@ unsafe fn bucket_find<'g>(area: *const u8, rest: &[u8], value_size: usize) -> Op
 /// A bucket's records by index ([`Node::bucket`]).
 #[derive(Clone, Copy)]
 pub struct Bucket<'g> {
+    tags: &'g [u8],
+    /// `len() + 1` of them: record `i` is `offsets[i]..offsets[i + 1]`.
     offsets: &'g [u8],
     records: &'g [u8],
     value_size: usize,
@@ -525,7 +527,7 @@ pub struct Bucket<'g> {
 impl<'g> Bucket<'g> {
     /// How many keys it holds.
     pub fn len(self) -> usize {
-        self.offsets.len() / 2 - 1
+        self.tags.len()
     }
 
     fn offset(self, i: usize) -> usize {
@@ -564,7 +566,7 @@ impl<'g> Bucket<'g> {
 /// Iterator over a bucket's records ([`Node::bucket_entries`]).
 pub struct BucketEntries<'g> {
     /// The ends of the records not yet visited.
-    offsets: &'g [u8],
+    ends: &'g [u8],
     records: &'g [u8],
     value_size: usize,
     /// Where the next record starts.
@@ -577,9 +579,9 @@ impl<'g> Iterator for BucketEntries<'g> {
     /// One offset read per record: its start is the last one's end.
     #[inline(always)]
     fn next(&mut self) -> Option<Self::Item> {
-        let (end, offsets) = self.offsets.split_first_chunk::<2>()?;
+        let (end, ends) = self.ends.split_first_chunk::<2>()?;
         let end = usize::from(u16::from_le_bytes(*end));
-        self.offsets = offsets;
+        self.ends = ends;
         let record = &self.records[self.start..end];
         self.start = end;
         Some(record.split_at(record.len() - self.value_size))
@@ -599,59 +601,39 @@ pub fn splice_bucket(
     value_size: usize,
 ) -> (u64, usize) {
     let skip = old.skip();
-    let area = &old.bytes()[skip.len()..];
-    let c = usize::from(area[0]);
-    let tags = &area[1..1 + c];
-    let offsets = &area[1 + c..1 + c + 2 * (c + 1)];
-    let records = &area[1 + c + 2 * (c + 1)..];
-    let offset = |i: usize| usize::from(u16::from_le_bytes([offsets[2 * i], offsets[2 * i + 1]]));
-    let (cut, resume) = (offset(at), offset(at + removed));
+    let bucket = old.bucket(value_size);
+    let c = bucket.len();
+    let (cut, resume, end) = (
+        bucket.offset(at),
+        bucket.offset(at + removed),
+        bucket.offset(c),
+    );
+    let added_n = usize::from(added.is_some());
     let added_len = added.map_or(0, |(k, v)| k.len() + v.len());
-    let new_c = c - removed + usize::from(added.is_some());
-    let new_records = offset(c) - (resume - cut) + added_len;
-    assert!((2..=255).contains(&new_c) && new_records <= usize::from(u16::MAX));
-    let byte_len = skip.len() + 1 + new_c + 2 * (new_c + 1) + new_records;
-    let words = 1 + byte_len.div_ceil(8);
-    let layout = layout(words);
-    // SAFETY: non-zero size.
-    let base = unsafe { alloc_zeroed(layout) } as *mut u64;
-    if base.is_null() {
-        std::alloc::handle_alloc_error(layout);
+    let new_c = c - removed + added_n;
+    // SAFETY: unpublished; filled here before it is returned.
+    let (word, size, tags, offsets, records) =
+        unsafe { new_bucket(skip, new_c, end - (resume - cut) + added_len) };
+    // Tags and records: those before, the new one, those after.
+    tags[..at].copy_from_slice(&bucket.tags[..at]);
+    tags[at + added_n..].copy_from_slice(&bucket.tags[at + removed..]);
+    records[..cut].copy_from_slice(&bucket.records[..cut]);
+    if let Some((key, value)) = added {
+        debug_assert_eq!(value.len(), value_size);
+        tags[at] = tag(key);
+        records[cut..cut + key.len()].copy_from_slice(key);
+        records[cut + key.len()..cut + added_len].copy_from_slice(value);
     }
-    let header = BUCKET_BIT | (skip.len() as u64) << SKIP_SHIFT | (words as u64) << WORDS_SHIFT;
-    // SAFETY: the allocation is ours until published; `words` words.
-    unsafe {
-        base.write(header);
-        let bytes = std::slice::from_raw_parts_mut(base.add(1) as *mut u8, byte_len);
-        let (head, out_area) = bytes.split_at_mut(skip.len());
-        head.copy_from_slice(skip);
-        out_area[0] = new_c as u8;
-        let (out_tags, rest) = out_area[1..].split_at_mut(new_c);
-        let (out_offsets, out_records) = rest.split_at_mut(2 * (new_c + 1));
-        let added_n = usize::from(added.is_some());
-        // Tags: before, the new one, after.
-        out_tags[..at].copy_from_slice(&tags[..at]);
-        out_tags[at + added_n..].copy_from_slice(&tags[at + removed..]);
-        // Records the same way; offsets after the cut move by the change
-        // in size.
-        out_records[..cut].copy_from_slice(&records[..cut]);
-        if let Some((key, value)) = added {
-            out_tags[at] = tag(key);
-            out_records[cut..cut + key.len()].copy_from_slice(key);
-            out_records[cut + key.len()..cut + added_len].copy_from_slice(value);
-            debug_assert_eq!(value.len(), value_size);
-        }
-        out_records[cut + added_len..].copy_from_slice(&records[resume..offset(c)]);
-        let put = |out: &mut [u8], i: usize, v: usize| {
-            out[2 * i..2 * i + 2].copy_from_slice(&(v as u16).to_le_bytes())
-        };
-        out_offsets[..2 * (at + 1)].copy_from_slice(&offsets[..2 * (at + 1)]);
-        let shift = |v: usize| v + cut + added_len - resume;
-        for i in at + removed..=c {
-            put(out_offsets, i - removed + added_n, shift(offset(i)));
-        }
+    records[cut + added_len..].copy_from_slice(&bucket.records[resume..end]);
+    // Offsets up to the cut as they were; those after it move by the
+    // change in size.
+    offsets[..2 * (at + 1)].copy_from_slice(&bucket.offsets[..2 * (at + 1)]);
+    for i in at + removed..=c {
+        let moved = bucket.offset(i) + cut + added_len - resume;
+        let o = 2 * (i - removed + added_n);
+        offsets[o..o + 2].copy_from_slice(&(moved as u16).to_le_bytes());
     }
-    (base as usize as u64, words * 8)
+    (word, size)
 }
 
 /// A key of a bucket being built: its rest past the bucket's skip in two
@@ -679,47 +661,58 @@ impl<'a> Record<'a> {
 /// rest; 2 to 255 of them, records under 64 KiB); unpublished. Returns
 /// its word and size.
 pub fn build_bucket(skip: &[u8], entries: &[Record<'_>]) -> (u64, usize) {
-    let c = entries.len();
-    let records: usize = entries
+    debug_assert!((1..entries.len()).all(|i| {
+        let e = |i: usize| [entries[i].head, entries[i].tail].concat();
+        e(i - 1) < e(i)
+    }));
+    let bytes = entries
         .iter()
         .map(|e| e.head.len() + e.tail.len() + e.value.len())
         .sum();
+    // SAFETY: unpublished; filled here before it is returned.
+    let (word, size, tags, offsets, records) = unsafe { new_bucket(skip, entries.len(), bytes) };
+    let mut at = 0;
+    for (i, e) in entries.iter().enumerate() {
+        offsets[2 * i..2 * i + 2].copy_from_slice(&(at as u16).to_le_bytes());
+        let key = at..at + e.head.len() + e.tail.len();
+        for piece in [e.head, e.tail, e.value] {
+            records[at..at + piece.len()].copy_from_slice(piece);
+            at += piece.len();
+        }
+        tags[i] = tag(&records[key]);
+    }
+    offsets[2 * entries.len()..].copy_from_slice(&(at as u16).to_le_bytes());
+    (word, size)
+}
+
+/// Allocates a bucket of `c` keys (2 to 255) whose records take `records`
+/// bytes (under 64 KiB) past `skip`, writes its header, skip and count,
+/// and returns its word and size and its tags, offsets and records to
+/// fill.
+///
+/// # Safety
+/// The slices are the new bucket's, unpublished: the caller fills them
+/// and drops them before it publishes the word.
+unsafe fn new_bucket<'a>(
+    skip: &[u8],
+    c: usize,
+    records: usize,
+) -> (u64, usize, &'a mut [u8], &'a mut [u8], &'a mut [u8]) {
     assert!((2..=255).contains(&c) && records <= usize::from(u16::MAX) && skip.len() <= MAX_SKIP);
     let byte_len = skip.len() + 1 + c + 2 * (c + 1) + records;
     let words = 1 + byte_len.div_ceil(8);
-    let layout = layout(words);
-    // SAFETY: non-zero size.
-    let base = unsafe { alloc_zeroed(layout) } as *mut u64;
-    if base.is_null() {
-        std::alloc::handle_alloc_error(layout);
-    }
-    let header = BUCKET_BIT | (skip.len() as u64) << SKIP_SHIFT | (words as u64) << WORDS_SHIFT;
-    // SAFETY: the allocation is ours until published; `words` words.
-    unsafe {
-        base.write(header);
-        let bytes = std::slice::from_raw_parts_mut(base.add(1) as *mut u8, byte_len);
-        let (head, area) = bytes.split_at_mut(skip.len());
-        head.copy_from_slice(skip);
-        area[0] = c as u8;
-        let (tags, rest) = area[1..].split_at_mut(c);
-        let (offsets, out) = rest.split_at_mut(2 * (c + 1));
-        let mut at = 0;
-        for (i, e) in entries.iter().enumerate() {
-            offsets[2 * i..2 * i + 2].copy_from_slice(&(at as u16).to_le_bytes());
-            let key = at..at + e.head.len() + e.tail.len();
-            for piece in [e.head, e.tail, e.value] {
-                out[at..at + piece.len()].copy_from_slice(piece);
-                at += piece.len();
-            }
-            tags[i] = tag(&out[key]);
-        }
-        debug_assert!((1..c).all(|i| {
-            let e = |i: usize| [entries[i].head, entries[i].tail].concat();
-            e(i - 1) < e(i)
-        }));
-        offsets[2 * c..].copy_from_slice(&(at as u16).to_le_bytes());
-    }
-    (base as usize as u64, words * 8)
+    let base = alloc_words(words);
+    // SAFETY: `words` words, ours until published (caller).
+    let bytes = unsafe {
+        base.write(BUCKET_BIT | (skip.len() as u64) << SKIP_SHIFT | (words as u64) << WORDS_SHIFT);
+        std::slice::from_raw_parts_mut(base.add(1) as *mut u8, byte_len)
+    };
+    let (head, area) = bytes.split_at_mut(skip.len());
+    head.copy_from_slice(skip);
+    area[0] = c as u8;
+    let (tags, rest) = area[1..].split_at_mut(c);
+    let (offsets, out) = rest.split_at_mut(2 * (c + 1));
+    (base as usize as u64, words * 8, tags, offsets, out)
 }
 
 /// The index of `label` among the `n` labels at the start of a node's
@@ -853,12 +846,7 @@ impl Spec {
             .sum();
         let byte_len = n + self.skip.len() + end_len + leaves;
         let words = 1 + n + byte_len.div_ceil(8);
-        let layout = layout(words);
-        // SAFETY: non-zero size.
-        let base = unsafe { alloc_zeroed(layout) } as *mut u64;
-        if base.is_null() {
-            std::alloc::handle_alloc_error(layout);
-        }
+        let base = alloc_words(words);
         let header = n as u64
             | if self.end.is_some() { END_BIT } else { 0 }
             | (self.skip.len() as u64) << SKIP_SHIFT
@@ -901,6 +889,17 @@ fn layout(words: usize) -> Layout {
     Layout::array::<u64>(words).expect("node layout")
 }
 
+/// `words` zeroed words (at least one), for a node or a slab.
+fn alloc_words(words: usize) -> *mut u64 {
+    let layout = layout(words);
+    // SAFETY: non-zero size.
+    let base = unsafe { alloc_zeroed(layout) } as *mut u64;
+    if base.is_null() {
+        std::alloc::handle_alloc_error(layout);
+    }
+    base
+}
+
 /// Frees the node `word` points at (its children are not touched);
 /// returns the bytes it took.
 ///
@@ -935,14 +934,9 @@ unsafe impl Send for Slab {}
 impl Slab {
     /// Room for `words` words and `nodes` live nodes.
     pub fn new(words: usize, nodes: usize) -> Self {
-        let layout = layout(words);
-        // SAFETY: non-zero size (a subtree has a node of 2 words or more).
-        let base = unsafe { alloc_zeroed(layout) } as *mut u64;
-        let Some(base) = NonNull::new(base) else {
-            std::alloc::handle_alloc_error(layout);
-        };
         Slab {
-            base,
+            // A subtree has a node of 2 words or more.
+            base: NonNull::new(alloc_words(words)).expect("allocated"),
             words,
             live: nodes,
         }

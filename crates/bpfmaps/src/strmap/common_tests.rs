@@ -127,6 +127,43 @@ pub(super) fn get(m: &impl StringMap, key: &[u8]) -> Option<u64> {
         .map(|v| u64::from_ne_bytes(v.try_into().unwrap()))
 }
 
+/// A path as deep as the longest key (every prefix a key): inserts,
+/// lookups, the walk, a next key, `between` (a map's own step, such as a
+/// compaction) and removals go down it. The writers recurse once per node
+/// on a key's path (at most one per key byte): a release build takes well
+/// under a test thread's 2 MiB for 4,096 levels, a debug build several
+/// (about 5 KB a level of the qp-trie's `insert_at`), so this runs on a
+/// thread with room for them (docs/design.md, "String keys").
+pub(super) fn a_path_as_deep_as_the_longest_key<M: StringMap>(between: fn(&M)) {
+    let deep = move || {
+        let n = crate::scaled(4096, 24);
+        let m = M::new(n, 8, n as u32).unwrap();
+        for len in (1..=n).rev().step_by(2).chain((1..=n).step_by(2)) {
+            m.insert(&vec![b'a'; len], &v(len as u64), BPF_NOEXIST)
+                .unwrap();
+        }
+        assert_eq!(m.len(), n);
+        assert_eq!(get(&m, &vec![b'a'; n]), Some(n as u64));
+        let all = m.keys();
+        assert_eq!(all.len(), n);
+        assert!(all.iter().enumerate().all(|(i, k)| k.len() == i + 1));
+        let mut next = Vec::new();
+        m.next_key(Some(&vec![b'a'; n / 2]), &mut next).unwrap();
+        assert_eq!(next.len(), n / 2 + 1);
+        between(&m);
+        for len in (1..=n).step_by(3) {
+            m.remove(&vec![b'a'; len], None).unwrap();
+        }
+        assert_eq!(m.keys().len(), m.len());
+    };
+    std::thread::Builder::new()
+        .stack_size(64 << 20)
+        .spawn(deep)
+        .unwrap()
+        .join()
+        .unwrap();
+}
+
 /// The keys as `get_next_key` walks them, from no key.
 pub(super) fn walked(m: &impl StringMap) -> Vec<Vec<u8>> {
     let mut out: Vec<Vec<u8>> = Vec::new();

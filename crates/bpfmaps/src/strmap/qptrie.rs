@@ -923,8 +923,7 @@ impl QpTrieMap {
         for i in 0..now.len() {
             count += match now.child(i, self.limits.value_size) {
                 Child::Leaf { .. } => 1,
-                Child::Node(child) if child.is_bucket() => child.bucket_len(),
-                Child::Node(child) if child.is_small() => 1,
+                Child::Node(child) if child.is_small() => count_keys(child, self.limits.value_size),
                 Child::Node(_) => return change,
             };
             if count > self.buckets.keys {
@@ -1323,15 +1322,21 @@ impl QpTrieMap {
 
 #[cfg(test)]
 impl QpTrieMap {
-    /// Buckets reachable now, and the keys they hold.
-    pub(super) fn bucket_keys(&self) -> (usize, usize) {
-        let guard = &pin();
+    /// Every node reachable now, each subtree in walk order.
+    fn all_nodes(&self, guard: &Guard) -> Vec<u64> {
         let mut all = Vec::new();
         for top in (0..=255u8).filter_map(|b| self.top(b, guard)) {
             subtree_nodes(top, &mut all);
         }
+        all
+    }
+
+    /// Buckets reachable now, and the keys they hold.
+    pub(super) fn bucket_keys(&self) -> (usize, usize) {
+        let guard = &pin();
         // SAFETY: reachable nodes, under the guard.
-        let buckets: Vec<_> = all
+        let buckets: Vec<_> = self
+            .all_nodes(guard)
             .into_iter()
             .map(|w| unsafe { Node::from_word(w) })
             .filter(|n| n.is_bucket())
@@ -1380,11 +1385,8 @@ impl QpTrieMap {
     /// is then a stale hint: it asks for lines no longer on the path.)
     pub(super) fn wrong_spans(&self) -> usize {
         let guard = &pin();
-        let mut all = Vec::new();
-        for top in (0..=255u8).filter_map(|b| self.top(b, guard)) {
-            subtree_nodes(top, &mut all);
-        }
-        all.into_iter()
+        self.all_nodes(guard)
+            .into_iter()
             .filter(|&word| {
                 // SAFETY: reachable nodes, under the guard.
                 let node = unsafe { Node::from_word(word) };

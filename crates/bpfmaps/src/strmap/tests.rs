@@ -516,40 +516,8 @@ fn bucket_limits_are_checked_and_reach_the_contract() {
     assert!(matches!(create(&spec(1 << 24)), Err(Error::Invalid(_))));
 }
 
-/// A path as deep as the longest key (every prefix a key, so every node
-/// holds an end value and one child): inserts, lookups, the walk,
-/// removals and the free go down it. The writers and the walk recurse
-/// once per node on the path (at most one per key byte): release builds
-/// take well under a test thread's 2 MiB for 4,096 levels, debug builds
-/// about 5 KB per level of `insert_at`, so the test runs on a thread
-/// with room for them (docs/design.md, "String keys").
+/// A path as deep as the longest key, compacted halfway.
 #[test]
 fn a_path_as_deep_as_the_longest_key() {
-    std::thread::Builder::new()
-        .stack_size(64 << 20)
-        .spawn(deep_path)
-        .unwrap()
-        .join()
-        .unwrap();
-}
-
-fn deep_path() {
-    let n = crate::scaled(4096, 24);
-    let m = QpTrieMap::new(n, 8, n as u32).unwrap();
-    for len in (1..=n).rev().step_by(2).chain((1..=n).step_by(2)) {
-        m.insert(&vec![b'a'; len], &v(len as u64), BPF_NOEXIST)
-            .unwrap();
-    }
-    assert_eq!(m.len(), n);
-    let guard = pin();
-    assert_eq!(m.get(&vec![b'a'; n], &guard), Some(&v(n as u64)[..]));
-    let all: Vec<_> = m.iter(&guard).map(|(k, _)| k.len()).collect();
-    assert_eq!(all, (1..=n).collect::<Vec<_>>());
-    m.compact();
-    for len in (1..=n).step_by(3) {
-        m.remove(&vec![b'a'; len], None).unwrap();
-    }
-    assert_eq!(m.iter(&guard).count(), m.len());
-    drop(guard);
-    drop(m);
+    common::a_path_as_deep_as_the_longest_key::<QpTrieMap>(|m| m.compact());
 }

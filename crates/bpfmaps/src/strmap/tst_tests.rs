@@ -133,41 +133,11 @@ fn next_key_walks_in_order_past_deleted_keys() {
     common::next_key_walks_in_order_past_deleted_keys::<TstMap>();
 }
 
-/// A path as deep as the longest key (every prefix a key): the walk and
-/// the frees use explicit stacks; `remove` recurses once per node on the
-/// path, which a debug build's frames make more than a test thread's 2
-/// MiB at 4,096 levels (release builds take far less), so the test runs
-/// on a thread with room for them.
+/// A path as deep as the longest key: the walk and the frees use
+/// explicit stacks; `remove` recurses once per node on the path.
 #[test]
 fn a_path_as_deep_as_the_longest_key() {
-    std::thread::Builder::new()
-        .stack_size(64 << 20)
-        .spawn(deep_path)
-        .unwrap()
-        .join()
-        .unwrap();
-}
-
-fn deep_path() {
-    let n = crate::scaled(4096, 24);
-    let m = TstMap::new(n, 8, n as u32).unwrap();
-    for len in (1..=n).rev().step_by(2).chain((1..=n).step_by(2)) {
-        m.insert(&vec![b'a'; len], &v(len as u64), BPF_NOEXIST)
-            .unwrap();
-    }
-    assert_eq!(m.len(), n);
-    assert_eq!(get(&m, &vec![b'a'; n]), Some(n as u64));
-    let all = m.keys();
-    assert_eq!(all.len(), n);
-    assert!(all.iter().enumerate().all(|(i, k)| k.len() == i + 1));
-    let mut next = Vec::new();
-    m.next_key(Some(&vec![b'a'; n / 2]), &mut next).unwrap();
-    assert_eq!(next.len(), n / 2 + 1);
-    for len in (1..=n).step_by(3) {
-        m.remove(&vec![b'a'; len], None).unwrap();
-    }
-    assert_eq!(m.keys().len(), m.len());
-    drop(m);
+    common::a_path_as_deep_as_the_longest_key::<TstMap>(|_| {});
 }
 
 #[test]
