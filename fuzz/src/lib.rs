@@ -230,31 +230,61 @@ pub fn run_maple(data: &[u8]) {
         }
     }
 
-    let tree = MapleTree::new();
+    let mut tree = MapleTree::new();
     let mut model: Vec<(u64, u64, u8)> = Vec::new();
     for op in data.chunks_exact(4) {
         let (a, b, v) = (index(op[1]), index(op[2]), op[3]);
         let (lo, hi) = (a.min(b), a.max(b));
+        // The top bit of the opcode sends a write through `exclusive`
+        // (in place where it fits its leaf).
+        let in_place = op[0] & 0x80 != 0;
         let guard = bpfmaps::pin();
-        match op[0] % 6 {
+        match (op[0] & 0x7f) % 7 {
             0 => {
-                tree.store_range(lo, hi, v).unwrap();
+                if in_place {
+                    tree.exclusive().store_range(lo, hi, v).unwrap();
+                } else {
+                    tree.store_range(lo, hi, v).unwrap();
+                }
                 store(&mut model, lo, hi, Some(v));
             }
             1 => {
                 let free = model.iter().all(|r| r.1 < lo || r.0 > hi);
-                assert_eq!(tree.insert_range(lo, hi, v).is_ok(), free);
+                let got = if in_place {
+                    tree.exclusive().insert_range(lo, hi, v)
+                } else {
+                    tree.insert_range(lo, hi, v)
+                };
+                assert_eq!(got.is_ok(), free);
                 if free {
                     store(&mut model, lo, hi, Some(v));
                 }
             }
             2 => {
                 let want = model.iter().copied().find(|r| r.0 <= a && a <= r.1);
-                let got = tree.erase(a).map(|(r, v)| (*r.start(), *r.end(), v));
+                let got = if in_place {
+                    tree.exclusive().erase(a)
+                } else {
+                    tree.erase(a)
+                };
+                let got = got.map(|(r, v)| (*r.start(), *r.end(), v));
                 assert_eq!(got, want);
                 if let Some((f, l, _)) = want {
                     store(&mut model, f, l, None);
                 }
+            }
+            6 => {
+                let want = if in_place {
+                    model.iter().rev().copied().find(|r| r.0 <= hi && r.1 >= lo)
+                } else {
+                    model.iter().copied().find(|r| r.1 >= lo && r.0 <= hi)
+                };
+                let got = if in_place {
+                    tree.find_rev(hi, lo, &guard)
+                } else {
+                    tree.find(lo, hi, &guard)
+                };
+                assert_eq!(got.map(|e| (e.first, e.last, *e.value)), want);
             }
             3 => {
                 let want = model.iter().copied().find(|r| r.0 <= a && a <= r.1);

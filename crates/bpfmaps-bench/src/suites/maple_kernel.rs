@@ -232,11 +232,12 @@ trait Loop {
     fn verify(&self) {}
 }
 
-/// `bench_slot_store`.
-struct SlotStore(MapleTree<u64>);
+/// `bench_slot_store`; with `in_place`, its writes go through
+/// [`MapleTree::exclusive`].
+struct SlotStore(MapleTree<u64>, bool);
 
 impl SlotStore {
-    fn new() -> Self {
+    fn new(in_place: bool) -> Self {
         let tree = stepped(SLOT_STORE_MAX, 10, |_| 5);
         // The NULL store leaves exactly the kernel's tree.
         store_null(&tree, BRK, BRK);
@@ -248,12 +249,21 @@ impl SlotStore {
         drop(g);
         tree.store_range(BRK_START, BRK, BRK)
             .expect("a valid range");
-        SlotStore(tree)
+        SlotStore(tree, in_place)
     }
 }
 
 impl Loop for SlotStore {
     fn run(&mut self, iters: u64) {
+        if self.1 {
+            let mut tree = self.0.exclusive();
+            for _ in 0..iters {
+                tree.erase_range(BRK, BRK).expect("a valid range");
+                tree.store_range(BRK_START, BRK, BRK)
+                    .expect("a valid range");
+            }
+            return;
+        }
         let tree = &self.0;
         for _ in 0..iters {
             store_null(tree, BRK, BRK);
@@ -275,13 +285,19 @@ impl Loop for SlotStore {
 struct NodeStore {
     tree: MapleTree<u64>,
     overwrite: u64,
+    in_place: bool,
 }
 
 impl Loop for NodeStore {
     fn run(&mut self, iters: u64) {
         for _ in 0..iters {
             let o = self.overwrite;
-            self.tree.store_range(o, o + 15, o).expect("a valid range");
+            if self.in_place {
+                self.tree.exclusive().store_range(o, o + 15, o)
+            } else {
+                self.tree.store_range(o, o + 15, o)
+            }
+            .expect("a valid range");
             self.overwrite += 5;
             if self.overwrite >= OVERWRITE_WRAP {
                 self.overwrite = OVERWRITE_FIRST;
@@ -511,11 +527,12 @@ fn dup(tree: &MapleTree<u64>) -> MapleTree<u64> {
 /// `bench_forking`: per fork, a copy of the 135-entry tree ([`dup`]),
 /// every entry of the copy stored again over itself in one walk
 /// (`mas_for_each` + `mas_store`), and the copy dropped
-/// (`__mt_destroy`).
-struct Forking(MapleTree<u64>);
+/// (`__mt_destroy`). With `in_place`, the stores go through
+/// [`MapleTree::exclusive`], each entry found from the root by `find`.
+struct Forking(MapleTree<u64>, bool);
 
 impl Forking {
-    fn new() -> Self {
+    fn new(in_place: bool) -> Self {
         let tree = MapleTree::new();
         for i in 0..=FORK_ENTRIES {
             tree.store_range(i * 10, i * 10 + 5, i)
@@ -525,15 +542,24 @@ impl Forking {
         let (g, h) = (pin(), pin());
         assert!(tree.iter(&g).eq(copy.iter(&h)), "forking: the copy differs");
         assert_eq!(copy.len(), FORK_ENTRIES as usize + 1);
-        Forking(tree)
+        Forking(tree, in_place)
     }
 }
 
 impl Loop for Forking {
     fn run(&mut self, iters: u64) {
         for _ in 0..iters {
-            let newmt = dup(&self.0);
-            {
+            let mut newmt = dup(&self.0);
+            if self.1 {
+                let g = pin();
+                let mut copy = newmt.exclusive();
+                let mut from = Some(0);
+                while let Some(e) = from.and_then(|f| copy.find(f, u64::MAX, &g)) {
+                    let (first, last, value) = (e.first, e.last, *e.value);
+                    copy.store_range(first, last, value).expect("a valid range");
+                    from = last.checked_add(1);
+                }
+            } else {
                 let g = pin();
                 for e in newmt.iter(&g) {
                     newmt
@@ -551,14 +577,22 @@ impl Loop for Forking {
     }
 }
 
-/// `shape`'s tree, built as its kernel function builds it, and its loop.
-fn prepare(shape: &ShapeDef, per_call: bool) -> Box<dyn Loop> {
+/// The implementation name of the in-place runs.
+const IN_PLACE: &str = "bpfmaps-in-place";
+
+/// The shapes that write, run twice: shared (copy on write) and in place.
+const WRITE_SHAPES: [Shape; 3] = [Shape::SlotStore, Shape::NodeStore, Shape::Fork];
+
+/// `shape`'s tree, built as its kernel function builds it, and its loop;
+/// with `in_place`, writes through [`MapleTree::exclusive`].
+fn prepare(shape: &ShapeDef, per_call: bool, in_place: bool) -> Box<dyn Loop> {
     let walk_tree = || stepped(WALK_MAX, 10, |_| 5);
     match shape.kernel {
-        Shape::SlotStore => Box::new(SlotStore::new()),
+        Shape::SlotStore => Box::new(SlotStore::new(in_place)),
         Shape::NodeStore => Box::new(NodeStore {
             tree: stepped(NODE_STORE_MAX, 10, |_| 5),
             overwrite: OVERWRITE_FIRST,
+            in_place,
         }),
         Shape::Awalk => Box::new(Awalk::new()),
         Shape::Walk => Box::new(Walk(walk_tree())),
@@ -580,7 +614,7 @@ fn prepare(shape: &ShapeDef, per_call: bool) -> Box<dyn Loop> {
             tree: stepped(ITER_MAX, 5, |i| if i % 30 == 0 { 3 } else { 4 }),
             bug: BugOn::default(),
         }),
-        Shape::Fork => Box::new(Forking::new()),
+        Shape::Fork => Box::new(Forking::new(in_place)),
     }
 }
 
@@ -588,6 +622,9 @@ fn prepare(shape: &ShapeDef, per_call: bool) -> Box<dyn Loop> {
 enum Runner<'a> {
     Bpfmaps {
         shape: &'static ShapeDef,
+        /// `bpfmaps`, or `bpfmaps-in-place` for writes through
+        /// `exclusive`.
+        name: &'static str,
         bench: Box<dyn Loop>,
         iters: u64,
     },
@@ -614,6 +651,7 @@ impl Runner<'_> {
                 shape,
                 bench,
                 iters,
+                ..
             } => {
                 let start = Instant::now();
                 bench.run(*iters);
@@ -755,14 +793,23 @@ impl Suite for MapleKernel {
 
         let mut runners: Vec<Runner> = shapes
             .iter()
-            .map(|&shape| {
+            .flat_map(|&shape| {
+                let ways: &[bool] = if WRITE_SHAPES.contains(&shape.kernel) {
+                    &[false, true]
+                } else {
+                    &[false]
+                };
+                ways.iter().map(move |&in_place| (shape, in_place))
+            })
+            .map(|(shape, in_place)| {
                 let iters = (shape.count / scale_down).max(1);
-                let mut bench = prepare(shape, !opts.guard_per_batch);
+                let mut bench = prepare(shape, !opts.guard_per_batch, in_place);
                 // Warm-up: a quarter of a repetition, untimed.
                 bench.run((iters / 4).max(1));
                 settle_reaper();
                 Runner::Bpfmaps {
                     shape,
+                    name: if in_place { IN_PLACE } else { "bpfmaps" },
                     bench,
                     iters,
                 }
@@ -802,9 +849,9 @@ impl Suite for MapleKernel {
                     continue;
                 }
                 let name = match r {
-                    Runner::Bpfmaps { bench, .. } => {
+                    Runner::Bpfmaps { bench, name, .. } => {
                         bench.verify();
-                        "bpfmaps"
+                        *name
                     }
                     Runner::Kernel {
                         failed: Some(_), ..
@@ -828,7 +875,15 @@ impl Suite for MapleKernel {
     fn summaries(&self, records: &[Record]) -> Vec<Table> {
         let mut t = Table::new(
             "maple-kernel: ns per operation, MapleTree vs the kernel's maple tree, on the kernel's benchmark shapes",
-            &["shape", "one op", "bpfmaps ns/op", "kernel ns/op", "kernel/bpfmaps"],
+            &[
+                "shape",
+                "one op",
+                "bpfmaps ns/op",
+                "in place ns/op",
+                "kernel ns/op",
+                "kernel/bpfmaps",
+                "kernel/in place",
+            ],
         )
         .with_note(
             "Medians over repetitions. kernel/bpfmaps is the kernel's time per op over bpfmaps': \
@@ -851,8 +906,10 @@ impl Suite for MapleKernel {
                 name.to_string(),
                 op.to_string(),
                 fmt(ns("bpfmaps")),
+                fmt(ns(IN_PLACE)),
                 fmt(ns("kernel")),
                 fmt_ratio(ratio(ns("kernel"), ns("bpfmaps"))),
+                fmt_ratio(ratio(ns("kernel"), ns(IN_PLACE))),
             ]);
         }
         vec![t]

@@ -8,6 +8,8 @@
 //!   `load`, `erase`, `find`, `iter`/`range` both ways, `cursor`,
 //!   `empty_area`/`empty_area_rev`, `alloc_range`/`alloc_rrange`,
 //!   `alloc_cyclic`).
+//! - [`Exclusive`]: the same tree borrowed `&mut`, whose writes edit its
+//!   nodes in place (the kernel's tree outside RCU mode).
 //! - [`MapleMap`]: its byte contract, through the registry as
 //!   [`MapType::MAPLE_TREE`](crate::MapType::MAPLE_TREE).
 //!
@@ -17,6 +19,7 @@
 
 mod contract;
 mod cursor;
+mod exclusive;
 mod node;
 mod tree;
 
@@ -25,5 +28,6 @@ mod tests;
 
 pub use contract::{MAPLE_TREE_FAMILY, MapleMap};
 pub use cursor::{Cursor, Iter};
+pub use exclusive::Exclusive;
 pub use node::{BRANCH_SLOTS, LEAF_SLOTS};
 pub use tree::{Entry, MapleTree};

@@ -37,20 +37,29 @@ use std::sync::Arc;
 use crate::core::arena::{Arena, MAX_BLOCK, Session};
 use crate::core::reclaim::Guard;
 
-/// Ranges per leaf: 15, so that the header and the first indices fill
-/// two cache lines and a leaf of `u64` values six (docs/design.md, "Range
-/// maps").
-pub const LEAF_SLOTS: usize = 15;
-/// Children per branch: 15, the header and the routing keys in two cache
-/// lines, a branch in eight.
-pub const BRANCH_SLOTS: usize = 15;
+/// Slots per node, leaves and branches alike: 15, so that a node's header
+/// and keys fill two cache lines, a leaf of `u64` values six and a branch
+/// eight (docs/design.md, "Range maps"). For the node-size sweep only,
+/// `--cfg bpfmaps_maple_slots="7"` or `"31"` builds the tree with 7 or 31
+/// (docs/benchmarks.md, "Node size").
+const SLOTS: usize = if cfg!(bpfmaps_maple_slots = "7") {
+    7
+} else if cfg!(bpfmaps_maple_slots = "31") {
+    31
+} else {
+    15
+};
+/// Ranges per leaf.
+pub const LEAF_SLOTS: usize = SLOTS;
+/// Children per branch.
+pub const BRANCH_SLOTS: usize = SLOTS;
 /// Nodes are sized in whole cache lines. The tree's arena carves only
 /// such sizes from chunks aligned to pages, so every node starts a line.
 const LINE: usize = 64;
 /// A node left with fewer entries than this by a removal is merged with
 /// a neighbour (a quarter, not the textbook half: merges copy nodes, and
-/// loads only pay a level for a tree this sparse).
-pub const MIN_FILL: usize = 4;
+/// loads only pay a level for a tree this sparse): 4 of 15.
+pub const MIN_FILL: usize = SLOTS.div_ceil(4);
 
 /// What every node starts with.
 #[repr(C)]
@@ -97,13 +106,22 @@ pub struct Branch {
 /// binary search's four dependent steps, and far fewer instructions than
 /// summing all 15 compares (both measured slower, on random indices and
 /// on one index again and again: `docs/benchmarks.md`, "node search").
+/// (7 keys take one such step, 31 three.)
 #[inline(always)]
 pub fn count_le<const N: usize>(keys: &[u64; N], len: usize, index: u64) -> usize {
-    const { assert!(N == 15, "15 keys: three groups of four and three") };
+    const { assert!(N == 7 || N == 15 || N == 31, "7, 15 or 31 keys") };
     let le = |k: usize| (keys[k] <= index) as usize;
     // Keys 3, 7 and 11 split the node in four groups: the answer is in
     // group `g`, past its `4g` keys ...
-    let base = 4 * (le(3) + le(7) + le(11));
+    let base = match N {
+        7 => 4 * le(3),
+        15 => 4 * (le(3) + le(7) + le(11)),
+        // (31: four groups of eight, then a group's halves)
+        _ => {
+            let base = 8 * (le(7) + le(15) + le(23));
+            base + 4 * le(base + 3)
+        }
+    };
     // ... and as many of the group's first three keys (its fourth, a
     // pivot, is above `index`).
     (base + le(base) + le(base + 1) + le(base + 2)).min(len)

@@ -703,6 +703,112 @@ fn values_are_dropped_once() {
     );
 }
 
+/// Writes in place ([`Exclusive`]) drop what they replace, cut or erase
+/// once, at once, and keep a clone for each piece of a cut range; a
+/// panicking clone leaves the tree as it was.
+#[test]
+fn writes_in_place_drop_values_once() {
+    let token = Arc::new(());
+    let mut tree = MapleTree::new();
+    let mut ex = tree.exclusive();
+    let n = scaled(600, 60) as u64;
+    for i in 0..n {
+        ex.store_range(i * 10, i * 10 + 8, token.clone()).unwrap();
+    }
+    ex.store_range(5, 7, token.clone()).unwrap(); // cuts 0..=8 in three
+    for i in (0..n).step_by(3) {
+        ex.erase(i * 10 + 9 * (i % 2));
+    }
+    ex.erase_range(104, 104).unwrap();
+    let live = check(&tree).len();
+    // In place, nothing waits for a grace period: each replaced value is
+    // gone already (the erases that merge leaves copy, and wait).
+    assert!(
+        wait_for_grace(|| Arc::strong_count(&token) == live + 1),
+        "{} refs for {live} ranges",
+        Arc::strong_count(&token)
+    );
+
+    /// A value whose clone panics once armed.
+    #[derive(Debug)]
+    struct Fragile(Arc<AtomicBool>);
+    impl Clone for Fragile {
+        fn clone(&self) -> Self {
+            assert!(!self.0.load(Ordering::Relaxed), "a clone that fails");
+            Fragile(self.0.clone())
+        }
+    }
+    let armed = Arc::new(AtomicBool::new(false));
+    let mut tree = MapleTree::new();
+    for i in 0..20u64 {
+        tree.store_range(i * 10, i * 10 + 8, Fragile(armed.clone()))
+            .unwrap();
+    }
+    armed.store(true, Ordering::Relaxed);
+    let cut = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        tree.exclusive().store_range(13, 14, Fragile(armed.clone()))
+    }));
+    assert!(cut.is_err(), "the clone panicked");
+    armed.store(false, Ordering::Relaxed);
+    let ranges: Vec<_> = check(&tree).into_iter().map(|(f, l, _)| (f, l)).collect();
+    assert_eq!(
+        ranges,
+        (0..20).map(|i| (i * 10, i * 10 + 8)).collect::<Vec<_>>()
+    );
+}
+
+/// `get`, `get_mut` and in-place writes on a tree of several levels:
+/// what a reader sees afterwards is what the writes made.
+#[test]
+fn exclusive_access_reads_and_edits_in_place() {
+    let mut tree = MapleTree::new();
+    let n = scaled(3000, 300) as u64;
+    let mut ex = tree.exclusive();
+    for i in 0..n {
+        ex.store_range(i * 4, i * 4 + 2, i).unwrap();
+    }
+    assert!(height(&ex) >= 2, "several levels");
+    for i in (0..n).step_by(7) {
+        let (range, v) = ex.get_mut(i * 4 + 1).unwrap();
+        assert_eq!(range, i * 4..=i * 4 + 2);
+        *v += 1_000_000;
+    }
+    assert!(ex.get_mut(3).is_none(), "a gap");
+    // Cut a piece out of every fifth range, store over the gaps of
+    // others, and erase some: each one leaf.
+    for i in (0..n).step_by(5) {
+        ex.erase_range(i * 4 + 1, i * 4 + 1).unwrap();
+    }
+    for i in (1..n).step_by(5) {
+        ex.store(i * 4 + 3, u64::MAX).unwrap();
+    }
+    assert_eq!(ex.insert(2 * 4 + 3, 0), Ok(()));
+    assert_eq!(ex.insert(2 * 4 + 3, 0), Err(Error::Exists));
+    assert_eq!(ex.erase(3 * 4), Some((12..=14, 3)));
+    let got = check(&tree);
+    let g = pin();
+    for (f, l, v) in got {
+        assert_eq!(
+            tree.load(f, &g).map(|e| (e.first, e.last, *e.value)),
+            Some((f, l, v))
+        );
+    }
+    let i = 7; // step 7 and not 5: its value raised, the range whole
+    assert_eq!(
+        tree.load(i * 4, &g).map(|e| (e.range(), *e.value)),
+        Some((28..=30, 1_000_007))
+    );
+    let i = 35; // both: raised, and cut in two
+    assert_eq!(
+        tree.load(i * 4, &g).map(|e| (e.range(), *e.value)),
+        Some((140..=140, 1_000_035))
+    );
+    assert_eq!(
+        tree.load(i * 4 + 2, &g).map(|e| (e.range(), *e.value)),
+        Some((142..=142, 1_000_035))
+    );
+}
+
 /// A model: the ranges, sorted, as the issue asks (a sorted vector).
 #[derive(Debug, Default, Clone)]
 struct Model(Vec<(u64, u64, u32)>);
@@ -816,15 +922,53 @@ proptest! {
     })]
 
     #[test]
-    fn agrees_with_a_sorted_vector_of_ranges(ops in prop::collection::vec(op(), 1..scaled(400, 40))) {
-        let tree = MapleTree::new();
+    /// Each write goes through the shared tree (copy on write) or, when
+    /// its flag says so, through [`Exclusive`] (in place), so the two
+    /// kinds of write interleave on one tree; the shape is checked after
+    /// every write in place.
+    fn agrees_with_a_sorted_vector_of_ranges(ops in prop::collection::vec((op(), any::<bool>()), 1..scaled(400, 40))) {
+        let mut tree = MapleTree::new();
         let mut model = Model::default();
         let mut next = 0u64;
         let mut model_next = 0u64;
-        for op in ops {
+        for (op, in_place) in ops {
             let g = pin();
             let entry = |e: Option<Entry<'_, u32>>| e.map(|e| (e.first, e.last, *e.value));
             match op {
+                Op::Store(f, l, v) if in_place => {
+                    tree.exclusive().store_range(f, l, v).unwrap();
+                    model.store(f, l, Some(v));
+                }
+                Op::Insert(f, l, v) if in_place => {
+                    let free = model.0.iter().all(|r| r.1 < f || r.0 > l);
+                    let got = tree.exclusive().insert_range(f, l, v);
+                    prop_assert_eq!(got, if free { Ok(()) } else { Err(Error::Exists) });
+                    if free {
+                        model.store(f, l, Some(v));
+                    }
+                }
+                Op::Erase(i) if in_place => {
+                    let want = model.load(i);
+                    let got = tree.exclusive().erase(i).map(|(r, v)| (*r.start(), *r.end(), v));
+                    prop_assert_eq!(got, want);
+                    if let Some((f, l, _)) = want {
+                        model.store(f, l, None);
+                    }
+                }
+                Op::EraseRange(f, l) if in_place => {
+                    let taken = model.0.iter().any(|r| r.1 >= f && r.0 <= l);
+                    prop_assert_eq!(tree.exclusive().erase_range(f, l), Ok(taken));
+                    model.store(f, l, None);
+                }
+                Op::Load(i) if in_place => {
+                    let mut ex = tree.exclusive();
+                    prop_assert_eq!(entry(ex.get(i)), model.load(i));
+                    if let Some((_, v)) = ex.get_mut(i) {
+                        *v = v.wrapping_add(1);
+                        let (f, l, x) = model.load(i).unwrap();
+                        model.store(f, l, Some(x.wrapping_add(1)));
+                    }
+                }
                 Op::Store(f, l, v) => {
                     tree.store_range(f, l, v).unwrap();
                     model.store(f, l, Some(v));
@@ -916,6 +1060,9 @@ proptest! {
                 }
             }
             prop_assert_eq!(tree.len(), model.0.len());
+            if in_place {
+                prop_assert_eq!(check(&tree), model.0.clone());
+            }
         }
         prop_assert_eq!(check(&tree), model.0.clone());
     }

@@ -42,8 +42,8 @@ use crate::core::reclaim::{Guard, pin};
 /// ```
 pub struct MapleTree<V: Clone + Send + Sync + 'static> {
     /// The root node; null when the tree is empty.
-    root: AtomicPtr<Header>,
-    len: AtomicUsize,
+    pub(super) root: AtomicPtr<Header>,
+    pub(super) len: AtomicUsize,
     writer: Mutex<()>,
     pub(super) nodes: Nodes<V>,
 }
@@ -87,7 +87,7 @@ impl<V: Clone + Send + Sync + 'static> Default for MapleTree<V> {
 }
 
 /// Checks `first <= last`.
-fn check_range(first: u64, last: u64) -> Result<()> {
+pub(super) fn check_range(first: u64, last: u64) -> Result<()> {
     if first <= last {
         Ok(())
     } else {
@@ -149,10 +149,23 @@ impl<V: Clone + Send + Sync + 'static> MapleTree<V> {
 
     /// The range holding `index` and its value (`mtree_load`).
     #[inline]
-    pub fn load<'g>(&'g self, index: u64, guard: &'g Guard) -> Option<Entry<'g, V>> {
-        let mut node = self.root(guard)?;
+    pub fn load<'g>(&'g self, index: u64, _guard: &'g Guard) -> Option<Entry<'g, V>> {
         // SAFETY: nodes reached from the root stay alive while `guard` is
-        // pinned, and never change once published.
+        // pinned.
+        unsafe { self.load_in(index) }
+    }
+
+    /// [`load`](Self::load), for a caller that keeps the nodes alive for
+    /// `'a` by other means.
+    ///
+    /// # Safety
+    /// No node reachable now is freed during `'a`: a guard pinned for
+    /// `'a`, or the tree borrowed `&mut` for it (no write can run).
+    #[inline(always)]
+    pub(super) unsafe fn load_in<'a>(&'a self, index: u64) -> Option<Entry<'a, V>> {
+        let mut node = NonNull::new(self.root.load(Ordering::Acquire))?;
+        // SAFETY: the caller's; nodes never change once published (but
+        // under `&mut`, when nobody reads them).
         unsafe {
             while header(node).level > 0 {
                 let branch = as_branch(node);
@@ -172,18 +185,81 @@ impl<V: Clone + Send + Sync + 'static> MapleTree<V> {
 
     /// The first range that holds an index in `from..=max`, if any
     /// (`mt_find`).
-    pub fn find<'g>(&'g self, from: u64, max: u64, guard: &'g Guard) -> Option<Entry<'g, V>> {
-        self.cursor(guard)
-            .seek_at_or_after(from)
-            .filter(|e| e.first <= max)
+    #[inline]
+    pub fn find<'g>(&'g self, from: u64, max: u64, _guard: &'g Guard) -> Option<Entry<'g, V>> {
+        // SAFETY: nodes reached from the root stay alive while `guard` is
+        // pinned.
+        unsafe { self.find_in(from, max) }
+    }
+
+    /// [`find`](Self::find), with the caller keeping the nodes alive.
+    ///
+    /// One descent, never a step back: each branch records the last index
+    /// its children hold, so the child to take is the one `from` routes
+    /// to, or the next one if that one ends before `from`.
+    ///
+    /// # Safety
+    /// As [`load_in`](Self::load_in).
+    #[inline]
+    pub(super) unsafe fn find_in<'a>(&'a self, from: u64, max: u64) -> Option<Entry<'a, V>> {
+        let mut node = NonNull::new(self.root.load(Ordering::Acquire))?;
+        // SAFETY: the caller's.
+        unsafe {
+            while header(node).level > 0 {
+                let branch = as_branch(node);
+                let mut i = branch.route(from);
+                if branch.hi[i] < from {
+                    // Below the root a later child holds more (the parent
+                    // came here because this branch ends at or after
+                    // `from`); at the root there may be none.
+                    i += 1;
+                    if i == branch.len() {
+                        return None;
+                    }
+                }
+                node = branch.child(i);
+            }
+            let leaf = as_leaf::<V>(node);
+            let k = count_le(&leaf.first, leaf.len(), from);
+            let k = if k > 0 && leaf.last(k - 1) >= from {
+                k - 1
+            } else {
+                k
+            };
+            (k < leaf.len() && leaf.first[k] <= max).then(|| Entry {
+                first: leaf.first[k],
+                last: leaf.last(k),
+                value: leaf.value(k),
+            })
+        }
     }
 
     /// The last range that holds an index in `min..=from`, if any
-    /// (`mt_find` backwards, as `mas_find_rev`).
-    pub fn find_rev<'g>(&'g self, from: u64, min: u64, guard: &'g Guard) -> Option<Entry<'g, V>> {
-        self.cursor(guard)
-            .seek_at_or_before(from)
-            .filter(|e| e.last >= min)
+    /// (`mt_find` backwards, as `mas_find_rev`): one descent, as
+    /// [`find`](Self::find).
+    #[inline]
+    pub fn find_rev<'g>(&'g self, from: u64, min: u64, _guard: &'g Guard) -> Option<Entry<'g, V>> {
+        let mut node = NonNull::new(self.root.load(Ordering::Acquire))?;
+        // SAFETY: nodes reached from the root stay alive while `guard` is
+        // pinned.
+        unsafe {
+            while header(node).level > 0 {
+                let branch = as_branch(node);
+                let i = branch.route(from);
+                // Only at the root can every child start above `from`.
+                if branch.lo[i] > from {
+                    return None;
+                }
+                node = branch.child(i);
+            }
+            let leaf = as_leaf::<V>(node);
+            let k = count_le(&leaf.first, leaf.len(), from).checked_sub(1)?;
+            (leaf.last(k) >= min).then(|| Entry {
+                first: leaf.first[k],
+                last: leaf.last(k),
+                value: leaf.value(k),
+            })
+        }
     }
 
     /// Stores `value` over `first..=last` (`mtree_store_range`): whatever
@@ -408,8 +484,8 @@ impl<V: Clone + Send + Sync + 'static> MapleTree<V> {
     }
 
     /// Stores `value` (or nothing, for an erase) over `first..=last`,
-    /// under the writer lock.
-    fn write(&self, first: u64, last: u64, value: Option<V>, guard: &Guard) {
+    /// under the writer lock (or `&mut` of the tree).
+    pub(super) fn write(&self, first: u64, last: u64, value: Option<V>, guard: &Guard) {
         let old = NonNull::new(self.root.load(Ordering::Relaxed));
         let value = match old {
             // SAFETY: the writer lock is held; the root is live.
@@ -459,14 +535,91 @@ impl<V: Clone + Send + Sync + 'static> MapleTree<V> {
     }
 }
 
+/// A write that changes one leaf and nothing else: `first..=last` lies
+/// under one child at every level, so every range it touches is in that
+/// leaf (those before it end below the leaf's first index, those after
+/// start above `last`).
+pub(super) struct LeafWrite {
+    /// The branches above the leaf, from the root, and the child taken.
+    pub path: SmallVec<[(NodePtr, usize); 8]>,
+    pub leaf: NodePtr,
+    /// Ranges in the leaf.
+    pub n: usize,
+    /// Ranges `a..b` overlap the write; the first and last of them may
+    /// keep a piece outside it.
+    pub a: usize,
+    pub b: usize,
+    pub cut_left: bool,
+    pub cut_right: bool,
+}
+
+impl LeafWrite {
+    /// Finds the leaf of `first..=last`, or `None` when the write spans
+    /// several leaves.
+    ///
+    /// # Safety
+    /// The writer lock is held (or `&mut` of the tree); `root` is the
+    /// live root.
+    #[inline(always)]
+    pub unsafe fn plan<V>(root: NodePtr, first: u64, last: u64) -> Option<Self> {
+        let mut path = SmallVec::new();
+        let mut node = root;
+        // SAFETY: the caller's: nodes reached from the root are live.
+        let leaf = unsafe {
+            while header(node).level > 0 {
+                let branch = as_branch(node);
+                let i = branch.route(first);
+                if branch.route(last) != i {
+                    return None;
+                }
+                path.push((node, i));
+                node = branch.child(i);
+            }
+            as_leaf::<V>(node)
+        };
+        let n = leaf.len();
+        // The first range to end at or after `first`: the one holding it,
+        // or the next.
+        let k = count_le(&leaf.first, n, first);
+        let a = if k > 0 && leaf.last(k - 1) >= first {
+            k - 1
+        } else {
+            k
+        };
+        let b = count_le(&leaf.first, n, last).max(a);
+        Some(LeafWrite {
+            path,
+            leaf: node,
+            n,
+            a,
+            b,
+            cut_left: a < b && leaf.first[a] < first,
+            cut_right: a < b && leaf.last(b - 1) > last,
+        })
+    }
+
+    /// Ranges the write adds: its own and the pieces it cuts off.
+    #[inline]
+    pub fn added(&self, storing: bool) -> usize {
+        self.cut_left as usize + storing as usize + self.cut_right as usize
+    }
+
+    /// Whether the leaf can take the write without a split or a merge:
+    /// it keeps at least `MIN_FILL` ranges (or no fewer than it had, or
+    /// it is the root) and at most `LEAF_SLOTS`.
+    pub fn fits(&self, storing: bool) -> bool {
+        let len = self.n - (self.b - self.a) + self.added(storing);
+        let fill_kept = len >= MIN_FILL || len >= self.n || self.path.is_empty();
+        len > 0 && len <= LEAF_SLOTS && fill_kept
+    }
+}
+
 impl<V: Clone + Send + Sync + 'static> MapleTree<V> {
-    /// The common write, without repacking: `first..=last` lies under one
-    /// child at every level, and the one leaf it changes keeps at least
-    /// `MIN_FILL` ranges (or no fewer than it had) and at most
-    /// `LEAF_SLOTS`. The leaf is rebuilt, and each branch above it copied
-    /// with that child's record replaced: what [`Write::rewrite`] would
-    /// build, at a fraction of its work. Gives `value` back when the write
-    /// needs `rewrite` (a split, a merge, several leaves).
+    /// The common write, without repacking ([`LeafWrite::fits`]): the
+    /// leaf is rebuilt, and each branch above it copied with that child's
+    /// record replaced: what [`Write::rewrite`] would build, at a fraction
+    /// of its work. Gives `value` back when the write needs `rewrite` (a
+    /// split, a merge, several leaves).
     ///
     /// # Safety
     /// The writer lock is held; `root` is the live root.
@@ -478,49 +631,32 @@ impl<V: Clone + Send + Sync + 'static> MapleTree<V> {
         value: Option<V>,
         guard: &Guard,
     ) -> std::result::Result<(), Option<V>> {
-        let mut path: SmallVec<[(NodePtr, usize); 8]> = SmallVec::new();
-        let mut node = root;
-        // SAFETY: the caller's: nodes reached from the root are live.
-        let leaf = unsafe {
-            while header(node).level > 0 {
-                let branch = as_branch(node);
-                let i = branch.route(first);
-                if branch.route(last) != i {
-                    return Err(value);
-                }
-                path.push((node, i));
-                node = branch.child(i);
-            }
-            as_leaf::<V>(node)
+        // SAFETY: the caller's.
+        let Some(w) = (unsafe { LeafWrite::plan::<V>(root, first, last) }) else {
+            return Err(value);
         };
-        let n = leaf.len();
-        // Ranges `a..b` overlap the write; the first and last of them may
-        // keep a piece outside it.
-        let a = (0..n).find(|&k| leaf.last(k) >= first).unwrap_or(n);
-        let b = count_le(&leaf.first, n, last).max(a);
-        let cut_left = a < b && leaf.first[a] < first;
-        let cut_right = a < b && leaf.last(b - 1) > last;
-        let added = cut_left as usize + value.is_some() as usize + cut_right as usize;
-        let len = n - (b - a) + added;
-        let fill_kept = len >= MIN_FILL || len >= n || path.is_empty();
-        if len == 0 || len > LEAF_SLOTS || !fill_kept {
+        if !w.fits(value.is_some()) {
             return Err(value);
         }
+        let added = w.added(value.is_some());
+        let (a, b, n) = (w.a, w.b, w.n);
+        // SAFETY: the caller's: a live leaf.
+        let leaf = unsafe { as_leaf::<V>(w.leaf) };
         let mut session = self.nodes.arena.session(guard);
         let mut built = self.nodes.leaf_builder_in(&mut session);
         built.extend_from(leaf, 0..a);
-        if cut_left {
+        if w.cut_left {
             built.push(leaf.first[a], first - 1, leaf.value(a).clone());
         }
         if let Some(value) = value {
             built.push(first, last, value);
         }
-        if cut_right {
+        if w.cut_right {
             built.push(last + 1, leaf.last(b - 1), leaf.value(b - 1).clone());
         }
         built.extend_from(leaf, b..n);
         let mut sub = built.finish();
-        for &(parent, i) in path.iter().rev() {
+        for &(parent, i) in w.path.iter().rev() {
             // SAFETY: a live branch on the path.
             sub = self
                 .nodes
@@ -529,8 +665,8 @@ impl<V: Clone + Send + Sync + 'static> MapleTree<V> {
         self.root.store(sub.node.as_ptr(), Ordering::Release);
         // SAFETY: unlinked by the root store above; each retired once.
         unsafe {
-            self.nodes.retire_in(&mut session, node, guard);
-            for &(parent, _) in &path {
+            self.nodes.retire_in(&mut session, w.leaf, guard);
+            for &(parent, _) in &w.path {
                 self.nodes.retire_in(&mut session, parent, guard);
             }
         }
