@@ -364,6 +364,40 @@ impl<V: Clone + Send + Sync + 'static> Nodes<V> {
         }
     }
 
+    /// A copy of the subtree under `node`, in `session` (`__mt_dup`):
+    /// each node copied whole, then its values cloned over the copies (a
+    /// leaf) or its children replaced by theirs (a branch), so the spans
+    /// recorded come along unchanged.
+    ///
+    /// # Safety
+    /// `node` is a live node of a tree of `V`s that no write changes
+    /// during the copy.
+    pub unsafe fn copy_subtree_in(&self, session: &mut Session<'_>, node: NodePtr) -> NodePtr {
+        // SAFETY: the caller's; the blocks are fresh, of each node's
+        // layout; a bitwise copy of a node is a node but for its values
+        // (each written over with a clone before the copy is used) and
+        // its children (each replaced); children of a live branch are
+        // live.
+        unsafe {
+            if header(node).level == 0 {
+                let copy = session.alloc(Self::LEAF).cast::<Leaf<V>>().as_ptr();
+                let leaf = as_leaf::<V>(node);
+                std::ptr::copy_nonoverlapping(leaf, copy, 1);
+                for k in 0..leaf.len() {
+                    (&raw mut (*copy).slot[k].value).write(MaybeUninit::new(leaf.value(k).clone()));
+                }
+                return NonNull::new_unchecked(copy).cast();
+            }
+            let copy = session.alloc(Self::BRANCH).cast::<Branch>().as_ptr();
+            let branch = as_branch(node);
+            std::ptr::copy_nonoverlapping(branch, copy, 1);
+            for i in 0..branch.len() {
+                (*copy).child[i] = Some(self.copy_subtree_in(session, branch.child(i)));
+            }
+            NonNull::new_unchecked(copy).cast()
+        }
+    }
+
     /// A copy of `old` with child `i`'s record replaced by `sub`: a
     /// branch on the path of a write that changed one child in place.
     pub fn branch_with(&self, session: &mut Session<'_>, old: &Branch, i: usize, sub: Sub) -> Sub {

@@ -476,8 +476,12 @@ impl<V: Clone + Send + Sync + 'static> MapleTree<V> {
         if let Some(root) = NonNull::new(self.root.load(Ordering::Relaxed)) {
             // SAFETY: the writer lock keeps every node of this tree alive
             // and unchanged for the walk.
-            let root = unsafe { copy_subtree::<V>(&copy.nodes, root) };
-            copy.root.store(root.node.as_ptr(), Ordering::Release);
+            let root = unsafe {
+                let guard = pin();
+                let mut session = copy.nodes.arena.session(&guard);
+                copy.nodes.copy_subtree_in(&mut session, root)
+            };
+            copy.root.store(root.as_ptr(), Ordering::Release);
             copy.len.store(self.len(), Ordering::Relaxed);
         }
         copy
@@ -569,7 +573,9 @@ impl LeafWrite {
             while header(node).level > 0 {
                 let branch = as_branch(node);
                 let i = branch.route(first);
-                if branch.route(last) != i {
+                // `last` routes to the same child unless the next starts
+                // at or below it (unused slots hold `u64::MAX`).
+                if i + 1 < branch.len() && branch.lo[i + 1] <= last {
                     return None;
                 }
                 path.push((node, i));
@@ -579,14 +585,18 @@ impl LeafWrite {
         };
         let n = leaf.len();
         // The first range to end at or after `first`: the one holding it,
-        // or the next.
+        // or the next ...
         let k = count_le(&leaf.first, n, first);
         let a = if k > 0 && leaf.last(k - 1) >= first {
             k - 1
         } else {
             k
         };
-        let b = count_le(&leaf.first, n, last).max(a);
+        // ... and past the last to start at or below `last`.
+        let mut b = k.max(a);
+        while b < n && leaf.first[b] <= last {
+            b += 1;
+        }
         Some(LeafWrite {
             path,
             leaf: node,
@@ -1078,31 +1088,6 @@ fn split_sizes(n: usize, cap: usize, fill: Fill) -> impl Iterator<Item = std::op
     }
     bounds.push(n);
     (0..nodes).map(move |m| bounds[m]..bounds[m + 1])
-}
-
-/// A copy of the subtree under `node`, in `nodes`.
-///
-/// # Safety
-/// `node` is live for the walk.
-unsafe fn copy_subtree<V: Clone + Send + Sync + 'static>(nodes: &Nodes<V>, node: NodePtr) -> Sub {
-    // SAFETY: the caller's; children of a live branch are live.
-    unsafe {
-        let h = header(node);
-        if h.level == 0 {
-            let leaf = as_leaf::<V>(node);
-            let items = (0..leaf.len()).map(|k| Item {
-                first: leaf.first[k],
-                last: leaf.last(k),
-                value: leaf.value(k).clone(),
-            });
-            return nodes.leaf(items, leaf.len());
-        }
-        let branch = as_branch(node);
-        let subs: SmallVec<[Sub; BRANCH_SLOTS]> = (0..branch.len())
-            .map(|i| copy_subtree(nodes, branch.child(i)))
-            .collect();
-        nodes.branch(h.level, &subs)
-    }
 }
 
 /// Ranges stored under `node`.
