@@ -350,16 +350,13 @@ impl WildcardMap {
                 continue;
             };
             for key in chain.rules::<W>(&layout) {
-                if let Some(b) = best {
-                    // A tie of priorities goes to the first in rule order.
-                    let later = || {
-                        // SAFETY: both are words of published chains,
-                        // read under `guard`.
-                        unsafe { entry_of(key, &layout).rule >= entry_of(b, &layout).rule }
-                    };
-                    if key[0] > b[0] || key[0] == b[0] && later() {
-                        break;
-                    }
+                // Chains are in rule order, and a tie of priorities goes
+                // to the first in rule order: nothing from this rule on
+                // beats the best so far. A rule's words (its priority,
+                // then each field's bounds) order as the rule does, so
+                // this compares them in place, not the entries.
+                if best.is_some_and(|b| key[..1 + 2 * n] >= b[..1 + 2 * n]) {
+                    break;
                 }
                 if key[1..1 + 2 * n]
                     .chunks_exact(2)
