@@ -948,10 +948,18 @@ mod tests {
             let mut args = vec!["--no-kernel", "--scale-down", "200000"];
             args.extend_from_slice(extra);
             let records = crate::suites::run_quick("maple-kernel", &args, no_data.clone());
-            assert_eq!(records.len(), SHAPES.len());
+            // The write shapes run twice: shared and in place.
+            assert_eq!(records.len(), SHAPES.len() + WRITE_SHAPES.len());
             for s in &SHAPES {
                 let r = find(&records, &case_of(s.name), "bpfmaps", NS_PER_OP.name);
                 assert!(r.is_some_and(|r| r.value > 0.0), "{}", s.name);
+                let in_place = find(&records, &case_of(s.name), IN_PLACE, NS_PER_OP.name);
+                assert_eq!(
+                    in_place.is_some_and(|r| r.value > 0.0),
+                    WRITE_SHAPES.contains(&s.kernel),
+                    "{} in place",
+                    s.name
+                );
             }
             let suite = crate::suites::by_name("maple-kernel").unwrap();
             let tables = suite.summaries(&records);
