@@ -19,7 +19,7 @@ use std::ptr::{self, NonNull};
 
 use smallvec::SmallVec;
 
-use super::node::{Branch, Item, LEAF_SLOTS, Leaf, Slot, as_branch, as_leaf, header};
+use super::node::{Branch, Item, LEAF_SLOTS, Leaf, Slot, as_leaf};
 use super::tree::{Entry, LeafWrite, MapleTree, check_range};
 use crate::core::error::{Error, Result};
 use crate::core::reclaim::pin;
@@ -71,14 +71,10 @@ impl<V: Clone + Send + Sync + 'static> Exclusive<'_, V> {
 
     /// The range holding `index` and its value, to change in place.
     pub fn get_mut(&mut self, index: u64) -> Option<(RangeInclusive<u64>, &mut V)> {
-        let mut node = NonNull::new(*self.tree.root.get_mut())?;
         // SAFETY: `&mut self`: nobody else reads or writes the nodes; the
         // value is borrowed for as long as the tree is.
         unsafe {
-            while header(node).level > 0 {
-                let branch = as_branch(node);
-                node = branch.child(branch.route(index));
-            }
+            let node = self.tree.leaf_of(index)?;
             let k = as_leaf::<V>(node).find(index)?;
             let leaf = node.cast::<Leaf<V>>().as_ptr();
             let slot = &mut (*leaf).slot[k];
@@ -251,13 +247,10 @@ impl<V: Clone + Send + Sync + 'static> Exclusive<'_, V> {
             let mut span = (*leaf).span();
             for (depth, &(parent, i)) in w.path.iter().enumerate().rev() {
                 let branch = parent.cast::<Branch>().as_ptr();
-                let record = ((*branch).lo[i], (*branch).hi[i], (*branch).gap[i]);
-                if record == (span.lo, span.hi, span.gap) {
+                if (*branch).record(i) == span {
                     break;
                 }
-                (*branch).lo[i] = span.lo;
-                (*branch).hi[i] = span.hi;
-                (*branch).gap[i] = span.gap;
+                (*branch).set_record(i, span);
                 if depth > 0 {
                     span = (*branch).span();
                 }

@@ -154,6 +154,18 @@ impl<V> Leaf<V> {
         (k > 0 && self.last(k - 1) >= index).then(|| k - 1)
     }
 
+    /// The slot of the first range that ends at or after `index`: the one
+    /// holding it, or the next (`len` if none does).
+    #[inline(always)]
+    pub fn at_or_after(&self, index: u64) -> usize {
+        let k = count_le(&self.first, self.len(), index);
+        if k > 0 && self.last(k - 1) >= index {
+            k - 1
+        } else {
+            k
+        }
+    }
+
     /// What the parent records of this leaf.
     pub fn span(&self) -> Span {
         let n = self.len();
@@ -187,15 +199,27 @@ impl Branch {
         self.child[i].expect("a branch slot below len holds a child")
     }
 
+    /// What this branch records of child `i`.
+    #[inline]
+    pub fn record(&self, i: usize) -> Span {
+        Span {
+            lo: self.lo[i],
+            hi: self.hi[i],
+            gap: self.gap[i],
+        }
+    }
+
+    /// Records `span` for child `i`.
+    #[inline]
+    pub fn set_record(&mut self, i: usize, span: Span) {
+        (self.lo[i], self.hi[i], self.gap[i]) = (span.lo, span.hi, span.gap);
+    }
+
     /// The child `i` with what this branch records of it.
     pub fn sub(&self, i: usize) -> Sub {
         Sub {
             node: self.child(i),
-            span: Span {
-                lo: self.lo[i],
-                hi: self.hi[i],
-                gap: self.gap[i],
-            },
+            span: self.record(i),
         }
     }
 
@@ -350,9 +374,7 @@ impl<V: Clone + Send + Sync + 'static> Nodes<V> {
             child: [None; BRANCH_SLOTS],
         };
         for (i, sub) in subs.iter().enumerate() {
-            branch.lo[i] = sub.span.lo;
-            branch.hi[i] = sub.span.hi;
-            branch.gap[i] = sub.span.gap;
+            branch.set_record(i, sub.span);
             branch.child[i] = Some(sub.node);
         }
         let span = branch.span();
@@ -408,9 +430,7 @@ impl<V: Clone + Send + Sync + 'static> Nodes<V> {
         unsafe {
             let branch = node.as_ptr();
             std::ptr::copy_nonoverlapping(old, branch, 1);
-            (*branch).lo[i] = sub.span.lo;
-            (*branch).hi[i] = sub.span.hi;
-            (*branch).gap[i] = sub.span.gap;
+            (*branch).set_record(i, sub.span);
             (*branch).child[i] = Some(sub.node);
             Sub {
                 node: node.cast(),

@@ -163,6 +163,20 @@ impl<V: Clone + Send + Sync + 'static> MapleTree<V> {
     /// `'a`, or the tree borrowed `&mut` for it (no write can run).
     #[inline(always)]
     pub(super) unsafe fn load_in<'a>(&'a self, index: u64) -> Option<Entry<'a, V>> {
+        // SAFETY: the caller's.
+        unsafe {
+            let leaf = as_leaf::<V>(self.leaf_of(index)?);
+            leaf.find(index).map(|k| entry_at(leaf, k))
+        }
+    }
+
+    /// The leaf `index` routes to (`None`: the tree is empty), each node's
+    /// later lines asked for as the descent reaches it.
+    ///
+    /// # Safety
+    /// As [`load_in`](Self::load_in), for the nodes of the descent.
+    #[inline(always)]
+    pub(super) unsafe fn leaf_of(&self, index: u64) -> Option<NodePtr> {
         let mut node = NonNull::new(self.root.load(Ordering::Acquire))?;
         // SAFETY: the caller's; nodes never change once published (but
         // under `&mut`, when nobody reads them).
@@ -173,37 +187,21 @@ impl<V: Clone + Send + Sync + 'static> MapleTree<V> {
                 node = branch.child(branch.route(index));
                 prefetch_lookup::<V>(node, level == 1);
             }
-            let leaf = as_leaf::<V>(node);
-            let k = leaf.find(index)?;
-            Some(Entry {
-                first: leaf.first[k],
-                last: leaf.last(k),
-                value: leaf.value(k),
-            })
         }
+        Some(node)
     }
 
     /// The first range that holds an index in `from..=max`, if any
     /// (`mt_find`).
-    #[inline]
-    pub fn find<'g>(&'g self, from: u64, max: u64, _guard: &'g Guard) -> Option<Entry<'g, V>> {
-        // SAFETY: nodes reached from the root stay alive while `guard` is
-        // pinned.
-        unsafe { self.find_in(from, max) }
-    }
-
-    /// [`find`](Self::find), with the caller keeping the nodes alive.
     ///
     /// One descent, never a step back: each branch records the last index
     /// its children hold, so the child to take is the one `from` routes
     /// to, or the next one if that one ends before `from`.
-    ///
-    /// # Safety
-    /// As [`load_in`](Self::load_in).
     #[inline]
-    pub(super) unsafe fn find_in<'a>(&'a self, from: u64, max: u64) -> Option<Entry<'a, V>> {
+    pub fn find<'g>(&'g self, from: u64, max: u64, _guard: &'g Guard) -> Option<Entry<'g, V>> {
         let mut node = NonNull::new(self.root.load(Ordering::Acquire))?;
-        // SAFETY: the caller's.
+        // SAFETY: nodes reached from the root stay alive while `guard` is
+        // pinned.
         unsafe {
             while header(node).level > 0 {
                 let branch = as_branch(node);
@@ -220,17 +218,8 @@ impl<V: Clone + Send + Sync + 'static> MapleTree<V> {
                 node = branch.child(i);
             }
             let leaf = as_leaf::<V>(node);
-            let k = count_le(&leaf.first, leaf.len(), from);
-            let k = if k > 0 && leaf.last(k - 1) >= from {
-                k - 1
-            } else {
-                k
-            };
-            (k < leaf.len() && leaf.first[k] <= max).then(|| Entry {
-                first: leaf.first[k],
-                last: leaf.last(k),
-                value: leaf.value(k),
-            })
+            let k = leaf.at_or_after(from);
+            (k < leaf.len() && leaf.first[k] <= max).then(|| entry_at(leaf, k))
         }
     }
 
@@ -254,11 +243,7 @@ impl<V: Clone + Send + Sync + 'static> MapleTree<V> {
             }
             let leaf = as_leaf::<V>(node);
             let k = count_le(&leaf.first, leaf.len(), from).checked_sub(1)?;
-            (leaf.last(k) >= min).then(|| Entry {
-                first: leaf.first[k],
-                last: leaf.last(k),
-                value: leaf.value(k),
-            })
+            (leaf.last(k) >= min).then(|| entry_at(leaf, k))
         }
     }
 
@@ -584,16 +569,10 @@ impl LeafWrite {
             as_leaf::<V>(node)
         };
         let n = leaf.len();
-        // The first range to end at or after `first`: the one holding it,
-        // or the next ...
-        let k = count_le(&leaf.first, n, first);
-        let a = if k > 0 && leaf.last(k - 1) >= first {
-            k - 1
-        } else {
-            k
-        };
-        // ... and past the last to start at or below `last`.
-        let mut b = k.max(a);
+        // From the first range to end at or after `first` to past the
+        // last to start at or below `last`.
+        let a = leaf.at_or_after(first);
+        let mut b = a;
         while b < n && leaf.first[b] <= last {
             b += 1;
         }
@@ -1088,6 +1067,16 @@ fn split_sizes(n: usize, cap: usize, fill: Fill) -> impl Iterator<Item = std::op
     }
     bounds.push(n);
     (0..nodes).map(move |m| bounds[m]..bounds[m + 1])
+}
+
+/// The range in slot `k` of `leaf`, with its value.
+#[inline(always)]
+fn entry_at<V>(leaf: &Leaf<V>, k: usize) -> Entry<'_, V> {
+    Entry {
+        first: leaf.first[k],
+        last: leaf.last(k),
+        value: leaf.value(k),
+    }
 }
 
 /// Ranges stored under `node`.
