@@ -21,9 +21,10 @@ pub(super) trait Word: bytemuck::Pod + Ord {
     fn of(v: u128) -> Self;
     /// The largest value.
     const MAX: u128;
-    /// What a table's hash mixes in for this value's leading bits (all
-    /// but the low `shift`): the same number whatever the word's width.
-    fn lane(self, shift: u8) -> u64;
+    /// What a table's hash mixes in for this value's bits under `mask`
+    /// (its leading bits, which fit the word): the same number whatever
+    /// the word's width.
+    fn masked_lane(self, mask: u128) -> u64;
 }
 
 macro_rules! narrow_word {
@@ -35,8 +36,8 @@ macro_rules! narrow_word {
             }
             const MAX: u128 = <$t>::MAX as u128;
             #[inline(always)]
-            fn lane(self, shift: u8) -> u64 {
-                u64::from(self) >> shift
+            fn masked_lane(self, mask: u128) -> u64 {
+                u64::from(self & mask as $t)
             }
         }
     )*};
@@ -50,8 +51,8 @@ impl Word for u128 {
     }
     const MAX: u128 = u128::MAX;
     #[inline(always)]
-    fn lane(self, shift: u8) -> u64 {
-        let v = self >> shift;
+    fn masked_lane(self, mask: u128) -> u64 {
+        let v = self & mask;
         v as u64 ^ ((v >> 64) as u64).rotate_left(29)
     }
 }
@@ -120,11 +121,13 @@ impl Chain {
         Chain { words, entries }
     }
 
-    /// Each rule's words, in rule order.
+    /// Each rule's words, in rule order. (Not `chunks_exact`: it divides
+    /// by the stride, a division per probe on the lookup path.)
     #[inline]
-    pub(super) fn rules<W: Word>(&self, layout: &Layout) -> std::slice::ChunksExact<'_, W> {
+    pub(super) fn rules<W: Word>(&self, layout: &Layout) -> impl Iterator<Item = &[W]> {
         let words: &[W] = bytemuck::cast_slice(&self.words);
-        words[..self.entries.len() * layout.stride].chunks_exact(layout.stride)
+        let stride = layout.stride;
+        (0..self.entries.len()).map(move |k| &words[k * stride..][..stride])
     }
 
     /// Bytes it holds.

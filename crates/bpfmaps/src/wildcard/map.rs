@@ -46,6 +46,36 @@ use crate::core::reclaim::{Guard, drop_in_background, pin};
 /// default, `TM.Limit.Collide`).
 pub const DEFAULT_COLLISION_LIMIT: usize = 10;
 
+/// The better of `best` and the first rule of `chain` matching `values`
+/// (a chain's rules are in rule order, so its first match is its best).
+#[inline(always)]
+fn scan<'g, W: Word, const N: usize>(
+    chain: &'g Chain,
+    layout: &Layout,
+    values: &[W; N],
+    best: Option<&'g [W]>,
+) -> Option<&'g [W]> {
+    for key in chain.rules::<W>(layout) {
+        let rule = &key[..1 + 2 * N];
+        // A tie of priorities goes to the first in rule order: nothing
+        // from this rule on beats the best so far. A rule's words (its
+        // priority, then each field's bounds) order as the rule does, so
+        // this compares them in place, not the entries.
+        if best.is_some_and(|b| *rule >= b[..1 + 2 * N]) {
+            break;
+        }
+        // Every field's two compares, without a branch between them.
+        let mut hit = true;
+        for (i, &v) in values.iter().enumerate() {
+            hit &= (rule[1 + 2 * i] <= v) & (v <= rule[2 + 2 * i]);
+        }
+        if hit {
+            return Some(key);
+        }
+    }
+    best
+}
+
 /// Per field, the leading bits a table hashes.
 type Tuple = [u8; MAX_FIELDS];
 
@@ -80,51 +110,69 @@ impl std::borrow::Borrow<Rule> for Placed {
 /// table that outgrows its buckets is rebuilt larger and published anew.
 struct Table {
     tuple: Tuple,
-    /// The fields it hashes (tuple > 0), each with the shift that keeps
-    /// its leading `tuple` bits; `hashed` of them.
-    fields: [(u8, u8); MAX_FIELDS],
-    hashed: usize,
+    /// Per field, the mask of the leading `tuple` bits it hashes (0 for
+    /// a field it does not).
+    masks: [u128; MAX_FIELDS],
     /// The word its chains use.
     width: Width,
     slots: Box<[Atomic<Chain>]>,
 }
 
+/// A table's hash multiplies each field's lane by its own odd constant
+/// (the fractional digits of pi, made odd).
+const LANE_MIX: [u64; MAX_FIELDS] = [
+    0x243f_6a88_85a3_08d3,
+    0x1319_8a2e_0370_7345,
+    0xa409_3822_299f_31d1,
+    0x082e_fa98_ec4e_6c89,
+    0x4528_21e6_38d0_1377,
+    0xbe54_66cf_34e9_0c6d,
+    0xc0ac_29b7_c97c_50dd,
+    0x3f84_d5b5_b547_0917,
+    0x9216_d5d9_8979_fb1b,
+];
+
 impl Table {
     fn new(tuple: Tuple, schema: &Schema, slots: usize) -> Self {
-        let mut fields = [(0, 0); MAX_FIELDS];
-        let mut hashed = 0;
+        let mut masks = [0; MAX_FIELDS];
         for (i, f) in schema.fields().iter().enumerate() {
             if tuple[i] > 0 {
-                fields[hashed] = (i as u8, (f.bits() - u32::from(tuple[i])) as u8);
-                hashed += 1;
+                let keep = u32::from(tuple[i]);
+                masks[i] = (u128::MAX >> (128 - keep)) << (f.bits() - keep);
             }
         }
         Table {
             tuple,
-            fields,
-            hashed,
+            masks,
             width: Width::of(schema),
             slots: (0..slots).map(|_| Atomic::null()).collect(),
         }
     }
 
-    /// The hash of the leading bits this table keys on, from the fields'
-    /// values in words of any width that holds them (the same hash in
-    /// each: a narrow word's lane is the wide one's).
-    #[inline]
-    fn hash<W: Word>(&self, values: &[W; MAX_FIELDS]) -> u64 {
-        const K: u64 = 0x9e37_79b9_7f4a_7c15;
-        let mut h = 0x2545_f491_4f6c_dd1d_u64;
-        for &(field, shift) in &self.fields[..self.hashed] {
-            let lane = values[usize::from(field)].lane(shift);
-            h = (h.rotate_left(23) ^ lane).wrapping_mul(K);
+    /// The hash of the leading bits this table keys on, from the first
+    /// `N` fields' values (any fields after those hash as zeros) in words
+    /// of any width that holds them (the same hash in each: a narrow
+    /// word's lane is the wide one's).
+    ///
+    /// A sum of each field's masked lane times its own constant, then
+    /// murmur3's finalizer: the products are independent of each other
+    /// and the loop has no branch, where a chain of rotate, xor and
+    /// multiply waits on each field in turn.
+    #[inline(always)]
+    fn hash<W: Word, const N: usize>(&self, values: &[W; N]) -> u64 {
+        let mut h = 0u64;
+        for i in 0..N.min(MAX_FIELDS) {
+            let lane = values[i].masked_lane(self.masks[i]);
+            h = h.wrapping_add(lane.wrapping_mul(LANE_MIX[i]));
         }
-        h ^ (h >> 31)
+        h ^= h >> 33;
+        h = h.wrapping_mul(0xff51_afd7_ed55_8ccd);
+        h ^ (h >> 33)
     }
 
     /// The bucket `values` hash to.
-    #[inline]
-    fn slot<W: Word>(&self, values: &[W; MAX_FIELDS]) -> &Atomic<Chain> {
+    #[inline(always)]
+    fn slot<W: Word, const N: usize>(&self, values: &[W; N]) -> &Atomic<Chain> {
         &self.slots[self.hash(values) as usize & (self.slots.len() - 1)]
     }
 }
@@ -292,21 +340,44 @@ impl WildcardMap {
         guard: &'g Guard,
     ) -> (Option<(&'g Rule, &'g [u8])>, usize) {
         match self.width {
-            Width::W32 => self.classify_in::<u32>(packet, guard),
-            Width::W64 => self.classify_in::<u64>(packet, guard),
-            Width::W128 => self.classify_in::<u128>(packet, guard),
+            Width::W32 => self.classify_fields::<u32>(packet, guard),
+            Width::W64 => self.classify_fields::<u64>(packet, guard),
+            Width::W128 => self.classify_fields::<u128>(packet, guard),
         }
     }
 
-    /// [`classify_counting`](Self::classify_counting) on chains of `W`
-    /// words.
+    /// [`classify_in`](Self::classify_in) for the schema's number of
+    /// fields, known at compile time there: a rule's test is then a fixed
+    /// run of compares without a branch per field.
     #[inline]
-    fn classify_in<'g, W: Word>(
+    fn classify_fields<'g, W: Word>(
         &self,
         packet: &Packet,
         guard: &'g Guard,
     ) -> (Option<(&'g Rule, &'g [u8])>, usize) {
-        let n = self.schema.fields().len();
+        match self.schema.fields().len() {
+            1 => self.classify_in::<W, 1>(packet, guard),
+            2 => self.classify_in::<W, 2>(packet, guard),
+            3 => self.classify_in::<W, 3>(packet, guard),
+            4 => self.classify_in::<W, 4>(packet, guard),
+            5 => self.classify_in::<W, 5>(packet, guard),
+            6 => self.classify_in::<W, 6>(packet, guard),
+            7 => self.classify_in::<W, 7>(packet, guard),
+            8 => self.classify_in::<W, 8>(packet, guard),
+            _ => self.classify_in::<W, MAX_FIELDS>(packet, guard),
+        }
+    }
+
+    /// [`classify_counting`](Self::classify_counting) on chains of `W`
+    /// words, for a schema of `N` fields.
+    #[inline]
+    fn classify_in<'g, W: Word, const N: usize>(
+        &self,
+        packet: &Packet,
+        guard: &'g Guard,
+    ) -> (Option<(&'g Rule, &'g [u8])>, usize) {
+        let n = N;
+        debug_assert_eq!(n, self.schema.fields().len());
         if packet.values[..n].iter().any(|&v| v > W::MAX) {
             return (None, 0); // wider than every field: matches no rule
         }
@@ -314,7 +385,7 @@ impl WildcardMap {
         for (w, &v) in words.iter_mut().zip(&packet.values[..n]) {
             *w = W::of(v);
         }
-        let values = &words[..n];
+        let values: &[W; N] = words[..N].try_into().expect("N fields");
         let layout = Layout::new::<W>(n, self.value_size);
         // SAFETY: a published view is freed only after the grace period
         // of its replacement, and the guard is pinned.
@@ -326,7 +397,7 @@ impl WildcardMap {
         // table's chain is read, the next table's chain and the bucket
         // after it are already asked for, so their misses overlap.
         let tables = &view.tables;
-        let slot_of = |i: usize| tables.get(i).map(|(_, t)| t.slot(&words));
+        let slot_of = |i: usize| tables.get(i).map(|(_, t)| t.slot(values));
         let mut ahead = [slot_of(0), slot_of(1)];
         ahead.iter().flatten().for_each(|s| prefetch(*s));
         for (i, (top, _)) in tables.iter().enumerate() {
@@ -346,34 +417,20 @@ impl WildcardMap {
             let chain = slot.load(Ordering::Acquire, guard);
             // SAFETY: as the view: chains are freed after the grace
             // period of their replacement.
-            let Some(chain) = (unsafe { chain.as_ref() }) else {
-                continue;
-            };
-            for key in chain.rules::<W>(&layout) {
-                // Chains are in rule order, and a tie of priorities goes
-                // to the first in rule order: nothing from this rule on
-                // beats the best so far. A rule's words (its priority,
-                // then each field's bounds) order as the rule does, so
-                // this compares them in place, not the entries.
-                if best.is_some_and(|b| key[..1 + 2 * n] >= b[..1 + 2 * n]) {
-                    break;
-                }
-                if key[1..1 + 2 * n]
-                    .chunks_exact(2)
-                    .zip(values)
-                    .all(|(lo_hi, &v)| lo_hi[0] <= v && v <= lo_hi[1])
-                {
-                    best = Some(key);
-                    break;
-                }
+            if let Some(chain) = unsafe { chain.as_ref() } {
+                best = scan(chain, &layout, values, best);
             }
         }
-        let answer = best.map(|b| {
-            // SAFETY: as above.
-            let entry = unsafe { entry_of(b, &layout) };
-            (&entry.rule, value_of(b, &layout, self.value_size))
-        });
-        (answer, probed)
+        (best.map(|b| self.answer(b, &layout)), probed)
+    }
+
+    /// The rule and value of a match's words.
+    #[inline]
+    fn answer<'g, W: Word>(&self, words: &'g [W], layout: &Layout) -> (&'g Rule, &'g [u8]) {
+        // SAFETY: `words` is a rule's in a chain published to a reader
+        // whose guard outlives 'g; the chain owns its entry.
+        let entry = unsafe { entry_of(words, layout) };
+        (&entry.rule, value_of(words, layout, self.value_size))
     }
 
     /// [`classify`](Self::classify) for each packet, into `out[i]`;
