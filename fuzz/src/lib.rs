@@ -395,6 +395,36 @@ pub fn run_wildcard(data: &[u8]) {
     for (step, op) in ops.chunks_exact(6).enumerate() {
         let val = (step as u16).to_ne_bytes();
         match op[0] % 4 {
+            0 | 1 if op[0] & 0x40 != 0 => {
+                // A load of three rules (maybe the same one twice): all
+                // or nothing, as inserts in turn would check them.
+                let batch = [
+                    rule(op[1], &op[2..]),
+                    rule(op[1].wrapping_add(op[5] % 2), &op[3..]),
+                    rule(op[1].wrapping_add(2), &op[4..]),
+                ];
+                let flags = u64::from(op[0] >> 2) % 3;
+                let mut given = std::collections::BTreeMap::new();
+                let mut ok = true;
+                for r in &batch {
+                    ok &= given.insert(r.clone(), ()).is_none() || flags != 1;
+                }
+                for r in given.keys() {
+                    ok &= match (flags, oracle.get(r).is_some()) {
+                        (1, true) | (2, false) => false,
+                        _ => true,
+                    };
+                }
+                let fresh = given.keys().filter(|r| oracle.get(r).is_none()).count();
+                ok &= oracle.len() + fresh <= 64;
+                let loaded = map.load(batch.iter().map(|r| (r, val)), flags);
+                assert_eq!(loaded.is_ok(), ok, "{batch:?} flags {flags}");
+                if ok {
+                    for r in given.into_keys() {
+                        oracle.insert(r, &val);
+                    }
+                }
+            }
             0 | 1 => {
                 let r = rule(op[1], &op[2..]);
                 let flags = u64::from(op[0] >> 2) % 3;

@@ -628,8 +628,19 @@ pub struct Built<T> {
 /// Lets deferred frees (replaced nodes) run on this thread, so they are
 /// counted as freed by it before memory is read.
 pub fn flush_deferred() {
-    for _ in 0..4 {
-        bpfmaps::pin().flush();
+    // A flush frees a bounded number of deferred bags: flush until the
+    // process stops giving memory back (a load that split tables retires
+    // thousands of chains).
+    let mut last = usize::MAX;
+    for _ in 0..10_000 {
+        for _ in 0..4 {
+            bpfmaps::pin().flush();
+        }
+        let now = crate::alloc::current();
+        if now >= last {
+            break;
+        }
+        last = now;
     }
 }
 

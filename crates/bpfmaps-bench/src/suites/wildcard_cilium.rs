@@ -231,10 +231,14 @@ fn one_case(ctx: &Ctx, shape: &str, n: usize, n_packets: usize) -> Vec<Record> {
     let probe = MemProbe::start();
     let started = Instant::now();
     let map = WildcardMap::new(schema.clone(), 4, rules.len() as u32).expect("a map");
-    for (i, p) in rules.iter().enumerate() {
-        map.insert(&p.rule(&schema), &(i as u32).to_ne_bytes(), BPF_NOEXIST)
-            .expect("distinct rules, room for each");
-    }
+    map.load(
+        rules
+            .iter()
+            .enumerate()
+            .map(|(i, p)| (p.rule(&schema), (i as u32).to_ne_bytes())),
+        BPF_NOEXIST,
+    )
+    .expect("distinct rules, room for each");
     let map_build = started.elapsed();
     flush_deferred();
     let map_bytes = probe.held();

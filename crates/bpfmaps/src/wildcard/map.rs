@@ -46,6 +46,16 @@ use crate::core::reclaim::{Guard, drop_in_background, pin};
 /// default, `TM.Limit.Collide`).
 pub const DEFAULT_COLLISION_LIMIT: usize = 10;
 
+/// The most rules a table may hold for a split during a
+/// [`WildcardMap::load`] to move every rule of it that fits the new
+/// table (the reference's split), not only the overflowing bucket's: a
+/// bound on the work of one split.
+const WHOLE_SPLIT_MAX: usize = 1 << 16;
+
+/// The seed of the order [`WildcardMap::load`] inserts in: fixed, so a
+/// rule set always loads into the same tables.
+const LOAD_SEED: u64 = 0x7475_706c_654d_7267;
+
 /// The better of `best` and the first rule of `chain` matching `values`
 /// (a chain's rules are in rule order, so its first match is its best).
 #[inline(always)]
@@ -565,11 +575,82 @@ impl WildcardMap {
                 if self.len() >= self.max_entries as usize {
                     return Err(Error::Full);
                 }
-                self.add(&mut w, entry(), guard);
+                self.add(&mut w, entry(), false, guard);
                 self.len.fetch_add(1, Ordering::Relaxed);
                 Ok(())
             }
         }
+    }
+
+    /// Inserts every rule of `rules` with its value under `flags`, as a
+    /// rule set is loaded: all or nothing (every rule is checked first:
+    /// `EINVAL` for a rule of another schema or a value of another size,
+    /// `EEXIST` with `BPF_NOEXIST` for a rule held or given twice,
+    /// `ENOENT` with `BPF_EXIST` for one not held, `E2BIG` past
+    /// `max_entries`; a rule given twice otherwise keeps its last value,
+    /// as inserts in turn would).
+    ///
+    /// The new rules go in in a scrambled (but fixed) order, and a split
+    /// moves every rule of its table that fits the new one. Rules inserted
+    /// in priority order, one at a time, shape the tables after the first
+    /// rules (the tables made for them, then split for their neighbours);
+    /// a scrambled order shapes them after the whole set, as the
+    /// reference's loader (which shuffles the rules) does. On the
+    /// ClassBench sets that is about half the tables and half the probes
+    /// a packet makes (docs/benchmarks.md, "Loading a rule set").
+    ///
+    /// Readers see the rules appear one by one, each whole.
+    pub fn load<R, V>(&self, rules: impl IntoIterator<Item = (R, V)>, flags: u64) -> Result<()>
+    where
+        R: std::borrow::Borrow<Rule>,
+        V: AsRef<[u8]>,
+    {
+        use rand::SeedableRng;
+        use rand::seq::SliceRandom;
+        let flag = UpdateFlag::from_bits(flags)?;
+        // The last value given for each rule, in rule order.
+        let mut given: BTreeMap<Rule, Box<[u8]>> = BTreeMap::new();
+        for (rule, value) in rules {
+            let (rule, value) = (rule.borrow(), value.as_ref());
+            self.check_rule(rule)?;
+            check_len("value", value.len(), self.value_size)?;
+            let again = given.insert(rule.clone(), value.into()).is_some();
+            if again && flag == UpdateFlag::NoExist {
+                return Err(Error::Exists);
+            }
+        }
+        let mut w = self.writer.lock();
+        let guard = &pin();
+        let mut fresh = 0;
+        for rule in given.keys() {
+            match (w.placed.contains_key(rule), flag) {
+                (true, UpdateFlag::NoExist) => return Err(Error::Exists),
+                (false, UpdateFlag::Exist) => return Err(Error::NotFound),
+                (held, _) => fresh += usize::from(!held),
+            }
+        }
+        if self.len() + fresh > self.max_entries as usize {
+            return Err(Error::Full);
+        }
+        let mut entries: Vec<Arc<Entry>> = given
+            .into_iter()
+            .map(|(rule, value)| Arc::new(Entry { rule, value }))
+            .collect();
+        entries.shuffle(&mut rand::rngs::StdRng::seed_from_u64(LOAD_SEED));
+        for entry in entries {
+            match w.placed.get(&entry.rule).copied() {
+                Some(id) => {
+                    chain_replace(&w.tables[&id].table, Arc::clone(&entry), guard);
+                    w.placed.remove(&entry.rule);
+                    w.placed.insert(Placed(entry), id);
+                }
+                None => {
+                    self.add(&mut w, entry, true, guard);
+                    self.len.fetch_add(1, Ordering::Relaxed);
+                }
+            }
+        }
+        Ok(())
     }
 
     /// Removes `rule`; `ENOENT` if it is not held.
@@ -626,8 +707,9 @@ impl WildcardMap {
     }
 
     /// Places a new rule: the first table (in published order) it fits,
-    /// or a new one; splits the table if the rule's bucket overflows.
-    fn add(&self, w: &mut Writer, entry: Arc<Entry>, guard: &Guard) {
+    /// or a new one; splits the table if the rule's bucket overflows
+    /// (moving the table's fitting rules if `whole`, else the bucket's).
+    fn add(&self, w: &mut Writer, entry: Arc<Entry>, whole: bool, guard: &Guard) {
         let fixed = entry.rule.prefix_lengths(&self.schema);
         let found = w.order.iter().copied().find(|id| {
             w.tables
@@ -664,7 +746,7 @@ impl WildcardMap {
         let after = state.best();
         if bucket > self.collision_limit {
             let colliding = bucket_of(&w.tables[&id].table, &rule, guard);
-            if self.split(w, id, &colliding, guard) {
+            if self.split(w, id, &colliding, whole, guard) {
                 return; // published
             }
         }
@@ -677,13 +759,22 @@ impl WildcardMap {
     /// `colliding`) as the reference does: hash more bits of the field
     /// where the colliding rules' prefix lengths differ most (half way
     /// between their least and most), in a table of that tuple (made if
-    /// there is none), which takes the colliding rules that fit it. The
-    /// work is the bucket's, not the table's: the moved rules go into
-    /// the target's buckets (and are published with it) before they
-    /// leave the source's, so a reader finds each in one table or both,
-    /// never in neither. False when no tuple separates them (nothing
-    /// changes).
-    fn split(&self, w: &mut Writer, id: u64, colliding: &[Arc<Entry>], guard: &Guard) -> bool {
+    /// there is none), which takes the colliding rules that fit it, or
+    /// if `whole` (a [`load`](Self::load)) every rule of the table that
+    /// fits it, as the reference's split does, while the table holds at
+    /// most [`WHOLE_SPLIT_MAX`] rules. Otherwise the work is the
+    /// bucket's, not the table's. The moved rules go into the target's
+    /// buckets (and are published with it) before they leave the
+    /// source's, so a reader finds each in one table or both, never in
+    /// neither. False when no tuple separates them (nothing changes).
+    fn split(
+        &self,
+        w: &mut Writer,
+        id: u64,
+        colliding: &[Arc<Entry>],
+        whole: bool,
+        guard: &Guard,
+    ) -> bool {
         let n = self.schema.fields().len();
         let tuples: Vec<Tuple> = colliding
             .iter()
@@ -709,12 +800,20 @@ impl WildcardMap {
         if target == source.tuple {
             return false;
         }
-        let moving: Vec<Arc<Entry>> = colliding
-            .iter()
-            .zip(&tuples)
-            .filter(|(_, t)| fits(t, &target))
-            .map(|(e, _)| Arc::clone(e))
-            .collect();
+        let whole = whole && w.tables[&id].rules <= WHOLE_SPLIT_MAX;
+        let moving: Vec<Arc<Entry>> = if whole {
+            table_entries(&source, guard)
+                .into_iter()
+                .filter(|e| fits(&e.rule.prefix_lengths(&self.schema), &target))
+                .collect()
+        } else {
+            colliding
+                .iter()
+                .zip(&tuples)
+                .filter(|(_, t)| fits(t, &target))
+                .map(|(e, _)| Arc::clone(e))
+                .collect()
+        };
         if moving.is_empty() {
             return false;
         }
@@ -758,13 +857,20 @@ impl WildcardMap {
             *w.placed.get_mut(&e.rule).expect("a placed rule") = target_id;
         }
         self.publish(w, guard);
-        // Out of the source: the one bucket they shared.
-        let slot = source.slot(&lows(&moving[0].rule));
-        let staying: Vec<Arc<Entry>> = chain_entries(slot, guard)
-            .into_iter()
-            .filter(|e| !moving.iter().any(|m| Arc::ptr_eq(m, e)))
-            .collect();
-        publish_chain(slot, staying, source.width, guard);
+        // Out of the source: each from its bucket, or all from the one
+        // bucket they shared.
+        if whole {
+            for e in &moving {
+                chain_remove(&source, &e.rule, guard);
+            }
+        } else {
+            let slot = source.slot(&lows(&moving[0].rule));
+            let staying: Vec<Arc<Entry>> = chain_entries(slot, guard)
+                .into_iter()
+                .filter(|e| !moving.iter().any(|m| Arc::ptr_eq(m, e)))
+                .collect();
+            publish_chain(slot, staying, source.width, guard);
+        }
         let state = w.tables.get_mut(&id).expect("source");
         let before = state.best();
         for e in &moving {

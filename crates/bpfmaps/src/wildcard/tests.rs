@@ -203,6 +203,55 @@ fn update_flags_full_map_and_bad_input_leave_the_map_unchanged() {
 }
 
 #[test]
+fn load_is_all_or_nothing_and_keeps_the_update_flags() {
+    let s = five_tuple();
+    let m = WildcardMap::new(s.clone(), 4, 3).unwrap();
+    let r1 = s.parse_rule("src 10.0.0.0/8", 1).unwrap();
+    let r2 = s.parse_rule("dport 22", 2).unwrap();
+    let r3 = s.parse_rule("proto 17/8", 3).unwrap();
+    let r4 = s.parse_rule("sport 53", 4).unwrap();
+    m.insert(&r1, &v(1), BPF_ANY).unwrap();
+    let unchanged = |m: &WildcardMap| {
+        assert_eq!(m.rules(), vec![(r1.clone(), v(1).to_vec())]);
+    };
+    // Each refusal leaves the map as it was.
+    let some = [(&r2, v(2)), (&r1, v(9))];
+    assert_eq!(m.load(some, BPF_NOEXIST), Err(Error::Exists));
+    unchanged(&m);
+    let twice = [(&r2, v(2)), (&r2, v(3))];
+    assert_eq!(m.load(twice, BPF_NOEXIST), Err(Error::Exists));
+    unchanged(&m);
+    assert_eq!(m.load([(&r2, v(2))], BPF_EXIST), Err(Error::NotFound));
+    unchanged(&m);
+    let three = [(&r2, v(2)), (&r3, v(3)), (&r4, v(4))];
+    assert_eq!(m.load(three, BPF_ANY), Err(Error::Full));
+    unchanged(&m);
+    assert!(matches!(m.load([(&r2, v(2))], 4), Err(Error::Invalid(_))));
+    let short: [(&Rule, &[u8]); 2] = [(&r2, &[2]), (&r3, &[3, 0, 0, 0])];
+    assert!(matches!(m.load(short, BPF_ANY), Err(Error::Invalid(_))));
+    let other = Schema::new(vec![Field::prefix("src", 4)]).unwrap();
+    let foreign = other.parse_rule("src 10.0.0.0/8", 1).unwrap();
+    let mixed = [(&r2, v(2)), (&foreign, v(5))];
+    assert!(matches!(m.load(mixed, BPF_ANY), Err(Error::Invalid(_))));
+    unchanged(&m);
+    // Accepted: a rule given twice keeps its last value, a held one
+    // takes its new value (with BPF_ANY, and with BPF_EXIST).
+    let batch = [(&r2, v(2)), (&r1, v(11)), (&r2, v(22))];
+    m.load(batch, BPF_ANY).unwrap();
+    assert_eq!(
+        m.rules(),
+        vec![(r1.clone(), v(11).to_vec()), (r2.clone(), v(22).to_vec())]
+    );
+    m.load([(&r2, v(7))], BPF_EXIST).unwrap();
+    m.load(Vec::<(Rule, [u8; 4])>::new(), BPF_NOEXIST).unwrap();
+    m.load([(r3.clone(), v(3))], BPF_NOEXIST).unwrap();
+    assert_eq!(m.len(), 3);
+    let guard = pin();
+    assert_eq!(m.get(&r2, &guard), Some(&v(7)[..]));
+    assert_eq!(m.get(&r3, &guard), Some(&v(3)[..]));
+}
+
+#[test]
 fn ties_go_to_the_first_rule_in_rule_order_whatever_the_insert_order() {
     let s = five_tuple();
     let a = s.parse_rule("src 10.0.0.0/8", 5).unwrap();
@@ -352,6 +401,8 @@ fn rule_from(schema: &Schema, priority: u32, seeds: &[u64]) -> Rule {
 #[derive(Debug, Clone)]
 enum Op {
     Insert(u32, Vec<u64>, u64),
+    /// A [`WildcardMap::load`] of rules (priority, seeds) under flags.
+    Load(Vec<(u32, Vec<u64>)>, u64),
     Remove(usize),
     Classify(Vec<u64>),
 }
@@ -361,6 +412,8 @@ fn arb_ops() -> impl Strategy<Value = Vec<Op>> {
     prop::collection::vec(
         prop_oneof![
             4 => (0..8u32, seeds(), 0..3u64).prop_map(|(p, s, f)| Op::Insert(p, s, f)),
+            1 => (prop::collection::vec((0..8u32, seeds()), 0..30), 0..3u64)
+                .prop_map(|(rules, f)| Op::Load(rules, f)),
             1 => any::<usize>().prop_map(Op::Remove),
             4 => seeds().prop_map(Op::Classify),
         ],
@@ -397,6 +450,49 @@ proptest! {
                         o.insert(rule.clone(), &v(i as u32));
                         if !there {
                             held.push(rule);
+                        }
+                    }
+                }
+                Op::Load(batch, flags) => {
+                    // What inserts in turn would check, before anything
+                    // changes: the model of `load`'s errors.
+                    let items: Vec<(Rule, [u8; 4])> = batch
+                        .iter()
+                        .enumerate()
+                        .map(|(j, (prio, seeds))| {
+                            (rule_from(&schema, *prio, seeds), v((i * 100 + j) as u32))
+                        })
+                        .collect();
+                    let mut given: BTreeMap<Rule, [u8; 4]> = BTreeMap::new();
+                    let mut want = Ok(());
+                    for (rule, value) in &items {
+                        let again = given.insert(rule.clone(), *value).is_some();
+                        if again && *flags == BPF_NOEXIST {
+                            want = Err(Error::Exists);
+                            break;
+                        }
+                    }
+                    if want.is_ok() {
+                        for rule in given.keys() {
+                            match (*flags, o.get(rule).is_some()) {
+                                (BPF_NOEXIST, true) => want = Err(Error::Exists),
+                                (BPF_EXIST, false) => want = Err(Error::NotFound),
+                                _ => continue,
+                            }
+                            break;
+                        }
+                    }
+                    let fresh = given.keys().filter(|r| o.get(r).is_none()).count();
+                    if want.is_ok() && o.len() + fresh > 40 {
+                        want = Err(Error::Full);
+                    }
+                    prop_assert_eq!(m.load(items, *flags), want.clone());
+                    if want.is_ok() {
+                        for (rule, value) in given {
+                            if o.get(&rule).is_none() {
+                                held.push(rule.clone());
+                            }
+                            o.insert(rule, &value);
                         }
                     }
                 }
@@ -481,6 +577,12 @@ fn classbench_sets_classify_as_the_oracle_does() {
                 o.insert(r.clone(), &v(r.priority));
             }
         }
+        // The same set loaded at once (scrambled, whole-table splits).
+        let loaded = WildcardMap::new(s.clone(), 4, rules.len() as u32).unwrap();
+        loaded
+            .load(rules.iter().map(|r| (r, v(r.priority))), BPF_ANY)
+            .unwrap();
+        assert_eq!(loaded.rules(), m.rules(), "{rules_file}: the rules loaded");
         let mut packets = classbench::generate_trace(&s, &rules, 3000, 0.9, 7);
         if let Some(trace) = trace_file.and_then(read) {
             packets.extend(
@@ -495,11 +597,14 @@ fn classbench_sets_classify_as_the_oracle_does() {
             let want = o.classify(p).map(|(r, _)| r);
             let got = m.classify(p, &guard).map(|(r, _)| r);
             assert_eq!(got, want, "{rules_file}: packet {i} {p:?}");
+            let got = loaded.classify(p, &guard).map(|(r, _)| r);
+            assert_eq!(got, want, "{rules_file}, loaded: packet {i} {p:?}");
         }
         eprintln!(
-            "{rules_file}: {} rules in {} tables, {} packets agree",
+            "{rules_file}: {} rules in {} tables ({} loaded at once), {} packets agree",
             m.len(),
             m.tables(),
+            loaded.tables(),
             packets.len()
         );
         checked += 1;
@@ -579,10 +684,26 @@ fn readers_never_miss_a_stable_rule_while_a_writer_churns() {
             .range("dport", 400, 500 + u128::from(step % 50))
             .build()
             .unwrap();
-        if m.insert(&r, &value_of(&r), BPF_NOEXIST).is_ok() {
+        if step % 8 == 0 {
+            // A few rules loaded at once: their splits move whole tables'
+            // fitting rules while the readers run.
+            let batch: Vec<Rule> = (0..4u32)
+                .map(|k| {
+                    s.rule((step + 1 + k) % 997)
+                        .prefix("src", 0x0a00_0000 | u128::from((i + k) % n) << 8, 22)
+                        .exact("proto", 6)
+                        .build()
+                        .unwrap()
+                })
+                .filter(|r| m.get(r, &pin()).is_none())
+                .collect();
+            m.load(batch.iter().map(|r| (r, value_of(r))), BPF_NOEXIST)
+                .unwrap();
+            live.extend(batch);
+        } else if m.insert(&r, &value_of(&r), BPF_NOEXIST).is_ok() {
             live.push_back(r);
         }
-        if live.len() > 40 {
+        while live.len() > 40 {
             m.remove(&live.pop_front().unwrap()).unwrap();
         }
         if let Some(r) = live.back() {
