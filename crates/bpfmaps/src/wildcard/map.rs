@@ -40,7 +40,7 @@ use super::schema::{FieldKind, MAX_FIELDS, Packet, Rule, Schema};
 use crate::core::error::{Error, Result, check_len};
 use crate::core::flags::UpdateFlag;
 use crate::core::prefetch::prefetch;
-use crate::core::reclaim::{Guard, drop_in_background, pin};
+use crate::core::reclaim::{Guard, drop_in_background, pin, synchronize};
 
 /// Rules one bucket holds before its table splits (the reference's
 /// default, `TM.Limit.Collide`).
@@ -599,7 +599,10 @@ impl WildcardMap {
     /// ClassBench sets that is about half the tables and half the probes
     /// a packet makes (docs/benchmarks.md, "Loading a rule set").
     ///
-    /// Readers see the rules appear one by one, each whole.
+    /// Readers see the rules appear one by one, each whole. It returns
+    /// after a grace period (as `synchronize_rcu`), having freed what it
+    /// replaced, so that the updates after it do not pay for that; a
+    /// caller holding a guard of its own skips the wait.
     pub fn load<R, V>(&self, rules: impl IntoIterator<Item = (R, V)>, flags: u64) -> Result<()>
     where
         R: std::borrow::Borrow<Rule>,
@@ -620,7 +623,8 @@ impl WildcardMap {
             }
         }
         let mut w = self.writer.lock();
-        let guard = &pin();
+        let pinned = pin();
+        let guard = &pinned;
         let mut fresh = 0;
         for rule in given.keys() {
             match (w.placed.contains_key(rule), flag) {
@@ -650,6 +654,12 @@ impl WildcardMap {
                 }
             }
         }
+        drop(w);
+        // The buckets and tables the load replaced are freed now, on the
+        // loader's time (a grace period, then this thread's deferred
+        // frees), not by whichever update or lookup pins next.
+        drop(pinned);
+        synchronize();
         Ok(())
     }
 
@@ -860,8 +870,23 @@ impl WildcardMap {
         // Out of the source: each from its bucket, or all from the one
         // bucket they shared.
         if whole {
-            for e in &moving {
-                chain_remove(&source, &e.rule, guard);
+            // Each bucket they leave rewritten once.
+            let moved: std::collections::HashSet<*const Entry> =
+                moving.iter().map(Arc::as_ptr).collect();
+            let mut slots: Vec<*const Atomic<Chain>> = moving
+                .iter()
+                .map(|e| std::ptr::from_ref(source.slot(&lows(&e.rule))))
+                .collect();
+            slots.sort_unstable();
+            slots.dedup();
+            for slot in slots {
+                // SAFETY: a slot of `source`, which this function holds.
+                let slot = unsafe { &*slot };
+                let staying: Vec<Arc<Entry>> = chain_entries(slot, guard)
+                    .into_iter()
+                    .filter(|e| !moved.contains(&Arc::as_ptr(e)))
+                    .collect();
+                publish_chain(slot, staying, source.width, guard);
             }
         } else {
             let slot = source.slot(&lows(&moving[0].rule));
