@@ -28,7 +28,7 @@
 //! Its work is the overflowing bucket's, not the table's: no update
 //! rebuilds a table, but for doubling its buckets.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
@@ -225,7 +225,7 @@ impl TableState {
 /// The writer's bookkeeping, under the writer lock.
 #[derive(Default)]
 struct Writer {
-    tables: HashMap<u64, TableState>,
+    tables: BTreeMap<u64, TableState>,
     /// Table ids in the published order.
     order: Vec<u64>,
     /// Which table holds each rule, in rule order (`get_next_key`).
@@ -733,10 +733,10 @@ impl WildcardMap {
                 (w.new_table(Table::new(tuple, &self.schema, 8)), true)
             }
         };
-        let rule = entry.rule.clone();
+        let placed = Arc::clone(&entry);
+        let rule = &placed.rule;
         let state = w.tables.get_mut(&id).expect("its table");
         let before = state.best();
-        w.placed.insert(Placed(Arc::clone(&entry)), id);
         let bucket = chain_insert(&state.table, entry, guard);
         count(&mut state.priorities, rule.priority, true);
         state.rules += 1;
@@ -754,8 +754,9 @@ impl WildcardMap {
             ));
         }
         let after = state.best();
+        w.placed.insert(Placed(Arc::clone(&placed)), id);
         if bucket > self.collision_limit {
-            let colliding = bucket_of(&w.tables[&id].table, &rule, guard);
+            let colliding = bucket_of(&w.tables[&id].table, rule, guard);
             if self.split(w, id, &colliding, whole, guard) {
                 return; // published
             }
