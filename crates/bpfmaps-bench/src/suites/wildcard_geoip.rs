@@ -88,6 +88,19 @@ impl<F: Family> LpmTable<F> for WildcardLpm<F> {
             _family: PhantomData,
         }
     }
+    /// The whole table through `WildcardMap::load`, as a rule set is
+    /// loaded (the last value of a prefix given twice, as inserts in
+    /// turn would leave it).
+    fn load(prefixes: &[Prefix<F>]) -> Self {
+        let table = Self::empty();
+        let rules: Vec<_> = prefixes
+            .iter()
+            .enumerate()
+            .map(|(i, p)| (table.rule(p), crate::lpm_tables::value_of(i).to_ne_bytes()))
+            .collect();
+        table.map.load(rules, BPF_ANY).expect("room for the table");
+        table
+    }
     fn insert(&mut self, p: &Prefix<F>, value: u32) {
         let rule = self.rule(p);
         self.map
