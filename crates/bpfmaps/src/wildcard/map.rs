@@ -564,11 +564,7 @@ impl WildcardMap {
             (Some(_), UpdateFlag::NoExist) => Err(Error::Exists),
             (None, UpdateFlag::Exist) => Err(Error::NotFound),
             (Some(id), _) => {
-                let entry = entry();
-                chain_replace(&w.tables[&id].table, Arc::clone(&entry), guard);
-                // The index holds the entry in use, not the one replaced.
-                w.placed.remove(rule);
-                w.placed.insert(Placed(entry), id);
+                w.replace(id, entry(), guard);
                 Ok(())
             }
             (None, _) => {
@@ -643,11 +639,7 @@ impl WildcardMap {
         entries.shuffle(&mut rand::rngs::StdRng::seed_from_u64(LOAD_SEED));
         for entry in entries {
             match w.placed.get(&entry.rule).copied() {
-                Some(id) => {
-                    chain_replace(&w.tables[&id].table, Arc::clone(&entry), guard);
-                    w.placed.remove(&entry.rule);
-                    w.placed.insert(Placed(entry), id);
-                }
+                Some(id) => w.replace(id, entry, guard),
                 None => {
                     self.add(&mut w, entry, true, guard);
                     self.len.fetch_add(1, Ordering::Relaxed);
@@ -931,6 +923,14 @@ impl WildcardMap {
 }
 
 impl Writer {
+    /// Puts `entry` in place of the entry of its rule, held in table `id`.
+    fn replace(&mut self, id: u64, entry: Arc<Entry>, guard: &Guard) {
+        chain_replace(&self.tables[&id].table, Arc::clone(&entry), guard);
+        // The index holds the entry in use, not the one replaced.
+        self.placed.remove(&entry.rule);
+        self.placed.insert(Placed(entry), id);
+    }
+
     fn new_table(&mut self, table: Table) -> u64 {
         let id = self.next_id;
         self.next_id += 1;
