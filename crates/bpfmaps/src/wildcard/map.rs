@@ -180,10 +180,16 @@ impl Table {
         h ^ (h >> 33)
     }
 
+    /// The index of the bucket `values` hash to.
+    #[inline(always)]
+    fn slot_index<W: Word, const N: usize>(&self, values: &[W; N]) -> usize {
+        self.hash(values) as usize & (self.slots.len() - 1)
+    }
+
     /// The bucket `values` hash to.
     #[inline(always)]
     fn slot<W: Word, const N: usize>(&self, values: &[W; N]) -> &Atomic<Chain> {
-        &self.slots[self.hash(values) as usize & (self.slots.len() - 1)]
+        &self.slots[self.slot_index(values)]
     }
 }
 
@@ -386,17 +392,13 @@ impl WildcardMap {
         packet: &Packet,
         guard: &'g Guard,
     ) -> (Option<(&'g Rule, &'g [u8])>, usize) {
-        let n = N;
-        debug_assert_eq!(n, self.schema.fields().len());
-        if packet.values[..n].iter().any(|&v| v > W::MAX) {
+        debug_assert_eq!(N, self.schema.fields().len());
+        if packet.values[..N].iter().any(|&v| v > W::MAX) {
             return (None, 0); // wider than every field: matches no rule
         }
-        let mut words = [W::zeroed(); MAX_FIELDS];
-        for (w, &v) in words.iter_mut().zip(&packet.values[..n]) {
-            *w = W::of(v);
-        }
-        let values: &[W; N] = words[..N].try_into().expect("N fields");
-        let layout = Layout::new::<W>(n, self.value_size);
+        let values: [W; N] = std::array::from_fn(|i| W::of(packet.values[i]));
+        let values = &values;
+        let layout = Layout::new::<W>(N, self.value_size);
         // SAFETY: a published view is freed only after the grace period
         // of its replacement, and the guard is pinned.
         let view = unsafe { self.view.load(Ordering::Acquire, guard).deref() };
@@ -860,32 +862,21 @@ impl WildcardMap {
             *w.placed.get_mut(&e.rule).expect("a placed rule") = target_id;
         }
         self.publish(w, guard);
-        // Out of the source: each from its bucket, or all from the one
-        // bucket they shared.
-        if whole {
-            // Each bucket they leave rewritten once.
-            let moved: std::collections::HashSet<*const Entry> =
-                moving.iter().map(Arc::as_ptr).collect();
-            let mut slots: Vec<*const Atomic<Chain>> = moving
-                .iter()
-                .map(|e| std::ptr::from_ref(source.slot(&lows(&e.rule))))
-                .collect();
-            slots.sort_unstable();
-            slots.dedup();
-            for slot in slots {
-                // SAFETY: a slot of `source`, which this function holds.
-                let slot = unsafe { &*slot };
-                let staying: Vec<Arc<Entry>> = chain_entries(slot, guard)
-                    .into_iter()
-                    .filter(|e| !moved.contains(&Arc::as_ptr(e)))
-                    .collect();
-                publish_chain(slot, staying, source.width, guard);
-            }
-        } else {
-            let slot = source.slot(&lows(&moving[0].rule));
+        // Out of the source: each bucket they leave rewritten once (a
+        // bucket's split empties one; a whole-table split, many).
+        let moved: std::collections::HashSet<*const Entry> =
+            moving.iter().map(Arc::as_ptr).collect();
+        let mut left: Vec<usize> = moving
+            .iter()
+            .map(|e| source.slot_index(&lows(&e.rule)))
+            .collect();
+        left.sort_unstable();
+        left.dedup();
+        for i in left {
+            let slot = &source.slots[i];
             let staying: Vec<Arc<Entry>> = chain_entries(slot, guard)
                 .into_iter()
-                .filter(|e| !moving.iter().any(|m| Arc::ptr_eq(m, e)))
+                .filter(|e| !moved.contains(&Arc::as_ptr(e)))
                 .collect();
             publish_chain(slot, staying, source.width, guard);
         }
