@@ -895,6 +895,68 @@ impl WildcardMap {
         true
     }
 
+    /// Panics unless the writer's books agree with the tables: each
+    /// table's rule count and priorities with its chains, each rule in
+    /// the bucket it hashes to, of the table `placed` names, once; the
+    /// published order that of the tables' best priorities. The tests
+    /// call it after every change, so a broken split fails there, not
+    /// later as a wrong answer or a runaway table.
+    #[cfg(test)]
+    pub(crate) fn check_structure(&self) {
+        let w = self.writer.lock();
+        let guard = &pin();
+        let mut total = 0;
+        for (&id, state) in &w.tables {
+            let mut priorities = BTreeMap::new();
+            let mut rules = 0;
+            for (i, slot) in state.table.slots.iter().enumerate() {
+                for e in chain_entries(slot, guard) {
+                    assert_eq!(
+                        state.table.slot_index(&lows(&e.rule)),
+                        i,
+                        "a rule in another bucket"
+                    );
+                    assert!(fits(
+                        &e.rule.prefix_lengths(&self.schema),
+                        &state.table.tuple
+                    ));
+                    assert_eq!(
+                        w.placed.get(&e.rule),
+                        Some(&id),
+                        "a rule its table does not own"
+                    );
+                    count(&mut priorities, e.rule.priority, true);
+                    rules += 1;
+                }
+            }
+            assert!(rules > 0, "an empty table kept");
+            assert_eq!(
+                (rules, &priorities),
+                (state.rules, &state.priorities),
+                "a table's books"
+            );
+            total += rules;
+        }
+        assert_eq!(
+            (total, w.placed.len()),
+            (self.len(), self.len()),
+            "rules counted"
+        );
+        let mut order: Vec<(u32, u64)> = w.tables.iter().map(|(&id, s)| (s.best(), id)).collect();
+        order.sort_unstable();
+        assert_eq!(order.iter().map(|&(_, id)| id).collect::<Vec<_>>(), w.order);
+        // SAFETY: under the guard.
+        let view = unsafe { self.view.load(Ordering::Acquire, guard).deref() };
+        assert_eq!(view.tables.len(), w.order.len(), "the published view");
+        for ((best, table), id) in view.tables.iter().zip(&w.order) {
+            assert_eq!(*best, w.tables[id].best());
+            assert!(
+                Arc::ptr_eq(table, &w.tables[id].table),
+                "a table not published"
+            );
+        }
+    }
+
     /// Publishes the tables in order of their best priority.
     fn publish(&self, w: &mut Writer, guard: &Guard) {
         let mut order: Vec<(u32, u64)> = w.tables.iter().map(|(&id, s)| (s.best(), id)).collect();

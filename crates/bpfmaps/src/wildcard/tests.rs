@@ -299,6 +299,7 @@ fn overflowing_buckets_split_tables_and_answers_stay_right() {
     for (i, r) in rules.iter().enumerate() {
         m.insert(r, &v(i as u32), BPF_NOEXIST).unwrap();
         o.insert(r.clone(), &v(i as u32));
+        m.check_structure();
     }
     assert!(m.tables() >= 2, "{} tables", m.tables());
     let guard = pin();
@@ -313,6 +314,7 @@ fn overflowing_buckets_split_tables_and_answers_stay_right() {
     for r in rules.iter().step_by(3) {
         m.remove(r).unwrap();
         o.remove(r);
+        m.check_structure();
     }
     for i in 0..n {
         let p = s
@@ -516,6 +518,7 @@ proptest! {
                 }
             }
             prop_assert_eq!(m.len(), o.len());
+            m.check_structure();
         }
         for rule in &held {
             prop_assert_eq!(m.get(rule, &guard), o.get(rule));
@@ -570,18 +573,25 @@ fn classbench_sets_classify_as_the_oracle_does() {
         let rules = classbench::parse_rules(&s, &text).unwrap();
         let m = WildcardMap::new(s.clone(), 4, rules.len() as u32).unwrap();
         let mut o = BruteForce::new();
-        for r in &rules {
+        for (i, r) in rules.iter().enumerate() {
             // Rule files repeat a few rules; the first copy wins.
             if o.get(r).is_none() {
                 m.insert(r, &v(r.priority), BPF_NOEXIST).unwrap();
                 o.insert(r.clone(), &v(r.priority));
             }
+            // The books checked as the tables split (not after every
+            // insert: that would be quadratic).
+            if i.is_power_of_two() || i % 1000 == 0 {
+                m.check_structure();
+            }
         }
+        m.check_structure();
         // The same set loaded at once (scrambled, whole-table splits).
         let loaded = WildcardMap::new(s.clone(), 4, rules.len() as u32).unwrap();
         loaded
             .load(rules.iter().map(|r| (r, v(r.priority))), BPF_ANY)
             .unwrap();
+        loaded.check_structure();
         assert_eq!(loaded.rules(), m.rules(), "{rules_file}: the rules loaded");
         let mut packets = classbench::generate_trace(&s, &rules, 3000, 0.9, 7);
         if let Some(trace) = trace_file.and_then(read) {
