@@ -11,6 +11,7 @@ use bpfmaps::HashPolicy;
 use crate::suite::DynSuite;
 
 mod bloom;
+mod capi;
 mod concurrency;
 mod hash_sweep;
 mod hashfn;
@@ -56,6 +57,7 @@ pub const ALL: &[&dyn DynSuite] = &[
     &wildcard_classbench::WildcardClassbench,
     &wildcard_cilium::WildcardCilium,
     &wildcard_geoip::WildcardGeoip,
+    &capi::Capi,
 ];
 
 /// The suite named `name`.

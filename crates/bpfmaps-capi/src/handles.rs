@@ -1,0 +1,163 @@
+//! Map handles: real file descriptors, each a `memfd` that names its map
+//! (`/proc/self/fd/N -> /memfd:bpfmaps-map:NAME`), so a handle never
+//! shares its number with a file of the program's and lives under the
+//! same `RLIMIT_NOFILE` as a kernel map's fd.
+//!
+//! The maps sit in a table indexed by fd number: a static array for fds
+//! below 1024, then chunks of 1024 slots, each allocated on first use and
+//! never freed (up to fd 1,048,575). A call loads its slot under an
+//! epoch guard, so it never takes a lock; `close` empties the slot and
+//! frees the map after every call that may have loaded it has returned.
+//! A call racing a close either finishes on the map or gets `EBADF`,
+//! never a freed map.
+//!
+//! The pin is about a third of what a call adds to the map's own work
+//! (the `capi` benchmark, docs/benchmarks.md). `seize`'s guards measured
+//! no cheaper (an atomic swap on leaving where an epoch pin has one on
+//! entering), so the maps' own epochs serve here too.
+
+use std::sync::OnceLock;
+use std::sync::atomic::Ordering;
+
+use bpfmaps::Map;
+use crossbeam_epoch::{self as epoch, Atomic, Owned};
+use parking_lot::Mutex;
+
+use crate::Errno;
+
+const CHUNK: usize = 1024;
+const CHUNKS: usize = 1024;
+
+/// The slots of fds 0 to 1023, the ones most programs use: one load
+/// from the fd to its map (a chunk's costs another: 1-2 ns a call).
+static LOW: [Atomic<Open>; CHUNK] = [const { Atomic::null() }; CHUNK];
+
+/// The slots of higher fds, a chunk of 1024 made on first use (chunk 0
+/// unused).
+type Chunk = Box<[Atomic<Open>]>;
+static TABLE: [OnceLock<Chunk>; CHUNKS] = [const { OnceLock::new() }; CHUNKS];
+
+/// A map as a handle holds it.
+pub(crate) struct Open {
+    pub map: Box<dyn Map>,
+    /// The name given at creation (up to 15 bytes, NUL-padded).
+    pub name: [u8; 16],
+    /// A number no other map of this process gets (`bpf_map_info.id`).
+    pub id: u32,
+    /// Bytes per key in calls: the key size, or 4 more for maps with
+    /// variable-length keys (a `u32` length, then the key).
+    pub key_stride: usize,
+    pub var_keys: bool,
+    pub value_size: usize,
+    /// Where recent batch lookups stopped, by token.
+    pub cursors: Mutex<Cursors>,
+}
+
+/// The keys batch lookups stopped at, each under the 4-byte token the
+/// caller got in `out_batch` (what the kernel's hash maps hand out: a
+/// bucket number). The last [`CURSORS_KEPT`] are kept, so a walk that
+/// is abandoned costs nothing lasting.
+#[derive(Default)]
+pub(crate) struct Cursors {
+    issued: u32,
+    recent: std::collections::VecDeque<(u32, Box<[u8]>)>,
+}
+
+/// Batch walks a map can have going at once (tokens older than the last
+/// this many are `EINVAL`).
+pub(crate) const CURSORS_KEPT: usize = 64;
+
+impl Cursors {
+    /// A token for `key`.
+    pub fn issue(&mut self, key: &[u8]) -> u32 {
+        // Never 0, so that a zeroed token is never a valid one.
+        self.issued = self.issued.wrapping_add(1).max(1);
+        if self.recent.len() == CURSORS_KEPT {
+            self.recent.pop_front();
+        }
+        self.recent.push_back((self.issued, key.into()));
+        self.issued
+    }
+
+    /// The key `token` was issued for.
+    pub fn find(&self, token: u32) -> Option<Box<[u8]>> {
+        self.recent
+            .iter()
+            .rev()
+            .find(|(t, _)| *t == token)
+            .map(|(_, k)| k.clone())
+    }
+}
+
+fn slot(fd: libc::c_int, make: bool) -> Option<&'static Atomic<Open>> {
+    let fd = usize::try_from(fd).ok()?;
+    if fd < CHUNK {
+        return Some(&LOW[fd]);
+    }
+    let chunk = TABLE.get(fd / CHUNK)?;
+    let chunk = if make {
+        chunk.get_or_init(|| (0..CHUNK).map(|_| Atomic::null()).collect())
+    } else {
+        chunk.get()?
+    };
+    Some(&chunk[fd % CHUNK])
+}
+
+/// Runs `f` on the map of `fd`; `EBADF` if `fd` holds none.
+#[inline]
+pub(crate) fn with<R>(fd: libc::c_int, f: impl FnOnce(&Open) -> R) -> Result<R, Errno> {
+    let slot = slot(fd, false).ok_or(libc::EBADF)?;
+    let guard = epoch::pin();
+    // SAFETY: a map leaves its slot before it is freed, and is freed only
+    // after the guards pinned before that have gone.
+    let open = unsafe { slot.load(Ordering::Acquire, &guard).as_ref() };
+    open.map(f).ok_or(libc::EBADF)
+}
+
+/// A new handle for `open`.
+pub(crate) fn open(open: Open) -> Result<libc::c_int, Errno> {
+    let mut name = *b"bpfmaps-map:\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0";
+    let len = open.name.iter().position(|&b| b == 0).unwrap_or(16);
+    name[12..12 + len].copy_from_slice(&open.name[..len]);
+    // SAFETY: a NUL-terminated name.
+    let fd = unsafe { libc::memfd_create(name.as_ptr().cast(), libc::MFD_CLOEXEC) };
+    if fd < 0 {
+        return Err(errno::errno().0);
+    }
+    let Some(slot) = slot(fd, true) else {
+        // SAFETY: the fd just made, not handed out.
+        unsafe { libc::close(fd) };
+        return Err(libc::EMFILE);
+    };
+    let guard = epoch::pin();
+    let stale = slot.swap(Owned::new(open), Ordering::AcqRel, &guard);
+    if !stale.is_null() {
+        // The program closed an earlier handle with close(2), not
+        // bpfmaps_map_close, and the number came back: that map goes now.
+        // SAFETY: out of its slot; freed after the current guards.
+        unsafe { guard.defer_destroy(stale) };
+        guard.flush();
+    }
+    Ok(fd)
+}
+
+/// Closes `fd`: its map is freed once no call is using it.
+pub(crate) fn close(fd: libc::c_int) -> Result<(), Errno> {
+    let slot = slot(fd, false).ok_or(libc::EBADF)?;
+    let guard = epoch::pin();
+    let old = slot.swap(epoch::Shared::null(), Ordering::AcqRel, &guard);
+    if old.is_null() {
+        return Err(libc::EBADF);
+    }
+    // SAFETY: out of its slot: no new call finds it, and the calls that
+    // did are pinned.
+    unsafe { guard.defer_destroy(old) };
+    // To the global queue now, so that any thread's next pins free it.
+    guard.flush();
+    drop(guard);
+    // The number is free for the system to reuse only now, after the
+    // slot is empty.
+    // SAFETY: the memfd this handle made.
+    unsafe { libc::close(fd) };
+    Ok(())
+}
