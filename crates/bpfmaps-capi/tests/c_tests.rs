@@ -17,17 +17,16 @@ fn crate_dir() -> &'static Path {
     Path::new(env!("CARGO_MANIFEST_DIR"))
 }
 
-/// The static library, built by cargo as `cargo test` left it: `cargo
+/// The static library, `libbpfmaps.a` (package `bpfmaps-c`): `cargo
 /// test` builds only the rlib this test links, so this runs `cargo build`
-/// for the library once (one test binary, so one at a time), in the same
-/// target directory and profile (nothing else is rebuilt).
+/// for the C library once, in the same target directory and profile.
 fn static_lib() -> PathBuf {
     static BUILT: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
     BUILT
         .get_or_init(|| {
             let dir = profile_dir();
             let mut cmd = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()));
-            cmd.args(["build", "--quiet", "--lib", "-p", "bpfmaps-capi"])
+            cmd.args(["build", "--quiet", "-p", "bpfmaps-c"])
                 .current_dir(crate_dir())
                 .env("CARGO_TARGET_DIR", dir.parent().unwrap());
             if dir.file_name().unwrap() == "release" {
@@ -35,7 +34,7 @@ fn static_lib() -> PathBuf {
             }
             let status = cmd.status().expect("runs cargo");
             assert!(status.success(), "cargo build of the static library");
-            dir.join("libbpfmaps_capi.a")
+            dir.join("libbpfmaps.a")
         })
         .clone()
 }
@@ -161,7 +160,7 @@ fn installs_with_a_pkg_config_file() {
     if let Ok(ldd) = ldd {
         let text = String::from_utf8_lossy(&ldd.stdout).into_owned();
         assert!(
-            text.contains("libbpfmaps_capi.so"),
+            text.contains("libbpfmaps.so"),
             "linked the shared library: {text}"
         );
     }
