@@ -26,6 +26,7 @@ mod maple_kernel;
 mod maple_readers;
 mod maple_scale;
 mod maple_vma;
+mod python;
 mod stackmap;
 mod strmap_common;
 mod strmap_real;
@@ -58,6 +59,7 @@ pub const ALL: &[&dyn DynSuite] = &[
     &wildcard_cilium::WildcardCilium,
     &wildcard_geoip::WildcardGeoip,
     &capi::Capi,
+    &python::Python,
 ];
 
 /// The suite named `name`.

@@ -696,7 +696,9 @@ impl<T: MapOps> Map for T {
         if let Some(after) = after {
             check_key(&info, T::CAPS, after).map_err(BatchError::at_start)?;
         }
-        let mut prev: Option<Vec<u8>> = after.map(<[u8]>::to_vec);
+        // The key to go on from, in one buffer reused for every step.
+        let mut prev: Vec<u8> = after.map(<[u8]>::to_vec).unwrap_or_default();
+        let mut has_prev = after.is_some();
         let mut copied = 0;
         let mut guard = pin();
         for step in 1.. {
@@ -711,7 +713,7 @@ impl<T: MapOps> Map for T {
                 error,
             };
             let next = layout.put(keys, copied, |next| {
-                self.map_get_next_key(prev.as_deref(), next, &guard)
+                self.map_get_next_key(has_prev.then_some(&prev[..]), next, &guard)
             });
             match next {
                 Ok(()) => {}
@@ -719,7 +721,9 @@ impl<T: MapOps> Map for T {
                 Err(e) => return Err(stop(e)),
             }
             let next = layout.key(keys, copied).map_err(stop)?;
-            prev = Some(next.to_vec());
+            prev.clear();
+            prev.extend_from_slice(next);
+            has_prev = true;
             // A key deleted between get_next_key and lookup is skipped.
             match self.map_lookup_elem(next, &mut values[copied * vs..(copied + 1) * vs], &guard) {
                 Ok(()) => copied += 1,

@@ -1,0 +1,445 @@
+"""bpfmaps from Python: the kernel's BPF maps in userspace, in Rust.
+
+Distribution ``bpfmaps-rs`` (``bpfmaps`` on PyPI is another project),
+imported as ``bpfmaps_rs``.
+
+- :class:`Table`: any map family with the shape of BCC's tables: a
+  ``MutableMapping`` over keys and values given as ``bytes``, ctypes
+  objects (BCC's ``Key``/``Leaf``) or ints, with the kernel's update flags
+  and batch calls, and numpy batches (``lookup_many``/``update_many``)
+  that run without a Python loop and with the GIL released.
+- :class:`Lpm`: an IPv4/IPv6 longest-prefix-match table in pytricia's
+  shape (``t["10.0.0.0/8"] = 1``, ``t.get("10.1.2.3")``,
+  ``t.get_key(...)``), with ``covering``/``covered`` and a numpy
+  ``lookup_many``.
+
+Errors: a missing key is ``KeyError``; a wrong size ``ValueError``; any
+other failure ``OSError`` with the kernel's errno (``EEXIST``, ``E2BIG``,
+``EINVAL``, ...). Lookups never block: the maps' readers are lock-free.
+
+>>> import ctypes, bpfmaps_rs
+>>> t = bpfmaps_rs.Table(bpfmaps_rs.MAP_TYPE_HASH, ctypes.c_uint32, ctypes.c_uint64, 1024)
+>>> t[7] = 42
+>>> t[7].value
+42
+>>> routes = bpfmaps_rs.Lpm()
+>>> routes["10.0.0.0/8"] = 1
+>>> routes.get("10.1.2.3"), routes.get_key("10.1.2.3")
+(1, '10.0.0.0/8')
+"""
+
+from __future__ import annotations
+
+import ctypes
+import sys
+from collections.abc import MutableMapping
+from typing import Any, Iterable, Iterator, Optional
+
+import numpy as np
+
+from . import _native
+from ._native import (  # noqa: F401  (re-exported)
+    BPF_ANY,
+    BPF_EXIST,
+    BPF_F_NO_PREALLOC,
+    BPF_F_ZERO_SEED,
+    BPF_NOEXIST,
+)
+
+# MAP_TYPE_HASH, MAP_TYPE_LPM_TRIE, ...: the family registry's types.
+MAP_TYPES = {
+    name[len("MAP_TYPE_") :].lower(): getattr(_native, name)
+    for name in dir(_native)
+    if name.startswith("MAP_TYPE_")
+}
+globals().update({"MAP_TYPE_" + n.upper(): v for n, v in MAP_TYPES.items()})
+
+__all__ = ["Table", "Lpm", "MAP_TYPES", "BPF_ANY", "BPF_NOEXIST", "BPF_EXIST"]
+
+_BATCH = 4096
+
+
+def _ctype(spec: Any, what: str) -> type:
+    """The ctypes type for a key or value given as a size or a type."""
+    if isinstance(spec, int):
+        if spec < 0:
+            raise ValueError(f"{what} size {spec} is negative")
+        return ctypes.c_ubyte * spec
+    if isinstance(spec, type) and issubclass(
+        spec, (ctypes._SimpleCData, ctypes.Structure, ctypes.Union, ctypes.Array)
+    ):
+        return spec
+    raise TypeError(f"{what}: a size in bytes or a ctypes type, not {spec!r}")
+
+
+class Table(MutableMapping):
+    """A map of any family, shaped as BCC's tables.
+
+    ``key`` and ``leaf`` are sizes in bytes or ctypes types (exposed as
+    ``Key`` and ``Leaf``, as in BCC). Keys and values may be given as
+    ``bytes``, instances of those types, or ints when the size is 1, 2, 4
+    or 8 bytes (native byte order). Values come back as ``Leaf``
+    instances and keys as ``Key`` instances (``bytes`` for maps whose
+    keys vary in length, the qp-trie and TST maps).
+
+    Iteration follows ``get_next_key``: key order for the ordered maps,
+    table order for the hash maps.
+    """
+
+    def __init__(
+        self,
+        map_type: int,
+        key: Any,
+        leaf: Any,
+        max_entries: int,
+        flags: int = 0,
+        extra: int = 0,
+    ) -> None:
+        self.Key = _ctype(key, "key")
+        self.Leaf = _ctype(leaf, "leaf")
+        self.key_size = ctypes.sizeof(self.Key)
+        self.value_size = ctypes.sizeof(self.Leaf)
+        self._map = _native.RawMap(
+            map_type, self.key_size, self.value_size, max_entries, flags, extra
+        )
+        self.var_keys = self._map.var_keys
+        self.map_type, _, _, self.max_entries, self.flags, self.extra = self._map.info()
+
+    # -- conversions ---------------------------------------------------
+
+    @staticmethod
+    def _bytes(obj: Any, size: int, what: str, exact: bool = True) -> bytes:
+        if isinstance(obj, (bytes, bytearray, memoryview)):
+            b = bytes(obj)
+        elif isinstance(obj, str):
+            b = obj.encode()
+        elif isinstance(obj, bool):
+            raise TypeError(f"{what}: bytes, a ctypes object or an int, not a bool")
+        elif isinstance(obj, int):
+            if size not in (1, 2, 4, 8):
+                raise TypeError(f"{what}: an int only for sizes 1, 2, 4 and 8, not {size}")
+            try:
+                b = obj.to_bytes(size, sys.byteorder, signed=obj < 0)
+            except OverflowError:
+                raise ValueError(f"{what} {obj} does not fit in {size} bytes") from None
+        elif isinstance(obj, (ctypes._SimpleCData, ctypes.Structure, ctypes.Union, ctypes.Array)):
+            b = bytes(memoryview(obj).cast("B"))
+        else:
+            raise TypeError(f"{what}: bytes, a ctypes object or an int, not {type(obj).__name__}")
+        if exact and len(b) != size:
+            raise ValueError(f"{what} is {len(b)} bytes, the map takes {size}")
+        return b
+
+    def _key(self, key: Any) -> bytes:
+        return self._bytes(key, self.key_size, "key", exact=not self.var_keys)
+
+    def _value(self, value: Any) -> bytes:
+        return self._bytes(value, self.value_size, "value")
+
+    def _key_out(self, b: bytes) -> Any:
+        return b if self.var_keys else self.Key.from_buffer_copy(b)
+
+    def _leaf_out(self, b: bytes) -> Any:
+        return self.Leaf.from_buffer_copy(b)
+
+    # -- the mapping ---------------------------------------------------
+
+    def __getitem__(self, key: Any) -> Any:
+        return self._leaf_out(self._map.lookup(self._key(key)))
+
+    def __setitem__(self, key: Any, value: Any) -> None:
+        self._map.update(self._key(key), self._value(value), BPF_ANY)
+
+    def __delitem__(self, key: Any) -> None:
+        self._map.delete(self._key(key))
+
+    def __len__(self) -> int:
+        return len(self._map)
+
+    def __iter__(self) -> Iterator[Any]:
+        key = self._map.get_next_key(None)
+        while key is not None:
+            yield self._key_out(key)
+            key = self._map.get_next_key(key)
+
+    def __contains__(self, key: Any) -> bool:
+        try:
+            self._map.lookup(self._key(key))
+        except KeyError:
+            return False
+        return True
+
+    def update(self, *args: Any, **kwargs: Any) -> None:  # type: ignore[override]
+        """``update(key, value, flags=BPF_ANY)`` as BCC's (flags
+        ``BPF_NOEXIST``: ``OSError(EEXIST)`` if present; ``BPF_EXIST``:
+        ``KeyError`` if absent), or ``dict.update``'s forms."""
+        if len(args) in (2, 3) and not kwargs:
+            key, value = args[0], args[1]
+            flags = args[2] if len(args) == 3 else BPF_ANY
+            self._map.update(self._key(key), self._value(value), flags)
+            return
+        if len(args) == 2 and set(kwargs) == {"flags"}:
+            self._map.update(self._key(args[0]), self._value(args[1]), kwargs["flags"])
+            return
+        super().update(*args, **kwargs)
+
+    def clear(self) -> None:
+        """Deletes every entry (batches of lookup-and-delete where the
+        family has them, else one key at a time)."""
+        try:
+            while self._map.lookup_and_delete_batch(_BATCH)[2] == _BATCH:
+                pass
+        except OSError:
+            for key in list(self):
+                self.pop(key, None)
+
+    def lookup_and_delete(self, key: Any) -> Any:
+        return self._leaf_out(self._map.lookup_and_delete(self._key(key)))
+
+    def memory_usage(self) -> int:
+        return self._map.memory_usage()
+
+    # -- BCC's batch calls ---------------------------------------------
+
+    def _unpack(self, keys: bytes, values: bytes, n: int) -> list:
+        """Packed batch buffers as (key, value) pairs: items of ctypes
+        arrays of ``Key`` and ``Leaf``, as BCC's batch calls give them
+        (plain ints for simple ctypes types), made in one copy each."""
+        if n == 0:
+            return []
+        leaves = self._column(self.Leaf, values, n)
+        if not self.var_keys:
+            return list(zip(self._column(self.Key, keys, n), leaves))
+        stride = self._map.batch_stride
+        out = []
+        for i in range(n):
+            k = keys[i * stride : (i + 1) * stride]
+            length = int.from_bytes(k[:4], sys.byteorder)
+            out.append((k[4 : 4 + length], leaves[i]))
+        return out
+
+    @staticmethod
+    def _column(ctype: type, packed: bytes, n: int) -> list:
+        """The items of a ctypes array of ``ctype`` over ``packed``: ints
+        (or floats) for integer (or float) types, read by numpy in one
+        pass (a ctypes array's items cost 4x more); ctypes objects for
+        structures and arrays."""
+        if issubclass(ctype, ctypes._SimpleCData) and ctype._type_ in "bBhHiIlLqQfd":
+            return np.frombuffer(packed, dtype=np.dtype(ctype), count=n).tolist()
+        return list((ctype * n).from_buffer_copy(packed))
+
+    def _pack_keys(self, keys: Iterable[Any]) -> bytes:
+        if not self.var_keys:
+            return b"".join(self._key(k) for k in keys)
+        out = []
+        for k in keys:
+            b = self._key(k)
+            if not 1 <= len(b) <= self.key_size:
+                raise ValueError(f"key is {len(b)} bytes, the map takes 1 to {self.key_size}")
+            out.append(len(b).to_bytes(4, sys.byteorder) + b.ljust(self.key_size, b"\0"))
+        return b"".join(out)
+
+    def items_lookup_batch(self) -> list:
+        """Every (key, value), read in batches (the kernel's
+        ``BPF_MAP_LOOKUP_BATCH``); keys and values as BCC gives them, the
+        items of ctypes arrays of ``Key`` and ``Leaf`` (ints for simple
+        types such as ``c_uint32``)."""
+        out, after = [], None
+        while True:
+            keys, values, n = self._map.lookup_batch(after, _BATCH)
+            out.extend(self._unpack(keys, values, n))
+            if n < _BATCH:
+                return out
+            stride = self._map.batch_stride
+            last = keys[(n - 1) * stride : n * stride]
+            if self.var_keys:
+                last = last[4 : 4 + int.from_bytes(last[:4], sys.byteorder)]
+            after = last
+
+    def items_update_batch(self, keys: Iterable[Any], values: Iterable[Any], flags: int = BPF_ANY) -> int:
+        """Stores each key with its value, in order; how many were stored.
+        A failure part way raises with ``processed`` set."""
+        keys, values = list(keys), list(values)
+        if len(keys) != len(values):
+            raise ValueError(f"{len(keys)} keys and {len(values)} values")
+        return self._map.update_batch(
+            self._pack_keys(keys), b"".join(self._value(v) for v in values), flags
+        )
+
+    def items_delete_batch(self, keys: Optional[Iterable[Any]] = None) -> int:
+        """Deletes the given keys (``KeyError`` at the first missing one,
+        with ``processed``), or every entry if ``keys`` is None."""
+        if keys is None:
+            n = len(self)
+            self.clear()
+            return n
+        return self._map.delete_batch(self._pack_keys(keys))
+
+    def items_lookup_and_delete_batch(self) -> list:
+        """Moves every (key, value) out; the map is left empty."""
+        out = []
+        while True:
+            keys, values, n = self._map.lookup_and_delete_batch(_BATCH)
+            out.extend(self._unpack(keys, values, n))
+            if n < _BATCH:
+                return out
+
+    # -- numpy -----------------------------------------------------------
+
+    def _rows(self, arr: Any, size: int, what: str) -> np.ndarray:
+        a = np.ascontiguousarray(arr)
+        if a.ndim == 0:
+            raise ValueError(f"{what}: an array of {size}-byte items")
+        n = a.shape[0]
+        rows = a.view(np.uint8).reshape(n, -1) if a.dtype != np.uint8 or a.ndim == 1 else a
+        if rows.ndim != 2 or rows.shape[1] != size:
+            raise ValueError(
+                f"{what}: items of {a.itemsize * int(np.prod(a.shape[1:], dtype=int))} bytes "
+                f"(dtype {a.dtype}, shape {a.shape}), the map takes {size}"
+            )
+        return rows
+
+    def _value_dtype(self) -> Optional[np.dtype]:
+        if issubclass(self.Leaf, ctypes.Array):
+            return None
+        return np.dtype(self.Leaf)
+
+    def lookup_many(self, keys: Any) -> tuple:
+        """Looks up every key of a numpy array (any dtype whose items are
+        ``key_size`` bytes, or ``uint8`` rows) without a Python loop, the
+        GIL released: ``(values, found)``; a missing key's value is 0.
+        Values come as the ``Leaf`` dtype, or ``uint8`` rows for a byte
+        array ``Leaf``."""
+        raw, found = self._map.lookup_many(self._rows(keys, self.key_size, "keys"))
+        dt = self._value_dtype()
+        return (raw if dt is None else raw.view(dt).reshape(raw.shape[0])), found
+
+    def update_many(self, keys: Any, values: Any, flags: int = BPF_ANY) -> int:
+        """Stores every key of a numpy array with its value, in order, the
+        GIL released; how many were stored."""
+        return self._map.update_many(
+            self._rows(keys, self.key_size, "keys"),
+            self._rows(values, self.value_size, "values"),
+            flags,
+        )
+
+
+class Lpm:
+    """An IPv4 or IPv6 longest-prefix-match table, shaped as pytricia's,
+    with unsigned integer values (up to 64 bits).
+
+    Addresses and prefixes may be strings (``"10.1.2.3"``,
+    ``"10.0.0.0/8"``), ``ipaddress`` objects, ints, or packed bytes; a
+    prefix may also be an ``(address, length)`` pair.
+
+    >>> t = Lpm()
+    >>> t["10.0.0.0/8"] = 1; t["10.1.0.0/16"] = 2
+    >>> t["10.1.2.3"], t.get("11.0.0.0"), "10.9.9.9" in t
+    (2, None, True)
+    >>> t.covering("10.1.2.0/24")
+    [('10.0.0.0/8', 1), ('10.1.0.0/16', 2)]
+    """
+
+    def __init__(self, version: int = 4, max_entries: int = 1 << 22) -> None:
+        self._t = _native.Lpm(version, max_entries)
+        self.version = version
+
+    def __setitem__(self, prefix: Any, value: int) -> None:
+        self._t.insert(prefix, value)
+
+    insert = __setitem__
+
+    @staticmethod
+    def _is_prefix(key: Any) -> bool:
+        return (isinstance(key, str) and "/" in key) or isinstance(key, tuple) or hasattr(key, "prefixlen")
+
+    def _match(self, key: Any) -> Optional[tuple]:
+        """The longest stored prefix holding ``key`` and its value."""
+        if self._is_prefix(key):
+            found = self._t.covering(key)
+            return found[-1] if found else None
+        return self._t.longest_match(key)
+
+    def __getitem__(self, key: Any) -> int:
+        """The value of the longest prefix holding ``key`` (an address or
+        a prefix); ``KeyError`` if none does."""
+        if self._is_prefix(key):
+            m = self._match(key)
+            value = None if m is None else m[1]
+        else:
+            value = self._t.get(key)
+        if value is None:
+            raise KeyError(key)
+        return value
+
+    def get(self, key: Any, default: Any = None) -> Any:
+        """The value of the longest prefix holding ``key``, or
+        ``default``."""
+        try:
+            return self[key]
+        except KeyError:
+            return default
+
+    def get_key(self, key: Any) -> Optional[str]:
+        """The longest stored prefix holding ``key``, as ``"addr/len"``."""
+        m = self._match(key)
+        return None if m is None else m[0]
+
+    def __contains__(self, key: Any) -> bool:
+        return self._match(key) is not None
+
+    def has_key(self, prefix: Any) -> bool:
+        """Whether exactly ``prefix`` is stored."""
+        return self._t.exact(prefix) is not None
+
+    def exact(self, prefix: Any) -> Optional[int]:
+        return self._t.exact(prefix)
+
+    def __delitem__(self, prefix: Any) -> None:
+        self._t.remove(prefix)
+
+    def delete(self, prefix: Any) -> None:
+        del self[prefix]
+
+    def __len__(self) -> int:
+        return len(self._t)
+
+    def __iter__(self) -> Iterator[str]:
+        return (p for p, _ in self._t.items())
+
+    def keys(self) -> list:
+        return [p for p, _ in self._t.items()]
+
+    def items(self) -> list:
+        return self._t.items()
+
+    def covering(self, prefix: Any) -> list:
+        """The stored prefixes holding ``prefix`` (itself included),
+        shortest first, with their values."""
+        return self._t.covering(prefix)
+
+    def covered(self, prefix: Any) -> list:
+        """The stored prefixes inside ``prefix`` (itself included), in
+        order, with their values."""
+        return self._t.covered(prefix)
+
+    def lookup_many(self, addrs: Any) -> tuple:
+        """Looks up many addresses without a Python loop, the GIL
+        released: ``(values uint64, found bool)``, a miss's value 0.
+        IPv4: an array of ``uint32`` (integers, as
+        ``int(IPv4Address(...))``); IPv6: ``uint8`` rows of 16 bytes in
+        network order. Other arrays are converted first."""
+        if self.version == 4:
+            a = np.asarray(addrs)
+            if a.dtype != np.uint32:
+                if a.dtype.kind in "iu":
+                    if a.size and (a.min() < 0 or a.max() > 0xFFFFFFFF):
+                        raise ValueError("IPv4 addresses are 0 to 2**32-1")
+                    a = a.astype(np.uint32)
+                else:
+                    raise TypeError(f"IPv4 addresses: a uint32 array, not {a.dtype}")
+            return self._t.lookup_many_v4(np.ascontiguousarray(a.reshape(-1)))
+        a = np.ascontiguousarray(addrs)
+        if a.dtype != np.uint8 or a.ndim != 2 or a.shape[1] != 16:
+            raise TypeError(f"IPv6 addresses: uint8 rows of 16 bytes, not {a.dtype} {a.shape}")
+        return self._t.lookup_many_v6(a)

@@ -1,0 +1,676 @@
+//! `bpfmaps_rs._native`: the Rust side of the Python package. Two
+//! classes, kept small; the Python side (`python/bpfmaps_rs/`) gives them
+//! BCC's table shape and the typed helpers.
+//!
+//! - `RawMap`: any family of the registry through the byte contract
+//!   (`bpfmaps::create`): keys and values as `bytes`, batches as packed
+//!   buffers, numpy batches with the GIL released.
+//! - `Lpm`: an IPv4 or IPv6 LPM table with integer values, taking
+//!   addresses and prefixes as strings, ints, bytes or `ipaddress`
+//!   objects, parsed here (a Python-side parse would cost more than the
+//!   lookup); `lookup_many` over a numpy array without a Python loop.
+//!
+//! Errors: `ENOENT` is `KeyError`, a wrong size `ValueError`, any other
+//! errno `OSError(errno, message)`.
+
+use std::net::{Ipv4Addr, Ipv6Addr};
+
+use bpfmaps::lpm::{Ipv4Lpm, Ipv6Lpm};
+use bpfmaps::{BatchError, BatchKeys, Caps, Error, Map, MapSpec, MapType};
+use ipnet::{Ipv4Net, Ipv6Net};
+use numpy::{
+    PyArray1, PyArray2, PyArrayMethods, PyReadonlyArray1, PyReadonlyArray2, PyUntypedArrayMethods,
+};
+use pyo3::exceptions::{PyKeyError, PyOSError, PyTypeError, PyValueError};
+use pyo3::prelude::*;
+use pyo3::types::{PyBytes, PyString};
+
+/// What a numpy lookup returns: the values and a found mask.
+type Found<'py, A> = (Bound<'py, A>, Bound<'py, PyArray1<bool>>);
+
+/// A map error as Python sees it.
+fn py_err(e: Error) -> PyErr {
+    match e {
+        Error::NotFound => PyKeyError::new_err("no such key"),
+        e => PyOSError::new_err((e.errno(), e.to_string())),
+    }
+}
+
+/// A batch error: `OSError(errno, message)` with `processed`, how many
+/// elements were done before it.
+fn batch_err(py: Python<'_>, e: BatchError) -> PyErr {
+    let err = match e.error {
+        Error::NotFound => {
+            PyKeyError::new_err(format!("no such key (after {} elements)", e.processed))
+        }
+        ref other => PyOSError::new_err((other.errno(), e.to_string())),
+    };
+    // Best effort: the attribute only adds detail.
+    let _ = err.value(py).setattr("processed", e.processed);
+    err
+}
+
+fn check_size(what: &str, got: usize, want: usize) -> PyResult<()> {
+    if got == want {
+        Ok(())
+    } else {
+        Err(PyValueError::new_err(format!(
+            "{what} is {got} bytes, the map takes {want}"
+        )))
+    }
+}
+
+/// Any map of the registry, through the byte contract.
+#[pyclass(frozen, module = "bpfmaps_rs._native")]
+struct RawMap {
+    map: Box<dyn Map>,
+    key_size: usize,
+    value_size: usize,
+    var_keys: bool,
+}
+
+impl RawMap {
+    fn check_key(&self, key: &[u8]) -> PyResult<()> {
+        if self.var_keys {
+            if (1..=self.key_size).contains(&key.len()) {
+                return Ok(());
+            }
+            return Err(PyValueError::new_err(format!(
+                "key is {} bytes, the map takes 1 to {}",
+                key.len(),
+                self.key_size
+            )));
+        }
+        check_size("key", key.len(), self.key_size)
+    }
+
+    fn layout(&self) -> BatchKeys {
+        BatchKeys::of(&*self.map)
+    }
+}
+
+#[pymethods]
+impl RawMap {
+    #[new]
+    #[pyo3(signature = (map_type, key_size, value_size, max_entries, flags=0, extra=0))]
+    fn new(
+        map_type: u32,
+        key_size: u32,
+        value_size: u32,
+        max_entries: u32,
+        flags: u32,
+        extra: u64,
+    ) -> PyResult<Self> {
+        let spec = MapSpec::new(MapType(map_type), key_size, value_size, max_entries)
+            .flags(flags)
+            .extra(extra);
+        let map = bpfmaps::create(&spec).map_err(py_err)?;
+        Ok(RawMap {
+            var_keys: map.caps().contains(Caps::VAR_KEYS),
+            key_size: key_size as usize,
+            value_size: value_size as usize,
+            map,
+        })
+    }
+
+    /// (type, key_size, value_size, max_entries, flags, extra).
+    fn info(&self) -> (u32, u32, u32, u32, u32, u64) {
+        let i = self.map.info();
+        (
+            i.map_type.0,
+            i.key_size,
+            i.value_size,
+            i.max_entries,
+            i.map_flags,
+            i.map_extra,
+        )
+    }
+
+    /// Whether keys are 1 to `key_size` bytes rather than exactly that.
+    #[getter]
+    fn var_keys(&self) -> bool {
+        self.var_keys
+    }
+
+    /// Bytes per key in a packed batch buffer.
+    #[getter]
+    fn batch_stride(&self) -> usize {
+        self.layout().stride()
+    }
+
+    fn __len__(&self) -> usize {
+        self.map.len()
+    }
+
+    fn memory_usage(&self) -> usize {
+        self.map.memory_usage()
+    }
+
+    /// The value of `key` (`KeyError` if absent). A key-less map (bloom
+    /// filter) takes `b""` and `value` to test.
+    #[pyo3(signature = (key, value=None))]
+    fn lookup<'py>(
+        &self,
+        py: Python<'py>,
+        key: &[u8],
+        value: Option<&[u8]>,
+    ) -> PyResult<Bound<'py, PyBytes>> {
+        if self.key_size == 0 {
+            let mut probe = value.unwrap_or_default().to_vec();
+            check_size("value", probe.len(), self.value_size)?;
+            check_size("key", key.len(), 0)?;
+            self.map.lookup(key, &mut probe).map_err(py_err)?;
+            return Ok(PyBytes::new(py, &probe));
+        }
+        self.check_key(key)?;
+        PyBytes::new_with(py, self.value_size, |out| {
+            self.map.lookup(key, out).map_err(py_err)
+        })
+    }
+
+    fn update(&self, key: &[u8], value: &[u8], flags: u64) -> PyResult<()> {
+        if self.key_size > 0 {
+            self.check_key(key)?;
+        }
+        check_size("value", value.len(), self.value_size)?;
+        self.map.update(key, value, flags).map_err(py_err)
+    }
+
+    fn delete(&self, key: &[u8]) -> PyResult<()> {
+        self.check_key(key)?;
+        self.map.delete(key).map_err(py_err)
+    }
+
+    fn lookup_and_delete<'py>(&self, py: Python<'py>, key: &[u8]) -> PyResult<Bound<'py, PyBytes>> {
+        self.check_key(key)?;
+        PyBytes::new_with(py, self.value_size, |out| {
+            self.map.lookup_and_delete(key, out).map_err(py_err)
+        })
+    }
+
+    /// The key after `key` (`None`: the first), or `None` at the end.
+    #[pyo3(signature = (key=None))]
+    fn get_next_key<'py>(
+        &self,
+        py: Python<'py>,
+        key: Option<&[u8]>,
+    ) -> PyResult<Option<Bound<'py, PyBytes>>> {
+        if let Some(k) = key {
+            self.check_key(k)?;
+        }
+        let mut next = vec![0u8; self.key_size];
+        match self.map.get_next_key(key, &mut next) {
+            Ok(len) => Ok(Some(PyBytes::new(py, &next[..len]))),
+            Err(Error::NotFound) => Ok(None),
+            Err(e) => Err(py_err(e)),
+        }
+    }
+
+    /// Up to `count` entries after key `after` (`None`: from the first),
+    /// as packed buffers: (keys, values, copied). Fewer than `count`
+    /// copied means the walk is complete.
+    #[pyo3(signature = (after, count))]
+    fn lookup_batch<'py>(
+        &self,
+        py: Python<'py>,
+        after: Option<&[u8]>,
+        count: usize,
+    ) -> PyResult<(Bound<'py, PyBytes>, Bound<'py, PyBytes>, usize)> {
+        if let Some(k) = after {
+            self.check_key(k)?;
+        }
+        let mut keys = vec![0u8; count * self.layout().stride()];
+        let mut values = vec![0u8; count * self.value_size];
+        let n = py
+            .allow_threads(|| self.map.lookup_batch(after, &mut keys, &mut values))
+            .map_err(|e| batch_err(py, e))?;
+        keys.truncate(n * self.layout().stride());
+        values.truncate(n * self.value_size);
+        Ok((PyBytes::new(py, &keys), PyBytes::new(py, &values), n))
+    }
+
+    /// Moves up to `count` entries out: (keys, values, moved).
+    fn lookup_and_delete_batch<'py>(
+        &self,
+        py: Python<'py>,
+        count: usize,
+    ) -> PyResult<(Bound<'py, PyBytes>, Bound<'py, PyBytes>, usize)> {
+        let mut keys = vec![0u8; count * self.layout().stride()];
+        let mut values = vec![0u8; count * self.value_size];
+        let n = py
+            .allow_threads(|| self.map.lookup_and_delete_batch(&mut keys, &mut values))
+            .map_err(|e| batch_err(py, e))?;
+        keys.truncate(n * self.layout().stride());
+        values.truncate(n * self.value_size);
+        Ok((PyBytes::new(py, &keys), PyBytes::new(py, &values), n))
+    }
+
+    /// Stores packed keys and values in order; how many were stored.
+    fn update_batch(
+        &self,
+        py: Python<'_>,
+        keys: &[u8],
+        values: &[u8],
+        flags: u64,
+    ) -> PyResult<usize> {
+        let (ks, vs) = (self.layout().stride(), self.value_size);
+        if ks == 0
+            || !keys.len().is_multiple_of(ks)
+            || !values.len().is_multiple_of(vs)
+            || keys.len() / ks != values.len() / vs
+        {
+            return Err(PyValueError::new_err(format!(
+                "{} key bytes and {} value bytes are not as many {ks}-byte keys as {vs}-byte values",
+                keys.len(),
+                values.len()
+            )));
+        }
+        py.allow_threads(|| self.map.update_batch(keys, values, flags))
+            .map_err(|e| batch_err(py, e))
+    }
+
+    /// Deletes packed keys in order; how many were deleted.
+    fn delete_batch(&self, py: Python<'_>, keys: &[u8]) -> PyResult<usize> {
+        let ks = self.layout().stride();
+        if ks == 0 || !keys.len().is_multiple_of(ks) {
+            return Err(PyValueError::new_err(format!(
+                "{} key bytes are not a whole number of {ks}-byte keys",
+                keys.len()
+            )));
+        }
+        py.allow_threads(|| self.map.delete_batch(keys))
+            .map_err(|e| batch_err(py, e))
+    }
+
+    /// Looks up each row of `keys` (`uint8`, shape (n, key_size)) with
+    /// the GIL released: (values (n, value_size) `uint8`, found (n,)
+    /// `bool`); a missing key's row is zeros.
+    fn lookup_many<'py>(
+        &self,
+        py: Python<'py>,
+        keys: PyReadonlyArray2<'py, u8>,
+    ) -> PyResult<Found<'py, PyArray2<u8>>> {
+        let shape = keys.shape();
+        let (n, ks) = (shape[0], shape[1]);
+        if self.var_keys || self.key_size == 0 {
+            return Err(PyTypeError::new_err("lookup_many takes fixed-size keys"));
+        }
+        check_size("a key row", ks, self.key_size)?;
+        let keys = keys
+            .as_slice()
+            .map_err(|_| PyValueError::new_err("keys must be C-contiguous"))?;
+        let vs = self.value_size;
+        let mut values = vec![0u8; n * vs];
+        let mut found = vec![false; n];
+        let failed = py.allow_threads(|| {
+            for (i, key) in keys.chunks_exact(ks).enumerate() {
+                match self.map.lookup(key, &mut values[i * vs..(i + 1) * vs]) {
+                    Ok(()) => found[i] = true,
+                    Err(Error::NotFound) => {}
+                    Err(e) => return Some(e),
+                }
+            }
+            None
+        });
+        if let Some(e) = failed {
+            return Err(py_err(e));
+        }
+        let values = PyArray1::from_vec(py, values).reshape([n, vs])?;
+        Ok((values, PyArray1::from_vec(py, found)))
+    }
+
+    /// Stores each row of `keys` with the row of `values`, in order, the
+    /// GIL released; how many were stored (an error says how far it got
+    /// in `processed`).
+    fn update_many(
+        &self,
+        py: Python<'_>,
+        keys: PyReadonlyArray2<'_, u8>,
+        values: PyReadonlyArray2<'_, u8>,
+        flags: u64,
+    ) -> PyResult<usize> {
+        if self.var_keys || self.key_size == 0 {
+            return Err(PyTypeError::new_err("update_many takes fixed-size keys"));
+        }
+        let (ks, vs) = (keys.shape()[1], values.shape()[1]);
+        check_size("a key row", ks, self.key_size)?;
+        check_size("a value row", vs, self.value_size)?;
+        if keys.shape()[0] != values.shape()[0] {
+            return Err(PyValueError::new_err(
+                "keys and values have different row counts",
+            ));
+        }
+        let contiguous = |_| PyValueError::new_err("keys and values must be C-contiguous");
+        let (keys, values) = (
+            keys.as_slice().map_err(contiguous)?,
+            values.as_slice().map_err(contiguous)?,
+        );
+        py.allow_threads(|| self.map.update_batch(keys, values, flags))
+            .map_err(|e| batch_err(py, e))
+    }
+}
+
+/// An IPv4 or IPv6 table of one family.
+enum Table {
+    V4(Ipv4Lpm<u64>),
+    V6(Ipv6Lpm<u64>),
+}
+
+/// An LPM table of IP prefixes with unsigned integer values (up to 64
+/// bits), for the Python `Lpm` helper.
+#[pyclass(frozen, module = "bpfmaps_rs._native", name = "Lpm")]
+struct Lpm {
+    table: Table,
+}
+
+/// An address given as a string, an int, packed bytes or an `ipaddress`
+/// address.
+fn address<const N: usize>(obj: &Bound<'_, PyAny>) -> PyResult<[u8; N]> {
+    if let Ok(s) = obj.downcast::<PyString>() {
+        let s = s.to_cow()?;
+        let bytes: Option<Vec<u8>> = if N == 4 {
+            s.parse::<Ipv4Addr>().ok().map(|a| a.octets().to_vec())
+        } else {
+            s.parse::<Ipv6Addr>().ok().map(|a| a.octets().to_vec())
+        };
+        return bytes.and_then(|b| b.try_into().ok()).ok_or_else(|| {
+            PyValueError::new_err(format!(
+                "{s:?} is not an IPv{} address",
+                if N == 4 { 4 } else { 6 }
+            ))
+        });
+    }
+    if let Ok(b) = obj.downcast::<PyBytes>() {
+        return b
+            .as_bytes()
+            .try_into()
+            .map_err(|_| PyValueError::new_err(format!("a packed address is {N} bytes")));
+    }
+    if let Ok(n) = obj.extract::<u128>() {
+        let max = if N == 4 {
+            u128::from(u32::MAX)
+        } else {
+            u128::MAX
+        };
+        if n > max {
+            return Err(PyValueError::new_err(format!(
+                "{n} is past the IPv{} space",
+                if N == 4 { 4 } else { 6 }
+            )));
+        }
+        let be = n.to_be_bytes();
+        return Ok(be[16 - N..].try_into().expect("N bytes"));
+    }
+    if let Ok(packed) = obj.getattr("packed") {
+        return address::<N>(&packed);
+    }
+    Err(PyTypeError::new_err(
+        "an address: str, int, bytes or ipaddress object",
+    ))
+}
+
+/// A prefix given as "addr/len" (or a bare address: a full-length
+/// prefix), an `ipaddress` network, or an (address, length) pair.
+fn prefix<const N: usize>(obj: &Bound<'_, PyAny>) -> PyResult<([u8; N], u8)> {
+    let bits = (N * 8) as u8;
+    let checked = |addr: [u8; N], len: u64| -> PyResult<([u8; N], u8)> {
+        if len > u64::from(bits) {
+            return Err(PyValueError::new_err(format!(
+                "prefix length {len} is past {bits}"
+            )));
+        }
+        Ok((addr, len as u8))
+    };
+    if let Ok(s) = obj.downcast::<PyString>() {
+        let s = s.to_cow()?;
+        return match s.split_once('/') {
+            Some((a, l)) => {
+                let len: u64 = l
+                    .parse()
+                    .map_err(|_| PyValueError::new_err(format!("{s:?}: bad prefix length")))?;
+                checked(address::<N>(&PyString::new(obj.py(), a).into_any())?, len)
+            }
+            None => checked(address::<N>(obj)?, u64::from(bits)),
+        };
+    }
+    if let Ok((a, l)) = obj.extract::<(Bound<'_, PyAny>, u64)>() {
+        return checked(address::<N>(&a)?, l);
+    }
+    if let (Ok(a), Ok(l)) = (obj.getattr("network_address"), obj.getattr("prefixlen")) {
+        return checked(address::<N>(&a)?, l.extract()?);
+    }
+    Err(PyTypeError::new_err(
+        "a prefix: \"addr/len\", an ipaddress network or (addr, len)",
+    ))
+}
+
+fn v4net((a, l): ([u8; 4], u8)) -> Ipv4Net {
+    Ipv4Net::new(Ipv4Addr::from(a), l)
+        .expect("length checked")
+        .trunc()
+}
+
+fn v6net((a, l): ([u8; 16], u8)) -> Ipv6Net {
+    Ipv6Net::new(Ipv6Addr::from(a), l)
+        .expect("length checked")
+        .trunc()
+}
+
+/// A prefix as "addr/len".
+fn shown4(p: Ipv4Net) -> String {
+    p.to_string()
+}
+
+fn shown6(p: Ipv6Net) -> String {
+    p.to_string()
+}
+
+#[pymethods]
+impl Lpm {
+    #[new]
+    #[pyo3(signature = (version=4, max_entries=1 << 22))]
+    fn new(version: u8, max_entries: u32) -> PyResult<Self> {
+        let table = match version {
+            4 => Table::V4(Ipv4Lpm::new(max_entries).map_err(py_err)?),
+            6 => Table::V6(Ipv6Lpm::new(max_entries).map_err(py_err)?),
+            _ => return Err(PyValueError::new_err("version is 4 or 6")),
+        };
+        Ok(Lpm { table })
+    }
+
+    #[getter]
+    fn version(&self) -> u8 {
+        match self.table {
+            Table::V4(_) => 4,
+            Table::V6(_) => 6,
+        }
+    }
+
+    fn __len__(&self) -> usize {
+        match &self.table {
+            Table::V4(t) => t.len(),
+            Table::V6(t) => t.len(),
+        }
+    }
+
+    /// Stores `value` under `prefix` (host bits ignored).
+    fn insert(&self, prefix: &Bound<'_, PyAny>, value: u64) -> PyResult<()> {
+        match &self.table {
+            Table::V4(t) => t.insert(v4net(self::prefix::<4>(prefix)?), value),
+            Table::V6(t) => t.insert(v6net(self::prefix::<16>(prefix)?), value),
+        }
+        .map_err(py_err)
+    }
+
+    /// Removes `prefix` and returns its value (`KeyError` if absent).
+    fn remove(&self, prefix: &Bound<'_, PyAny>) -> PyResult<u64> {
+        match &self.table {
+            Table::V4(t) => t.remove(v4net(self::prefix::<4>(prefix)?)),
+            Table::V6(t) => t.remove(v6net(self::prefix::<16>(prefix)?)),
+        }
+        .map_err(py_err)
+    }
+
+    /// The value of the longest prefix holding `addr`, or `None`.
+    fn get(&self, addr: &Bound<'_, PyAny>) -> PyResult<Option<u64>> {
+        let guard = bpfmaps::pin();
+        Ok(match &self.table {
+            Table::V4(t) => t.get(Ipv4Addr::from(address::<4>(addr)?), &guard),
+            Table::V6(t) => t.get(Ipv6Addr::from(address::<16>(addr)?), &guard),
+        })
+    }
+
+    /// The longest prefix holding `addr` as "addr/len", with its value.
+    fn longest_match(&self, addr: &Bound<'_, PyAny>) -> PyResult<Option<(String, u64)>> {
+        Ok(match &self.table {
+            Table::V4(t) => t
+                .longest_match(Ipv4Addr::from(address::<4>(addr)?))
+                .map(|(p, v)| (shown4(p), v)),
+            Table::V6(t) => t
+                .longest_match(Ipv6Addr::from(address::<16>(addr)?))
+                .map(|(p, v)| (shown6(p), v)),
+        })
+    }
+
+    /// The value stored under exactly `prefix`, or `None`.
+    fn exact(&self, prefix: &Bound<'_, PyAny>) -> PyResult<Option<u64>> {
+        Ok(match &self.table {
+            Table::V4(t) => t.exact(v4net(self::prefix::<4>(prefix)?)),
+            Table::V6(t) => t.exact(v6net(self::prefix::<16>(prefix)?)),
+        })
+    }
+
+    /// The stored prefixes that hold `prefix` (it included), shortest
+    /// first, with their values.
+    fn covering(&self, prefix: &Bound<'_, PyAny>) -> PyResult<Vec<(String, u64)>> {
+        Ok(match &self.table {
+            Table::V4(t) => t
+                .covering(v4net(self::prefix::<4>(prefix)?))
+                .into_iter()
+                .map(|(p, v)| (shown4(p), v))
+                .collect(),
+            Table::V6(t) => t
+                .covering(v6net(self::prefix::<16>(prefix)?))
+                .into_iter()
+                .map(|(p, v)| (shown6(p), v))
+                .collect(),
+        })
+    }
+
+    /// The stored prefixes inside `prefix` (it included), in order.
+    fn covered(&self, prefix: &Bound<'_, PyAny>) -> PyResult<Vec<(String, u64)>> {
+        Ok(match &self.table {
+            Table::V4(t) => t
+                .covered(v4net(self::prefix::<4>(prefix)?))
+                .into_iter()
+                .map(|(p, v)| (shown4(p), v))
+                .collect(),
+            Table::V6(t) => t
+                .covered(v6net(self::prefix::<16>(prefix)?))
+                .into_iter()
+                .map(|(p, v)| (shown6(p), v))
+                .collect(),
+        })
+    }
+
+    /// Every prefix and value, in order.
+    fn items(&self) -> Vec<(String, u64)> {
+        match &self.table {
+            Table::V4(t) => t.iter().map(|(p, v)| (shown4(p), v)).collect(),
+            Table::V6(t) => t.iter().map(|(p, v)| (shown6(p), v)).collect(),
+        }
+    }
+
+    /// Looks up IPv4 addresses given as a `uint32` array (host-order
+    /// integers, as `int(ipaddress.IPv4Address(...))`), with the GIL
+    /// released: (values `uint64`, found `bool`); a miss's value is 0.
+    fn lookup_many_v4<'py>(
+        &self,
+        py: Python<'py>,
+        addrs: PyReadonlyArray1<'py, u32>,
+    ) -> PyResult<Found<'py, PyArray1<u64>>> {
+        let Table::V4(t) = &self.table else {
+            return Err(PyTypeError::new_err(
+                "an IPv6 table takes (n, 16) uint8 addresses",
+            ));
+        };
+        let addrs = addrs
+            .as_slice()
+            .map_err(|_| PyValueError::new_err("addresses must be contiguous"))?;
+        let (values, found) = py.allow_threads(|| {
+            let packed: Vec<[u8; 4]> = addrs.iter().map(|a| a.to_be_bytes()).collect();
+            many(t.as_trie(), &packed)
+        });
+        Ok((
+            PyArray1::from_vec(py, values),
+            PyArray1::from_vec(py, found),
+        ))
+    }
+
+    /// As `lookup_many_v4` for IPv6 addresses, rows of 16 `uint8` in
+    /// network order (shape (n, 16)).
+    fn lookup_many_v6<'py>(
+        &self,
+        py: Python<'py>,
+        addrs: PyReadonlyArray2<'py, u8>,
+    ) -> PyResult<Found<'py, PyArray1<u64>>> {
+        let Table::V6(t) = &self.table else {
+            return Err(PyTypeError::new_err("an IPv4 table takes a uint32 array"));
+        };
+        check_size("an address row", addrs.shape()[1], 16)?;
+        let addrs = addrs
+            .as_slice()
+            .map_err(|_| PyValueError::new_err("addresses must be C-contiguous"))?;
+        let (values, found) = py.allow_threads(|| {
+            let packed: Vec<[u8; 16]> = addrs
+                .chunks_exact(16)
+                .map(|c| c.try_into().expect("16 bytes"))
+                .collect();
+            many(t.as_trie(), &packed)
+        });
+        Ok((
+            PyArray1::from_vec(py, values),
+            PyArray1::from_vec(py, found),
+        ))
+    }
+}
+
+/// Batched lookups through `get_many_as`, in chunks under one guard
+/// each.
+fn many<A: AsRef<[u8]>>(trie: &bpfmaps::lpm::LpmTrie, addrs: &[A]) -> (Vec<u64>, Vec<bool>) {
+    const CHUNK: usize = 256;
+    let mut values = vec![0u64; addrs.len()];
+    let mut found = vec![false; addrs.len()];
+    let mut out = [None::<u64>; CHUNK];
+    for (i, chunk) in addrs.chunks(CHUNK).enumerate() {
+        let guard = bpfmaps::pin();
+        trie.get_many_as(chunk, &guard, &mut out[..chunk.len()])
+            .expect("room for every address");
+        for (j, v) in out[..chunk.len()].iter().enumerate() {
+            if let Some(v) = v {
+                values[i * CHUNK + j] = *v;
+                found[i * CHUNK + j] = true;
+            }
+        }
+    }
+    (values, found)
+}
+
+/// The module.
+#[pymodule]
+fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_class::<RawMap>()?;
+    m.add_class::<Lpm>()?;
+    for f in bpfmaps::registry::FAMILIES {
+        m.add(
+            &*format!("MAP_TYPE_{}", f.name.to_uppercase()),
+            f.map_type.0,
+        )?;
+    }
+    m.add("BPF_ANY", bpfmaps::BPF_ANY)?;
+    m.add("BPF_NOEXIST", bpfmaps::BPF_NOEXIST)?;
+    m.add("BPF_EXIST", bpfmaps::BPF_EXIST)?;
+    m.add("BPF_F_NO_PREALLOC", bpfmaps::BPF_F_NO_PREALLOC)?;
+    m.add("BPF_F_ZERO_SEED", bpfmaps::BPF_F_ZERO_SEED)?;
+    Ok(())
+}

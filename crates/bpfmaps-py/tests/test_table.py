@@ -1,0 +1,201 @@
+"""Table: BCC's table shape over the hash maps, against a dict."""
+
+import ctypes
+import errno
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import bpfmaps_rs as b
+
+
+class Flow(ctypes.Structure):
+    _fields_ = [("saddr", ctypes.c_uint32), ("daddr", ctypes.c_uint32), ("port", ctypes.c_uint16), ("proto", ctypes.c_uint8), ("pad", ctypes.c_uint8)]
+
+
+class Counters(ctypes.Structure):
+    _fields_ = [("packets", ctypes.c_uint64), ("bytes", ctypes.c_uint64)]
+
+
+def table(max_entries=64, key=ctypes.c_uint32, leaf=ctypes.c_uint64, kind=None):
+    return b.Table(kind or b.MAP_TYPE_HASH, key, leaf, max_entries)
+
+
+def test_get_set_delete_len_iter():
+    t = table()
+    t[1] = 10
+    t[ctypes.c_uint32(2)] = ctypes.c_uint64(20)
+    t[(3).to_bytes(4, "little")] = (30).to_bytes(8, "little")
+    assert len(t) == 3
+    assert t[1].value == 10 and t[2].value == 20 and t[3].value == 30
+    assert isinstance(t[1], t.Leaf)
+    assert sorted(k.value for k in t) == [1, 2, 3]
+    assert sorted((k.value, v.value) for k, v in t.items()) == [(1, 10), (2, 20), (3, 30)]
+    assert 2 in t and 4 not in t
+    del t[2]
+    with pytest.raises(KeyError):
+        t[2]
+    with pytest.raises(KeyError):
+        del t[2]
+    assert t.get(2) is None
+    assert t.lookup_and_delete(3).value == 30
+    assert len(t) == 1
+    t.clear()
+    assert len(t) == 0 and list(t) == []
+
+
+def test_update_flags_and_full_map():
+    t = table(max_entries=2)
+    t.update(1, 5, b.BPF_NOEXIST)
+    with pytest.raises(OSError) as e:
+        t.update(1, 6, b.BPF_NOEXIST)
+    assert e.value.errno == errno.EEXIST
+    with pytest.raises(KeyError):
+        t.update(9, 6, flags=b.BPF_EXIST)
+    t.update(1, 7, b.BPF_EXIST)
+    assert t[1].value == 7
+    t.update({2: 8})  # dict.update's form still works
+    assert t[2].value == 8
+    with pytest.raises(OSError) as e:
+        t[3] = 1
+    assert e.value.errno == errno.E2BIG
+    with pytest.raises(OSError) as e:
+        t.update(1, 1, 7)
+    assert e.value.errno == errno.EINVAL
+    assert len(t) == 2 and t[1].value == 7  # unchanged
+
+
+def test_bad_sizes_and_types_are_value_and_type_errors():
+    t = table()
+    with pytest.raises(ValueError):
+        t[b"abc"] = 1
+    with pytest.raises(ValueError):
+        t[1] = b"short"
+    with pytest.raises(ValueError):
+        t[2**40] = 1
+    with pytest.raises(TypeError):
+        t[1.5] = 1
+    with pytest.raises(TypeError):
+        b.Table(b.MAP_TYPE_HASH, "four", 8, 10)
+    with pytest.raises(OSError) as e:
+        b.Table(12345, 4, 8, 10)
+    assert e.value.errno == errno.EINVAL
+    with pytest.raises(OSError):
+        b.Table(b.MAP_TYPE_HASH, 4, 8, 0)
+    assert len(t) == 0
+
+
+def test_structures_as_keys_and_leaves():
+    t = b.Table(b.MAP_TYPE_HASH, Flow, Counters, 100)
+    k = Flow(0x0A000001, 0x0A000002, 443, 6, 0)
+    t[k] = Counters(3, 4500)
+    got = t[Flow(0x0A000001, 0x0A000002, 443, 6, 0)]
+    assert (got.packets, got.bytes) == (3, 4500)
+    ((key, leaf),) = t.items_lookup_batch()
+    assert (key.port, key.proto, leaf.bytes) == (443, 6, 4500)
+
+
+def test_batches_partial_progress_and_emptying():
+    t = table(max_entries=10_000)
+    n = t.items_update_batch(range(5000), range(0, 50_000, 10))
+    assert n == 5000 and len(t) == 5000
+    with pytest.raises(OSError) as e:
+        t.items_update_batch([6000, 6001, 1, 6002], [1, 2, 3, 4], b.BPF_NOEXIST)
+    assert e.value.errno == errno.EEXIST and e.value.processed == 2
+    assert 6001 in t and 6002 not in t
+    items = t.items_lookup_batch()
+    assert len(items) == 5002
+    assert dict(items) == {k.value: v.value for k, v in t.items()}
+    with pytest.raises(KeyError) as e:
+        t.items_delete_batch([6000, 42424, 6001])
+    assert e.value.processed == 1
+    assert t.items_delete_batch([6001]) == 1
+    moved = t.items_lookup_and_delete_batch()
+    assert len(moved) == 5000 and len(t) == 0
+    assert all(v == 10 * k for k, v in moved)
+    t.items_update_batch([1, 2], [3, 4])
+    assert t.items_delete_batch() == 2 and len(t) == 0
+
+
+def test_numpy_batches_match_single_lookups():
+    t = table(max_entries=100_000)
+    keys = np.arange(0, 20_000, 2, dtype=np.uint32)
+    assert t.update_many(keys, keys.astype(np.uint64) * 3) == len(keys)
+    probe = np.arange(0, 1000, dtype=np.uint32)
+    values, found = t.lookup_many(probe)
+    assert values.dtype == np.uint64
+    assert list(found) == [k % 2 == 0 for k in range(1000)]
+    assert list(values) == [3 * k if k % 2 == 0 else 0 for k in range(1000)]
+    with pytest.raises(ValueError):
+        t.lookup_many(np.zeros(4, dtype=np.uint64))  # 8-byte keys
+    with pytest.raises(ValueError):
+        t.update_many(keys[:2], np.zeros(3, dtype=np.uint64))
+    raw = t.lookup_many(keys.view(np.uint8).reshape(-1, 4))[0]
+    assert (raw == keys.astype(np.uint64) * 3).all()
+
+
+def test_an_lru_map_evicts():
+    t = table(max_entries=8, kind=b.MAP_TYPE_LRU_HASH)
+    for i in range(100):
+        t[i] = i
+    assert len(t) <= 8 and 99 in t
+
+
+keys = st.integers(0, 40)
+ops = st.lists(
+    st.one_of(
+        st.tuples(st.just("set"), keys, st.integers(0, 2**64 - 1), st.sampled_from([0, 1, 2])),
+        st.tuples(st.just("del"), keys),
+        st.tuples(st.just("get"), keys),
+        st.tuples(st.just("batch_del"), st.lists(keys, max_size=4)),
+    ),
+    max_size=60,
+)
+
+
+@settings(max_examples=150, deadline=None)
+@given(ops)
+def test_matches_a_dict(ops):
+    t = table(max_entries=16)
+    model = {}
+    for op in ops:
+        if op[0] == "set":
+            _, k, v, flags = op
+            want = None
+            if flags == 1 and k in model:
+                want = OSError
+            elif flags == 2 and k not in model:
+                want = KeyError
+            elif k not in model and len(model) >= 16:
+                want = OSError
+            if want is None:
+                t.update(k, v, flags)
+                model[k] = v
+            else:
+                with pytest.raises(want):
+                    t.update(k, v, flags)
+        elif op[0] == "del":
+            if op[1] in model:
+                del t[op[1]]
+                del model[op[1]]
+            else:
+                with pytest.raises(KeyError):
+                    del t[op[1]]
+        elif op[0] == "get":
+            got = t.get(op[1])
+            assert (got.value if got is not None else None) == model.get(op[1])
+        else:
+            ks = op[1]
+            stop = next((i for i, k in enumerate(ks) if k not in model or k in ks[:i]), None)
+            if stop is None:
+                assert t.items_delete_batch(ks) == len(ks)
+            else:
+                with pytest.raises(KeyError) as e:
+                    t.items_delete_batch(ks)
+                assert e.value.processed == stop
+            for k in ks[: len(ks) if stop is None else stop]:
+                del model[k]
+        assert len(t) == len(model)
+    assert dict(t.items_lookup_batch()) == model
