@@ -10,6 +10,10 @@
 //!   objects, parsed here (a Python-side parse would cost more than the
 //!   lookup); `lookup_many` over a numpy array without a Python loop.
 //!
+//! - `StrMap`, `MapleTree`, `Wildcard`: the qp-trie, the maple tree and
+//!   the wildcard map through their typed APIs (ordered and prefix
+//!   walks, ranges and free areas, rules written as text).
+//!
 //! Errors: `ENOENT` is `KeyError`, a wrong size `ValueError`, any other
 //! errno `OSError(errno, message)`.
 
@@ -656,11 +660,376 @@ fn many<A: AsRef<[u8]>>(trie: &bpfmaps::lpm::LpmTrie, addrs: &[A]) -> (Vec<u64>,
     (values, found)
 }
 
+/// A key given as `str` (UTF-8) or bytes.
+fn key_bytes(obj: &Bound<'_, PyAny>) -> PyResult<Vec<u8>> {
+    if let Ok(s) = obj.downcast::<PyString>() {
+        return Ok(s.to_cow()?.as_bytes().to_vec());
+    }
+    if let Ok(b) = obj.downcast::<PyBytes>() {
+        return Ok(b.as_bytes().to_vec());
+    }
+    Err(PyTypeError::new_err("a key: str or bytes"))
+}
+
+/// A string map (the qp-trie) with integer values, for the Python
+/// `StrMap` helper: ordered, `prefix` and `range` walks,
+/// `longest_prefix_of`.
+#[pyclass(frozen, module = "bpfmaps_rs._native", name = "StrMap")]
+struct StrMap {
+    map: bpfmaps::strmap::QpTrieMap,
+    max_key: usize,
+}
+
+impl StrMap {
+    fn checked(&self, obj: &Bound<'_, PyAny>) -> PyResult<Vec<u8>> {
+        let k = key_bytes(obj)?;
+        if !(1..=self.max_key).contains(&k.len()) {
+            return Err(PyValueError::new_err(format!(
+                "key is {} bytes, the map takes 1 to {}",
+                k.len(),
+                self.max_key
+            )));
+        }
+        Ok(k)
+    }
+}
+
+fn u64_of(v: &[u8]) -> u64 {
+    u64::from_ne_bytes(v.try_into().expect("8-byte values"))
+}
+
+#[pymethods]
+impl StrMap {
+    #[new]
+    #[pyo3(signature = (max_key_size=255, max_entries=1 << 22))]
+    fn new(max_key_size: usize, max_entries: u32) -> PyResult<Self> {
+        Ok(StrMap {
+            map: bpfmaps::strmap::QpTrieMap::new(max_key_size, 8, max_entries).map_err(py_err)?,
+            max_key: max_key_size,
+        })
+    }
+
+    fn __len__(&self) -> usize {
+        self.map.len()
+    }
+
+    fn memory_usage(&self) -> usize {
+        self.map.memory_usage()
+    }
+
+    #[pyo3(signature = (key, value, flags=0))]
+    fn insert(&self, key: &Bound<'_, PyAny>, value: u64, flags: u64) -> PyResult<()> {
+        self.map
+            .insert(&self.checked(key)?, &value.to_ne_bytes(), flags)
+            .map_err(py_err)
+    }
+
+    fn get(&self, key: &Bound<'_, PyAny>) -> PyResult<Option<u64>> {
+        let k = self.checked(key)?;
+        let guard = bpfmaps::pin();
+        Ok(self.map.get(&k, &guard).map(u64_of))
+    }
+
+    fn remove(&self, key: &Bound<'_, PyAny>) -> PyResult<u64> {
+        let mut out = [0u8; 8];
+        self.map
+            .remove(&self.checked(key)?, Some(&mut out))
+            .map_err(py_err)?;
+        Ok(u64::from_ne_bytes(out))
+    }
+
+    /// The longest stored key that is a prefix of `key`, with its value.
+    fn longest_prefix_of(&self, key: &Bound<'_, PyAny>) -> PyResult<Option<(Vec<u8>, u64)>> {
+        let k = key_bytes(key)?;
+        let guard = bpfmaps::pin();
+        Ok(self
+            .map
+            .longest_prefix_of(&k, &guard)
+            .map(|(p, v)| (p.to_vec(), u64_of(v))))
+    }
+
+    /// The keys starting with `prefix`, in order, with their values.
+    fn prefix(&self, prefix: &Bound<'_, PyAny>) -> PyResult<Vec<(Vec<u8>, u64)>> {
+        let p = key_bytes(prefix)?;
+        let guard = bpfmaps::pin();
+        Ok(self
+            .map
+            .prefix(&p, &guard)
+            .map(|(k, v)| (k, u64_of(v)))
+            .collect())
+    }
+
+    /// The keys from `lower` to `upper` (None: unbounded), in order:
+    /// `lower` included unless `lower_open`, `upper` excluded unless
+    /// `upper_closed`.
+    #[pyo3(signature = (lower=None, upper=None, lower_open=false, upper_closed=false))]
+    fn range(
+        &self,
+        lower: Option<&Bound<'_, PyAny>>,
+        upper: Option<&Bound<'_, PyAny>>,
+        lower_open: bool,
+        upper_closed: bool,
+    ) -> PyResult<Vec<(Vec<u8>, u64)>> {
+        use std::ops::Bound as B;
+        let lo = match lower {
+            None => B::Unbounded,
+            Some(k) if lower_open => B::Excluded(key_bytes(k)?),
+            Some(k) => B::Included(key_bytes(k)?),
+        };
+        let hi = match upper {
+            None => B::Unbounded,
+            Some(k) if upper_closed => B::Included(key_bytes(k)?),
+            Some(k) => B::Excluded(key_bytes(k)?),
+        };
+        let guard = bpfmaps::pin();
+        Ok(self
+            .map
+            .range::<Vec<u8>>((lo, hi), &guard)
+            .map(|(k, v)| (k, u64_of(v)))
+            .collect())
+    }
+}
+
+/// Values of the maple tree: any Python object, shared (the tree copies
+/// nodes, and with them their values, on writes).
+type Obj = std::sync::Arc<Py<PyAny>>;
+
+/// A maple tree of `u64` ranges to Python objects, for the Python
+/// `MapleTree` helper.
+#[pyclass(frozen, module = "bpfmaps_rs._native", name = "MapleTree")]
+struct Maple {
+    tree: bpfmaps::maple::MapleTree<Obj>,
+}
+
+type Found3 = Option<(u64, u64, Py<PyAny>)>;
+
+fn entry(py: Python<'_>, e: bpfmaps::maple::Entry<'_, Obj>) -> (u64, u64, Py<PyAny>) {
+    (e.first, e.last, e.value.clone_ref(py))
+}
+
+#[pymethods]
+impl Maple {
+    #[new]
+    fn new() -> Self {
+        Maple {
+            tree: bpfmaps::maple::MapleTree::new(),
+        }
+    }
+
+    fn __len__(&self) -> usize {
+        self.tree.len()
+    }
+
+    /// Stores `value` over `[first, last]`, overwriting what it covers.
+    fn store_range(&self, first: u64, last: u64, value: Py<PyAny>) -> PyResult<()> {
+        self.tree
+            .store_range(first, last, Obj::new(value))
+            .map_err(py_err)
+    }
+
+    /// Stores `value` over `[first, last]`; `OSError(EEXIST)` if any of
+    /// it is taken.
+    fn insert_range(&self, first: u64, last: u64, value: Py<PyAny>) -> PyResult<()> {
+        self.tree
+            .insert_range(first, last, Obj::new(value))
+            .map_err(py_err)
+    }
+
+    /// `(first, last, value)` of the range holding `index`, or None.
+    fn load(&self, py: Python<'_>, index: u64) -> Found3 {
+        let guard = bpfmaps::pin();
+        self.tree.load(index, &guard).map(|e| entry(py, e))
+    }
+
+    /// Removes the range holding `index` and returns it (`KeyError` if
+    /// none does).
+    fn erase(&self, py: Python<'_>, index: u64) -> PyResult<(u64, u64, Py<PyAny>)> {
+        let (r, v) = self
+            .tree
+            .erase(index)
+            .ok_or_else(|| PyKeyError::new_err(index))?;
+        Ok((*r.start(), *r.end(), v.clone_ref(py)))
+    }
+
+    /// The first range at or after `start` that begins no later than
+    /// `max`, or None.
+    fn find(&self, py: Python<'_>, start: u64, max: u64) -> Found3 {
+        let guard = bpfmaps::pin();
+        self.tree.find(start, max, &guard).map(|e| entry(py, e))
+    }
+
+    /// The lowest start of `size` free indices in `[min, max]`.
+    fn empty_area(&self, min: u64, max: u64, size: u64) -> PyResult<u64> {
+        let guard = bpfmaps::pin();
+        self.tree.empty_area(min, max, size, &guard).map_err(py_err)
+    }
+
+    /// The highest start of `size` free indices in `[min, max]`.
+    fn empty_area_rev(&self, min: u64, max: u64, size: u64) -> PyResult<u64> {
+        let guard = bpfmaps::pin();
+        self.tree
+            .empty_area_rev(min, max, size, &guard)
+            .map_err(py_err)
+    }
+
+    /// Stores `value` over the lowest free `size` indices in `[min, max]`
+    /// and returns their start.
+    fn alloc_range(&self, size: u64, value: Py<PyAny>, min: u64, max: u64) -> PyResult<u64> {
+        self.tree
+            .alloc_range(size, Obj::new(value), min, max)
+            .map_err(py_err)
+    }
+
+    /// Every range in `[lower, upper]` as `(first, last, value)`, in order.
+    #[pyo3(signature = (lower=0, upper=u64::MAX))]
+    fn items(&self, py: Python<'_>, lower: u64, upper: u64) -> Vec<(u64, u64, Py<PyAny>)> {
+        let guard = bpfmaps::pin();
+        self.tree
+            .range(lower..=upper, &guard)
+            .map(|e| entry(py, e))
+            .collect()
+    }
+
+    fn clear(&self) {
+        self.tree.clear();
+    }
+}
+
+/// A wildcard map with integer values, for the Python `Wildcard` helper:
+/// a schema of named fields, rules written as text.
+#[pyclass(frozen, module = "bpfmaps_rs._native", name = "Wildcard")]
+struct Wildcard {
+    map: bpfmaps::wildcard::WildcardMap,
+}
+
+#[pymethods]
+impl Wildcard {
+    /// `fields`: (name, kind, bytes) with kind "prefix", "range",
+    /// "exact" or "wildcard".
+    #[new]
+    #[pyo3(signature = (fields, max_entries=1 << 20))]
+    fn new(fields: Vec<(String, String, usize)>, max_entries: u32) -> PyResult<Self> {
+        use bpfmaps::wildcard::{Field, Schema};
+        let fields = fields
+            .iter()
+            .map(|(name, kind, size)| {
+                Ok(match kind.as_str() {
+                    "prefix" => Field::prefix(name, *size),
+                    "range" => Field::range(name, *size),
+                    "exact" => Field::exact(name, *size),
+                    "wildcard" => Field::wildcard(name, *size),
+                    other => {
+                        return Err(PyValueError::new_err(format!(
+                            "field kind {other:?}: prefix, range, exact or wildcard"
+                        )));
+                    }
+                })
+            })
+            .collect::<PyResult<Vec<_>>>()?;
+        let schema = Schema::new(fields).map_err(|e| PyValueError::new_err(e.to_string()))?;
+        Ok(Wildcard {
+            map: bpfmaps::wildcard::WildcardMap::new(schema, 8, max_entries).map_err(py_err)?,
+        })
+    }
+
+    fn __len__(&self) -> usize {
+        self.map.len()
+    }
+
+    /// Adds the rule written `text` (`"src 10.0.0.0/8, dport 1-1024"`;
+    /// fields left out match anything) at `priority` (lower wins).
+    #[pyo3(signature = (text, priority, value, flags=0))]
+    fn insert(&self, text: &str, priority: u32, value: u64, flags: u64) -> PyResult<()> {
+        let rule = self
+            .map
+            .schema()
+            .parse_rule(text, priority)
+            .map_err(|e| PyValueError::new_err(e.to_string()))?;
+        self.map
+            .insert(&rule, &value.to_ne_bytes(), flags)
+            .map_err(py_err)
+    }
+
+    /// Removes the rule written `text` at `priority`; its value.
+    fn remove(&self, text: &str, priority: u32) -> PyResult<u64> {
+        let rule = self
+            .map
+            .schema()
+            .parse_rule(text, priority)
+            .map_err(|e| PyValueError::new_err(e.to_string()))?;
+        self.map.take(&rule).map(|v| u64_of(&v)).map_err(py_err)
+    }
+
+    /// The best rule matching the packet written `text` (`"src 10.1.2.3,
+    /// dport 22"`, every field given): `(priority, value)`, or None.
+    fn classify(&self, text: &str) -> PyResult<Option<(u32, u64)>> {
+        let packet = self
+            .map
+            .schema()
+            .parse_packet(text)
+            .map_err(|e| PyValueError::new_err(e.to_string()))?;
+        let guard = bpfmaps::pin();
+        Ok(self
+            .map
+            .classify(&packet, &guard)
+            .map(|(r, v)| (r.priority, u64_of(v))))
+    }
+
+    /// `classify` for packets given as integer field values, one row per
+    /// packet (`uint64`, one column per field, fields up to 8 bytes),
+    /// with the GIL released: (priorities `uint32`, values `uint64`,
+    /// found `bool`).
+    #[allow(clippy::type_complexity)]
+    fn classify_many<'py>(
+        &self,
+        py: Python<'py>,
+        packets: PyReadonlyArray2<'py, u64>,
+    ) -> PyResult<(
+        Bound<'py, PyArray1<u32>>,
+        Bound<'py, PyArray1<u64>>,
+        Bound<'py, PyArray1<bool>>,
+    )> {
+        let fields = self.map.schema().fields().len();
+        check_size("a packet row", packets.shape()[1], fields)?;
+        let rows = packets
+            .as_slice()
+            .map_err(|_| PyValueError::new_err("packets must be C-contiguous"))?;
+        let schema = self.map.schema();
+        let parsed: Vec<_> = rows
+            .chunks_exact(fields)
+            .map(|r| schema.packet(&r.iter().map(|&v| u128::from(v)).collect::<Vec<_>>()))
+            .collect::<bpfmaps::Result<_>>()
+            .map_err(|e| PyValueError::new_err(e.to_string()))?;
+        let (prios, values, found) = py.allow_threads(|| {
+            let guard = bpfmaps::pin();
+            let mut prios = vec![0u32; parsed.len()];
+            let mut values = vec![0u64; parsed.len()];
+            let mut found = vec![false; parsed.len()];
+            for (i, p) in parsed.iter().enumerate() {
+                if let Some((r, v)) = self.map.classify(p, &guard) {
+                    prios[i] = r.priority;
+                    values[i] = u64_of(v);
+                    found[i] = true;
+                }
+            }
+            (prios, values, found)
+        });
+        Ok((
+            PyArray1::from_vec(py, prios),
+            PyArray1::from_vec(py, values),
+            PyArray1::from_vec(py, found),
+        ))
+    }
+}
+
 /// The module.
 #[pymodule]
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<RawMap>()?;
     m.add_class::<Lpm>()?;
+    m.add_class::<StrMap>()?;
+    m.add_class::<Maple>()?;
+    m.add_class::<Wildcard>()?;
     for f in bpfmaps::registry::FAMILIES {
         m.add(
             &*format!("MAP_TYPE_{}", f.name.to_uppercase()),

@@ -241,11 +241,7 @@ impl Suite for HashSweep {
 
     fn run(&self, ctx: &Ctx, opts: Opts) -> Vec<Record> {
         let entries = ctx.list_or(opts.entries, &[100_000], &[10_000, 100_000]);
-        let key_sizes = ctx.list_or(
-            opts.key_sizes,
-            &[8, 16, 64],
-            &[4, 8, 16, 32, 64, 128],
-        );
+        let key_sizes = ctx.list_or(opts.key_sizes, &[8, 16, 64], &[4, 8, 16, 32, 64, 128]);
         let mut fullness = ctx.list_or(opts.fullness, &[8, 16], &[8, 16]);
         fullness.retain(|&f| (1..=16).contains(&f));
         fullness.sort_unstable();

@@ -443,3 +443,105 @@ class Lpm:
         if a.dtype != np.uint8 or a.ndim != 2 or a.shape[1] != 16:
             raise TypeError(f"IPv6 addresses: uint8 rows of 16 bytes, not {a.dtype} {a.shape}")
         return self._t.lookup_many_v6(a)
+
+
+class StrMap(MutableMapping):
+    """A string-keyed map (the qp-trie map: keys stored once, in byte
+    order) with unsigned integer values up to 64 bits.
+
+    Keys are ``str`` (UTF-8) or ``bytes`` of 1 to ``max_key_size`` bytes;
+    with ``text=True`` (the default) keys come back as ``str`` when they
+    are valid UTF-8, else as ``bytes``.
+
+    >>> syms = StrMap()
+    >>> syms["vfs_read"] = 1; syms["vfs_write"] = 2; syms["tcp_sendmsg"] = 3
+    >>> [k for k, _ in syms.prefix("vfs_")]
+    ['vfs_read', 'vfs_write']
+    >>> syms.longest_prefix_of("vfs_readv")
+    ('vfs_read', 1)
+    """
+
+    def __init__(self, max_key_size: int = 255, max_entries: int = 1 << 22, text: bool = True) -> None:
+        self._m = _native.StrMap(max_key_size, max_entries)
+        self.text = text
+
+    def _out(self, key: bytes) -> Any:
+        if self.text:
+            try:
+                return key.decode()
+            except UnicodeDecodeError:
+                return key
+        return key
+
+    def __getitem__(self, key: Any) -> int:
+        value = self._m.get(key)
+        if value is None:
+            raise KeyError(key)
+        return value
+
+    def __setitem__(self, key: Any, value: int) -> None:
+        self._m.insert(key, value)
+
+    def insert(self, key: Any, value: int, flags: int = BPF_ANY) -> None:
+        """Stores ``value`` under ``key`` with the kernel's update flags."""
+        self._m.insert(key, value, flags)
+
+    def __delitem__(self, key: Any) -> None:
+        self._m.remove(key)
+
+    def __len__(self) -> int:
+        return len(self._m)
+
+    def __iter__(self) -> Iterator[Any]:
+        return (k for k, _ in self.range())
+
+    def memory_usage(self) -> int:
+        return self._m.memory_usage()
+
+    def prefix(self, prefix: Any) -> list:
+        """The (key, value) pairs whose key starts with ``prefix``, in
+        order."""
+        return [(self._out(k), v) for k, v in self._m.prefix(prefix)]
+
+    def range(self, lower: Any = None, upper: Any = None, *, lower_open: bool = False, upper_closed: bool = False) -> list:
+        """The (key, value) pairs from ``lower`` (included unless
+        ``lower_open``) to ``upper`` (excluded unless ``upper_closed``), in
+        order; None is unbounded."""
+        return [(self._out(k), v) for k, v in self._m.range(lower, upper, lower_open, upper_closed)]
+
+    def longest_prefix_of(self, key: Any) -> Optional[tuple]:
+        """The longest stored key that is a prefix of ``key`` (or ``key``
+        itself), with its value; None if none is."""
+        m = self._m.longest_prefix_of(key)
+        return None if m is None else (self._out(m[0]), m[1])
+
+
+MapleTree = _native.MapleTree
+MapleTree.__doc__ = """Non-overlapping ``u64`` ranges to Python objects (the
+kernel's maple tree): ``store_range``, ``insert_range``, ``load``,
+``erase``, ``find``, ``empty_area``/``empty_area_rev``, ``alloc_range``,
+``items``. Readers never block a writer.
+
+>>> vmas = MapleTree()
+>>> vmas.store_range(0x1000, 0x1fff, "text")
+>>> vmas.load(0x1800)
+(4096, 8191, 'text')
+>>> hex(vmas.empty_area(0, 0xffff, 0x1000))
+'0x0'
+"""
+
+Wildcard = _native.Wildcard
+Wildcard.__doc__ = """Multi-field rules with priorities (lower wins), one lookup
+per packet (TupleMerge): a schema of (name, kind, bytes) fields, kind
+``prefix``, ``range``, ``exact`` or ``wildcard``; rules and packets
+written as text; ``classify_many`` over a numpy ``uint64`` array, one
+column per field.
+
+>>> fw = Wildcard([("src", "prefix", 4), ("dport", "range", 2), ("proto", "wildcard", 1)])
+>>> fw.insert("src 10.0.0.0/8, dport 22, proto 6", 1, 100)
+>>> fw.insert("dport 0-1023", 5, 200)
+>>> fw.classify("src 10.9.9.9, dport 22, proto 6"), fw.classify("src 1.2.3.4, dport 80, proto 17")
+((1, 100), (5, 200))
+"""
+
+__all__ += ["StrMap", "MapleTree", "Wildcard"]
