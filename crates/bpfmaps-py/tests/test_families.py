@@ -59,6 +59,18 @@ def test_ranges():
         t[Range(9, 3)] = 1
 
 
+def test_bloom_filter_through_table_push_and_peek():
+    t = b.Table(b.MAP_TYPE_BLOOM_FILTER, 0, ctypes.c_uint32, 1000, extra=3)
+    t.push(77)
+    assert t.peek(77)
+    assert sum(not t.peek(v) for v in range(1000, 1100)) > 90
+    with pytest.raises(ValueError):
+        t.push(b"toolong!")
+    h = b.Table(b.MAP_TYPE_HASH, 4, 4, 10)
+    with pytest.raises(TypeError):
+        h.push(1)
+
+
 def test_bloom_filter_without_keys():
     m = b._native.RawMap(b.MAP_TYPE_BLOOM_FILTER, 0, 4, 1000, 0, 3)
     m.update(b"", (77).to_bytes(4, "little"), 0)

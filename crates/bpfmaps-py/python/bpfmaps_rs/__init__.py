@@ -193,6 +193,26 @@ class Table(MutableMapping):
             for key in list(self):
                 self.pop(key, None)
 
+    def push(self, value: Any, flags: int = BPF_ANY) -> None:
+        """Adds ``value`` to a map without keys (the bloom filter), as
+        ``bpf_map_push_elem``."""
+        self._require_keyless()
+        self._map.update(b"", self._value(value), flags)
+
+    def peek(self, value: Any) -> bool:
+        """For the bloom filter: whether ``value`` may have been pushed
+        (False means certainly not), as ``bpf_map_peek_elem``."""
+        self._require_keyless()
+        try:
+            self._map.lookup(b"", self._value(value))
+        except KeyError:
+            return False
+        return True
+
+    def _require_keyless(self) -> None:
+        if self.key_size != 0:
+            raise TypeError("push and peek are for maps without keys (key size 0)")
+
     def lookup_and_delete(self, key: Any) -> Any:
         return self._leaf_out(self._map.lookup_and_delete(self._key(key)))
 
