@@ -108,6 +108,18 @@ fn call(f: impl FnOnce() -> Result<c_int, Errno>) -> c_int {
     }
 }
 
+/// Runs a call on the map behind `fd` (`EBADF` if none), as [`call`].
+#[inline(always)]
+fn on_map(fd: c_int, f: impl FnOnce(&Open) -> Result<c_int, Errno>) -> c_int {
+    call(|| handles::with(fd, f)?)
+}
+
+/// The `_flags` forms take no flag bpfmaps' maps can honour: `EINVAL`
+/// for any (after `EBADF` for a bad handle, as the kernel checks).
+fn no_flags(fd: c_int, flags: c_ulonglong) -> Option<c_int> {
+    (flags != 0).then(|| on_map(fd, |_| Err(libc::EINVAL)))
+}
+
 #[cold]
 #[inline(never)]
 fn fail(e: Errno) -> c_int {
@@ -281,13 +293,11 @@ pub unsafe extern "C" fn bpfmaps_map_update_elem(
     value: *const c_void,
     flags: c_ulonglong,
 ) -> c_int {
-    call(|| {
-        handles::with(fd, |m| {
-            // SAFETY: the caller's promise.
-            let (key, value) = unsafe { (m.key(key)?, bytes(value, m.value_size)?) };
-            m.map.update(key, value, flags).map_err(errno_of)?;
-            Ok(0)
-        })?
+    on_map(fd, |m| {
+        // SAFETY: the caller's promise.
+        let (key, value) = unsafe { (m.key(key)?, bytes(value, m.value_size)?) };
+        m.map.update(key, value, flags).map_err(errno_of)?;
+        Ok(0)
     })
 }
 
@@ -305,13 +315,11 @@ pub unsafe extern "C" fn bpfmaps_map_lookup_elem(
     key: *const c_void,
     value: *mut c_void,
 ) -> c_int {
-    call(|| {
-        handles::with(fd, |m| {
-            // SAFETY: the caller's promise.
-            let (key, value) = unsafe { (m.key(key)?, bytes_mut(value, m.value_size)?) };
-            m.map.lookup(key, value).map_err(errno_of)?;
-            Ok(0)
-        })?
+    on_map(fd, |m| {
+        // SAFETY: the caller's promise.
+        let (key, value) = unsafe { (m.key(key)?, bytes_mut(value, m.value_size)?) };
+        m.map.lookup(key, value).map_err(errno_of)?;
+        Ok(0)
     })
 }
 
@@ -328,8 +336,8 @@ pub unsafe extern "C" fn bpfmaps_map_lookup_elem_flags(
     value: *mut c_void,
     flags: c_ulonglong,
 ) -> c_int {
-    if flags != 0 {
-        return call(|| handles::with(fd, |_| Err(libc::EINVAL))?);
+    if let Some(err) = no_flags(fd, flags) {
+        return err;
     }
     // SAFETY: the caller's promise.
     unsafe { bpfmaps_map_lookup_elem(fd, key, value) }
@@ -341,13 +349,11 @@ pub unsafe extern "C" fn bpfmaps_map_lookup_elem_flags(
 /// `key` points to a key of the map.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn bpfmaps_map_delete_elem(fd: c_int, key: *const c_void) -> c_int {
-    call(|| {
-        handles::with(fd, |m| {
-            // SAFETY: the caller's promise.
-            let key = unsafe { m.key(key)? };
-            m.map.delete(key).map_err(errno_of)?;
-            Ok(0)
-        })?
+    on_map(fd, |m| {
+        // SAFETY: the caller's promise.
+        let key = unsafe { m.key(key)? };
+        m.map.delete(key).map_err(errno_of)?;
+        Ok(0)
     })
 }
 
@@ -362,8 +368,8 @@ pub unsafe extern "C" fn bpfmaps_map_delete_elem_flags(
     key: *const c_void,
     flags: c_ulonglong,
 ) -> c_int {
-    if flags != 0 {
-        return call(|| handles::with(fd, |_| Err(libc::EINVAL))?);
+    if let Some(err) = no_flags(fd, flags) {
+        return err;
     }
     // SAFETY: the caller's promise.
     unsafe { bpfmaps_map_delete_elem(fd, key) }
@@ -380,13 +386,11 @@ pub unsafe extern "C" fn bpfmaps_map_lookup_and_delete_elem(
     key: *const c_void,
     value: *mut c_void,
 ) -> c_int {
-    call(|| {
-        handles::with(fd, |m| {
-            // SAFETY: the caller's promise.
-            let (key, value) = unsafe { (m.key(key)?, bytes_mut(value, m.value_size)?) };
-            m.map.lookup_and_delete(key, value).map_err(errno_of)?;
-            Ok(0)
-        })?
+    on_map(fd, |m| {
+        // SAFETY: the caller's promise.
+        let (key, value) = unsafe { (m.key(key)?, bytes_mut(value, m.value_size)?) };
+        m.map.lookup_and_delete(key, value).map_err(errno_of)?;
+        Ok(0)
     })
 }
 
@@ -402,8 +406,8 @@ pub unsafe extern "C" fn bpfmaps_map_lookup_and_delete_elem_flags(
     value: *mut c_void,
     flags: c_ulonglong,
 ) -> c_int {
-    if flags != 0 {
-        return call(|| handles::with(fd, |_| Err(libc::EINVAL))?);
+    if let Some(err) = no_flags(fd, flags) {
+        return err;
     }
     // SAFETY: the caller's promise.
     unsafe { bpfmaps_map_lookup_and_delete_elem(fd, key, value) }
@@ -424,27 +428,25 @@ pub unsafe extern "C" fn bpfmaps_map_get_next_key(
     key: *const c_void,
     next_key: *mut c_void,
 ) -> c_int {
-    call(|| {
-        handles::with(fd, |m| {
-            let key = if key.is_null() {
-                None
-            } else {
-                // SAFETY: the caller's promise.
-                Some(unsafe { m.key(key)? })
-            };
+    on_map(fd, |m| {
+        let key = if key.is_null() {
+            None
+        } else {
             // SAFETY: the caller's promise.
-            let out = unsafe { bytes_mut(next_key, m.key_stride)? };
-            if m.key_stride == 0 {
-                return Err(libc::EOPNOTSUPP);
-            }
-            let (head, rest) = out.split_at_mut(if m.var_keys { 4 } else { 0 });
-            let len = m.map.get_next_key(key, rest).map_err(errno_of)?;
-            if m.var_keys {
-                rest[len..].fill(0);
-                head.copy_from_slice(&(len as u32).to_ne_bytes());
-            }
-            Ok(0)
-        })?
+            Some(unsafe { m.key(key)? })
+        };
+        // SAFETY: the caller's promise.
+        let out = unsafe { bytes_mut(next_key, m.key_stride)? };
+        if m.key_stride == 0 {
+            return Err(libc::EOPNOTSUPP);
+        }
+        let (head, rest) = out.split_at_mut(if m.var_keys { 4 } else { 0 });
+        let len = m.map.get_next_key(key, rest).map_err(errno_of)?;
+        if m.var_keys {
+            rest[len..].fill(0);
+            head.copy_from_slice(&(len as u32).to_ne_bytes());
+        }
+        Ok(0)
     })
 }
 
@@ -497,48 +499,46 @@ unsafe fn lookup_batch(
     opts: *const bpfmaps_map_batch_opts,
     delete: bool,
 ) -> c_int {
-    call(|| {
-        handles::with(fd, |m| {
+    on_map(fd, |m| {
+        // SAFETY: the caller's promise.
+        let (_, count) = unsafe { batch_start(opts, count, false)? };
+        let n = *count as usize;
+        if n == 0 {
+            return Ok(0);
+        }
+        let after = {
+            let cursors = m.cursors.lock();
             // SAFETY: the caller's promise.
-            let (_, count) = unsafe { batch_start(opts, count, false)? };
-            let n = *count as usize;
-            if n == 0 {
-                return Ok(0);
-            }
-            let after = {
-                let cursors = m.cursors.lock();
-                // SAFETY: the caller's promise.
-                unsafe { resume(&cursors, in_batch)? }
-            };
-            if out_batch.is_null() {
-                return Err(libc::EFAULT);
-            }
-            let layout = m.layout();
-            // SAFETY: the caller's promise: room for `count` of each.
-            let (keys, values) = unsafe {
-                (
-                    bytes_mut(keys, n * layout.stride())?,
-                    bytes_mut(values, n * m.value_size)?,
-                )
-            };
-            let done = if delete {
-                m.map.lookup_and_delete_batch(keys, values)
-            } else {
-                m.map.lookup_batch(after.as_deref(), keys, values)
-            };
-            let copied = done.map_err(|e| batch_errno(e, count))?;
-            *count = copied as u32;
-            if copied > 0 {
-                let last = layout.key(keys, copied - 1).map_err(errno_of)?;
-                let token = m.cursors.lock().issue(last);
-                // SAFETY: the caller's promise: 4 writable bytes.
-                unsafe { out_batch.cast::<u32>().write_unaligned(token) };
-            }
-            if copied < n {
-                return Err(libc::ENOENT);
-            }
-            Ok(0)
-        })?
+            unsafe { resume(&cursors, in_batch)? }
+        };
+        if out_batch.is_null() {
+            return Err(libc::EFAULT);
+        }
+        let layout = m.layout();
+        // SAFETY: the caller's promise: room for `count` of each.
+        let (keys, values) = unsafe {
+            (
+                bytes_mut(keys, n * layout.stride())?,
+                bytes_mut(values, n * m.value_size)?,
+            )
+        };
+        let done = if delete {
+            m.map.lookup_and_delete_batch(keys, values)
+        } else {
+            m.map.lookup_batch(after.as_deref(), keys, values)
+        };
+        let copied = done.map_err(|e| batch_errno(e, count))?;
+        *count = copied as u32;
+        if copied > 0 {
+            let last = layout.key(keys, copied - 1).map_err(errno_of)?;
+            let token = m.cursors.lock().issue(last);
+            // SAFETY: the caller's promise: 4 writable bytes.
+            unsafe { out_batch.cast::<u32>().write_unaligned(token) };
+        }
+        if copied < n {
+            return Err(libc::ENOENT);
+        }
+        Ok(0)
     })
 }
 
@@ -607,25 +607,23 @@ pub unsafe extern "C" fn bpfmaps_map_update_batch(
     count: *mut u32,
     opts: *const bpfmaps_map_batch_opts,
 ) -> c_int {
-    call(|| {
-        handles::with(fd, |m| {
-            // SAFETY: the caller's promise.
-            let (elem_flags, count) = unsafe { batch_start(opts, count, true)? };
-            let n = *count as usize;
-            if n == 0 {
-                return Ok(0);
-            }
-            // SAFETY: the caller's promise.
-            let (keys, values) = unsafe {
-                (
-                    bytes(keys, n * m.layout().stride())?,
-                    bytes(values, n * m.value_size)?,
-                )
-            };
-            let done = m.map.update_batch(keys, values, elem_flags);
-            *count = done.map_err(|e| batch_errno(e, count))? as u32;
-            Ok(0)
-        })?
+    on_map(fd, |m| {
+        // SAFETY: the caller's promise.
+        let (elem_flags, count) = unsafe { batch_start(opts, count, true)? };
+        let n = *count as usize;
+        if n == 0 {
+            return Ok(0);
+        }
+        // SAFETY: the caller's promise.
+        let (keys, values) = unsafe {
+            (
+                bytes(keys, n * m.layout().stride())?,
+                bytes(values, n * m.value_size)?,
+            )
+        };
+        let done = m.map.update_batch(keys, values, elem_flags);
+        *count = done.map_err(|e| batch_errno(e, count))? as u32;
+        Ok(0)
     })
 }
 
@@ -642,22 +640,20 @@ pub unsafe extern "C" fn bpfmaps_map_delete_batch(
     count: *mut u32,
     opts: *const bpfmaps_map_batch_opts,
 ) -> c_int {
-    call(|| {
-        handles::with(fd, |m| {
-            // SAFETY: the caller's promise.
-            let (_, count) = unsafe { batch_start(opts, count, false)? };
-            let n = *count as usize;
-            if n == 0 {
-                return Ok(0);
-            }
-            // SAFETY: the caller's promise.
-            let keys = unsafe { bytes(keys, n * m.layout().stride())? };
-            *count = m
-                .map
-                .delete_batch(keys)
-                .map_err(|e| batch_errno(e, count))? as u32;
-            Ok(0)
-        })?
+    on_map(fd, |m| {
+        // SAFETY: the caller's promise.
+        let (_, count) = unsafe { batch_start(opts, count, false)? };
+        let n = *count as usize;
+        if n == 0 {
+            return Ok(0);
+        }
+        // SAFETY: the caller's promise.
+        let keys = unsafe { bytes(keys, n * m.layout().stride())? };
+        *count = m
+            .map
+            .delete_batch(keys)
+            .map_err(|e| batch_errno(e, count))? as u32;
+        Ok(0)
     })
 }
 
@@ -674,36 +670,34 @@ pub unsafe extern "C" fn bpfmaps_map_get_info_by_fd(
     info: *mut bpfmaps_map_info,
     info_len: *mut u32,
 ) -> c_int {
-    call(|| {
-        handles::with(fd, |m| {
-            // SAFETY: the caller's promise.
-            let len = unsafe { info_len.as_mut() }.ok_or(libc::EFAULT)?;
-            // SAFETY: the caller's promise.
-            let out = unsafe { bytes_mut(info.cast(), *len as usize)? };
-            let ours = size_of::<bpfmaps_map_info>();
-            if out.len() > ours && out[ours..].iter().any(|&b| b != 0) {
-                return Err(libc::E2BIG);
-            }
-            let i = m.map.info();
-            let full = bpfmaps_map_info {
-                r#type: i.map_type.0,
-                id: m.id,
-                key_size: i.key_size,
-                value_size: i.value_size,
-                max_entries: i.max_entries,
-                map_flags: i.map_flags,
-                name: m.name.map(|b| b as c_char),
-                map_extra: i.map_extra,
-                ..Default::default()
-            };
-            let n = out.len().min(ours);
-            // SAFETY: `full` is `ours` initialized bytes (its padding
-            // field is a named zero); `n` of them fit in `out`.
-            let src = unsafe { std::slice::from_raw_parts((&raw const full).cast::<u8>(), n) };
-            out[..n].copy_from_slice(src);
-            *len = n as u32;
-            Ok(0)
-        })?
+    on_map(fd, |m| {
+        // SAFETY: the caller's promise.
+        let len = unsafe { info_len.as_mut() }.ok_or(libc::EFAULT)?;
+        // SAFETY: the caller's promise.
+        let out = unsafe { bytes_mut(info.cast(), *len as usize)? };
+        let ours = size_of::<bpfmaps_map_info>();
+        if out.len() > ours && out[ours..].iter().any(|&b| b != 0) {
+            return Err(libc::E2BIG);
+        }
+        let i = m.map.info();
+        let full = bpfmaps_map_info {
+            r#type: i.map_type.0,
+            id: m.id,
+            key_size: i.key_size,
+            value_size: i.value_size,
+            max_entries: i.max_entries,
+            map_flags: i.map_flags,
+            name: m.name.map(|b| b as c_char),
+            map_extra: i.map_extra,
+            ..Default::default()
+        };
+        let n = out.len().min(ours);
+        // SAFETY: `full` is `ours` initialized bytes (its padding
+        // field is a named zero); `n` of them fit in `out`.
+        let src = unsafe { std::slice::from_raw_parts((&raw const full).cast::<u8>(), n) };
+        out[..n].copy_from_slice(src);
+        *len = n as u32;
+        Ok(0)
     })
 }
 

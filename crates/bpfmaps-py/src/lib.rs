@@ -460,15 +460,6 @@ fn v6net((a, l): ([u8; 16], u8)) -> Ipv6Net {
         .trunc()
 }
 
-/// A prefix as "addr/len".
-fn shown4(p: Ipv4Net) -> String {
-    p.to_string()
-}
-
-fn shown6(p: Ipv6Net) -> String {
-    p.to_string()
-}
-
 #[pymethods]
 impl Lpm {
     #[new]
@@ -529,10 +520,10 @@ impl Lpm {
         Ok(match &self.table {
             Table::V4(t) => t
                 .longest_match(Ipv4Addr::from(address::<4>(addr)?))
-                .map(|(p, v)| (shown4(p), v)),
+                .map(|(p, v)| (p.to_string(), v)),
             Table::V6(t) => t
                 .longest_match(Ipv6Addr::from(address::<16>(addr)?))
-                .map(|(p, v)| (shown6(p), v)),
+                .map(|(p, v)| (p.to_string(), v)),
         })
     }
 
@@ -551,12 +542,12 @@ impl Lpm {
             Table::V4(t) => t
                 .covering(v4net(self::prefix::<4>(prefix)?))
                 .into_iter()
-                .map(|(p, v)| (shown4(p), v))
+                .map(|(p, v)| (p.to_string(), v))
                 .collect(),
             Table::V6(t) => t
                 .covering(v6net(self::prefix::<16>(prefix)?))
                 .into_iter()
-                .map(|(p, v)| (shown6(p), v))
+                .map(|(p, v)| (p.to_string(), v))
                 .collect(),
         })
     }
@@ -567,12 +558,12 @@ impl Lpm {
             Table::V4(t) => t
                 .covered(v4net(self::prefix::<4>(prefix)?))
                 .into_iter()
-                .map(|(p, v)| (shown4(p), v))
+                .map(|(p, v)| (p.to_string(), v))
                 .collect(),
             Table::V6(t) => t
                 .covered(v6net(self::prefix::<16>(prefix)?))
                 .into_iter()
-                .map(|(p, v)| (shown6(p), v))
+                .map(|(p, v)| (p.to_string(), v))
                 .collect(),
         })
     }
@@ -580,8 +571,8 @@ impl Lpm {
     /// Every prefix and value, in order.
     fn items(&self) -> Vec<(String, u64)> {
         match &self.table {
-            Table::V4(t) => t.iter().map(|(p, v)| (shown4(p), v)).collect(),
-            Table::V6(t) => t.iter().map(|(p, v)| (shown6(p), v)).collect(),
+            Table::V4(t) => t.iter().map(|(p, v)| (p.to_string(), v)).collect(),
+            Table::V6(t) => t.iter().map(|(p, v)| (p.to_string(), v)).collect(),
         }
     }
 

@@ -47,7 +47,7 @@ def test_strmap_matches_a_sorted_dict(items, prefix, lo, hi):
         model[k] = v
     keys = sorted(model)
     assert list(m) == keys
-    assert [k for k, _ in m.prefix(prefix)] == [k for k in keys if k.startswith(prefix)] if prefix else True
+    assert [k for k, _ in m.prefix(prefix)] == [k for k in keys if k.startswith(prefix)]
     assert m.range(lo, hi) == [(k, model[k]) for k in keys if lo <= k < hi]
     probe = lo + hi
     best = max((k for k in keys if probe.startswith(k)), key=len, default=None)

@@ -1189,7 +1189,7 @@ impl QpTrieMap {
             lower,
             upper: upper.map_or(Bound::Unbounded, Bound::Excluded),
             buffered: std::collections::VecDeque::new(),
-            done: prefix.is_empty(),
+            done: false,
         }
     }
 

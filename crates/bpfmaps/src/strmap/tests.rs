@@ -251,6 +251,11 @@ fn matches_the_model(
                 want
             );
         }
+        // Every key starts with the empty prefix.
+        prop_assert_eq!(
+            m.prefix(&[], &guard).map(|(k, _)| k).collect::<Vec<_>>(),
+            model.keys().cloned().collect::<Vec<_>>()
+        );
         // `range` as well as `for_each_in`.
         common::check_ranges(&m, &model, probes, |l, h, want| {
             let got: Vec<_> = m
