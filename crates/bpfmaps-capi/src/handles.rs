@@ -116,17 +116,9 @@ pub(crate) fn with<R>(fd: libc::c_int, f: impl FnOnce(&Open) -> R) -> Result<R, 
 
 /// A new handle for `open`.
 pub(crate) fn open(open: Open) -> Result<libc::c_int, Errno> {
-    let mut name = *b"bpfmaps-map:\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0";
-    let len = open.name.iter().position(|&b| b == 0).unwrap_or(16);
-    name[12..12 + len].copy_from_slice(&open.name[..len]);
-    // SAFETY: a NUL-terminated name.
-    let fd = unsafe { libc::memfd_create(name.as_ptr().cast(), libc::MFD_CLOEXEC) };
-    if fd < 0 {
-        return Err(errno::errno().0);
-    }
+    let fd = new_fd(&open.name)?;
     let Some(slot) = slot(fd, true) else {
-        // SAFETY: the fd just made, not handed out.
-        unsafe { libc::close(fd) };
+        close_fd(fd);
         return Err(libc::EMFILE);
     };
     let guard = epoch::pin();
@@ -157,7 +149,39 @@ pub(crate) fn close(fd: libc::c_int) -> Result<(), Errno> {
     drop(guard);
     // The number is free for the system to reuse only now, after the
     // slot is empty.
-    // SAFETY: the memfd this handle made.
-    unsafe { libc::close(fd) };
+    close_fd(fd);
     Ok(())
 }
+
+/// A new fd number for a map named `name`: a memfd with that name.
+#[cfg(not(miri))]
+fn new_fd(name: &[u8; 16]) -> Result<libc::c_int, Errno> {
+    let mut full = *b"bpfmaps-map:\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0";
+    let len = name.iter().position(|&b| b == 0).unwrap_or(16);
+    full[12..12 + len].copy_from_slice(&name[..len]);
+    // SAFETY: a NUL-terminated name.
+    let fd = unsafe { libc::memfd_create(full.as_ptr().cast(), libc::MFD_CLOEXEC) };
+    if fd < 0 {
+        return Err(errno::errno().0);
+    }
+    Ok(fd)
+}
+
+/// Closes a number [`new_fd`] made.
+#[cfg(not(miri))]
+fn close_fd(fd: libc::c_int) {
+    // SAFETY: the memfd this handle made, no longer handed out.
+    unsafe { libc::close(fd) };
+}
+
+/// Under Miri, which has no `memfd_create`: numbers from a counter, so
+/// that everything else (the slots, the pins, the calls' pointers) runs
+/// as it does for real.
+#[cfg(miri)]
+fn new_fd(_name: &[u8; 16]) -> Result<libc::c_int, Errno> {
+    static NEXT: std::sync::atomic::AtomicI32 = std::sync::atomic::AtomicI32::new(3);
+    Ok(NEXT.fetch_add(1, Ordering::Relaxed))
+}
+
+#[cfg(miri)]
+fn close_fd(_fd: libc::c_int) {}

@@ -46,6 +46,7 @@
 mod handles;
 mod opts;
 
+use std::borrow::Cow;
 use std::ffi::{CStr, c_char, c_int, c_ulonglong, c_void};
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -166,6 +167,19 @@ unsafe fn bytes_mut<'a>(ptr: *mut c_void, len: usize) -> Result<&'a mut [u8], Er
     }
     // SAFETY: the caller's promise.
     Ok(unsafe { std::slice::from_raw_parts_mut(ptr.cast(), len) })
+}
+
+/// `key`, copied if it overlaps the `len` bytes at `out`. C callers may
+/// pass one buffer for both (`bpf_map_get_next_key(fd, &k, &k)`), which
+/// the kernel allows, since it copies the key in first; here a shared
+/// and a mutable slice of the same bytes would alias (Miri found it).
+fn apart(key: &[u8], out: *mut c_void, len: usize) -> Cow<'_, [u8]> {
+    let (k, o) = (key.as_ptr() as usize, out as usize);
+    if k < o.wrapping_add(len) && o < k + key.len() {
+        Cow::Owned(key.to_vec())
+    } else {
+        Cow::Borrowed(key)
+    }
 }
 
 impl Open {
@@ -317,8 +331,10 @@ pub unsafe extern "C" fn bpfmaps_map_lookup_elem(
 ) -> c_int {
     on_map(fd, |m| {
         // SAFETY: the caller's promise.
-        let (key, value) = unsafe { (m.key(key)?, bytes_mut(value, m.value_size)?) };
-        m.map.lookup(key, value).map_err(errno_of)?;
+        let key = apart(unsafe { m.key(key)? }, value, m.value_size);
+        // SAFETY: as above.
+        let value = unsafe { bytes_mut(value, m.value_size)? };
+        m.map.lookup(&key, value).map_err(errno_of)?;
         Ok(0)
     })
 }
@@ -388,8 +404,10 @@ pub unsafe extern "C" fn bpfmaps_map_lookup_and_delete_elem(
 ) -> c_int {
     on_map(fd, |m| {
         // SAFETY: the caller's promise.
-        let (key, value) = unsafe { (m.key(key)?, bytes_mut(value, m.value_size)?) };
-        m.map.lookup_and_delete(key, value).map_err(errno_of)?;
+        let key = apart(unsafe { m.key(key)? }, value, m.value_size);
+        // SAFETY: as above.
+        let value = unsafe { bytes_mut(value, m.value_size)? };
+        m.map.lookup_and_delete(&key, value).map_err(errno_of)?;
         Ok(0)
     })
 }
@@ -433,7 +451,7 @@ pub unsafe extern "C" fn bpfmaps_map_get_next_key(
             None
         } else {
             // SAFETY: the caller's promise.
-            Some(unsafe { m.key(key)? })
+            Some(apart(unsafe { m.key(key)? }, next_key, m.key_stride))
         };
         // SAFETY: the caller's promise.
         let out = unsafe { bytes_mut(next_key, m.key_stride)? };
@@ -441,7 +459,7 @@ pub unsafe extern "C" fn bpfmaps_map_get_next_key(
             return Err(libc::EOPNOTSUPP);
         }
         let (head, rest) = out.split_at_mut(if m.var_keys { 4 } else { 0 });
-        let len = m.map.get_next_key(key, rest).map_err(errno_of)?;
+        let len = m.map.get_next_key(key.as_deref(), rest).map_err(errno_of)?;
         if m.var_keys {
             rest[len..].fill(0);
             head.copy_from_slice(&(len as u32).to_ne_bytes());
@@ -515,13 +533,14 @@ unsafe fn lookup_batch(
             return Err(libc::EFAULT);
         }
         let layout = m.layout();
+        let (klen, vlen) = (n * layout.stride(), n * m.value_size);
+        // Two buffers the call writes: overlapping, they would alias.
+        let (k, v) = (keys as usize, values as usize);
+        if klen > 0 && vlen > 0 && k < v.wrapping_add(vlen) && v < k.wrapping_add(klen) {
+            return Err(libc::EINVAL);
+        }
         // SAFETY: the caller's promise: room for `count` of each.
-        let (keys, values) = unsafe {
-            (
-                bytes_mut(keys, n * layout.stride())?,
-                bytes_mut(values, n * m.value_size)?,
-            )
-        };
+        let (keys, values) = unsafe { (bytes_mut(keys, klen)?, bytes_mut(values, vlen)?) };
         let done = if delete {
             m.map.lookup_and_delete_batch(keys, values)
         } else {

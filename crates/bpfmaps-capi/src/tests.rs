@@ -13,6 +13,10 @@ fn map_types_are_the_registrys() {
 /// `include/bpfmaps.h` is what cbindgen makes of this crate now;
 /// `BPFMAPS_BLESS=1 cargo test -p bpfmaps-capi header` rewrites it.
 #[test]
+#[cfg_attr(
+    miri,
+    ignore = "cbindgen parses the crate: minutes under Miri, no unsafe code"
+)]
 fn header_is_current() {
     let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
     let config = cbindgen::Config::from_file(dir.join("cbindgen.toml")).unwrap();
@@ -63,6 +67,7 @@ fn hash_map() -> c_int {
 /// A handle closed with close(2) instead of `bpfmaps_map_close`: the
 /// next map that gets its number replaces the stale map, which is freed.
 #[test]
+#[cfg_attr(miri, ignore = "close(2) of a memfd; Miri's handles are a counter")]
 fn a_number_closed_by_close_2_is_taken_over() {
     let fd = hash_map();
     let key = 1u32;
@@ -98,4 +103,264 @@ fn with_map_sees_the_handles_map() {
     assert_eq!(bpfmaps_map_close(fd), 0);
     assert_eq!(with_map(fd, |m| m.len()), None);
     assert_eq!(with_map(-3, |m| m.len()), None);
+}
+
+/// The calls' raw pointers, from Rust, so that Miri checks every read
+/// and write they make of the caller's memory (the C tests cover the
+/// same calls from C, where Miri cannot go): fixed keys, keys with their
+/// length in front, key-less maps, batches with tokens, info.
+mod pointers {
+    use std::ffi::c_void;
+    use std::ptr::{null, null_mut};
+
+    use super::*;
+
+    fn p<T>(x: &T) -> *const c_void {
+        (x as *const T).cast()
+    }
+    fn m<T>(x: &mut T) -> *mut c_void {
+        (x as *mut T).cast()
+    }
+    fn create(map_type: u32, key_size: u32, value_size: u32, max: u32) -> c_int {
+        // SAFETY: a NUL-terminated name, no options.
+        unsafe { bpfmaps_map_create(map_type, c"t".as_ptr(), key_size, value_size, max, null()) }
+    }
+
+    #[test]
+    fn fixed_keys_every_call() {
+        let fd = create(BPFMAPS_MAP_TYPE_HASH, 4, 8, 16);
+        assert!(fd >= 0);
+        // SAFETY: (the whole test) every pointer is to a live local of
+        // the map's key or value size, or NULL where the call allows it.
+        unsafe {
+            for k in 0..10u32 {
+                let v = u64::from(k) * 3;
+                assert_eq!(bpfmaps_map_update_elem(fd, p(&k), p(&v), 0), 0);
+            }
+            let (k, mut v) = (7u32, 0u64);
+            assert_eq!(bpfmaps_map_lookup_elem(fd, p(&k), m(&mut v)), 0);
+            assert_eq!(v, 21);
+            // One buffer for the key and the value, as the kernel allows.
+            let mut both = 7u64;
+            assert_eq!(bpfmaps_map_lookup_elem(fd, p(&both), m(&mut both)), 0);
+            assert_eq!(both, 21);
+            assert_eq!(bpfmaps_map_update_elem(fd, p(&k), p(&v), 1), -libc::EEXIST);
+            assert_eq!(
+                bpfmaps_map_lookup_elem_flags(fd, p(&k), m(&mut v), 4),
+                -libc::EINVAL
+            );
+            assert_eq!(
+                bpfmaps_map_lookup_elem(fd, null(), m(&mut v)),
+                -libc::EFAULT
+            );
+            assert_eq!(
+                bpfmaps_map_lookup_elem(fd, p(&k), null_mut()),
+                -libc::EFAULT
+            );
+            assert_eq!(bpfmaps_map_lookup_and_delete_elem(fd, p(&k), m(&mut v)), 0);
+            assert_eq!(bpfmaps_map_delete_elem(fd, p(&k)), -libc::ENOENT);
+            assert_eq!(bpfmaps_map_delete_elem(fd, p(&1u32)), 0);
+
+            // The walk: get_next_key from NULL to ENOENT, eight keys.
+            let (mut key, mut seen) = (0u32, 0);
+            let mut at = null();
+            while bpfmaps_map_get_next_key(fd, at, m(&mut key)) == 0 {
+                seen += 1;
+                at = p(&key);
+            }
+            assert_eq!(seen, 8);
+
+            // Batches of three, resumed from their tokens.
+            let (mut keys, mut values) = ([0u32; 3], [0u64; 3]);
+            let (mut token, mut got) = (0u32, Vec::new());
+            let mut in_batch = null_mut();
+            loop {
+                let mut count = 3u32;
+                let r = bpfmaps_map_lookup_batch(
+                    fd,
+                    in_batch,
+                    m(&mut token),
+                    m(&mut keys),
+                    m(&mut values),
+                    &mut count,
+                    null(),
+                );
+                got.extend((0..count as usize).map(|i| (keys[i], values[i])));
+                if r == -libc::ENOENT {
+                    break;
+                }
+                assert_eq!(r, 0);
+                in_batch = m(&mut token);
+            }
+            got.sort();
+            let want: Vec<(u32, u64)> = [0, 2, 3, 4, 5, 6, 8, 9]
+                .iter()
+                .map(|&k| (k, u64::from(k) * 3))
+                .collect();
+            assert_eq!(got, want);
+
+            let (ks, vs) = ([20u32, 21, 22], [1u64, 2, 3]);
+            let mut count = 3;
+            let opts = bpfmaps_map_batch_opts {
+                sz: size_of::<bpfmaps_map_batch_opts>(),
+                ..Default::default()
+            };
+            assert_eq!(
+                bpfmaps_map_update_batch(fd, p(&ks), p(&vs), &mut count, &opts),
+                0
+            );
+            let mut count = 3;
+            let gone = [20u32, 99, 21];
+            assert_eq!(
+                bpfmaps_map_delete_batch(fd, p(&gone), &mut count, null()),
+                -libc::ENOENT
+            );
+            assert_eq!(count, 1);
+            let mut count = 2;
+            let mut one = [0u64; 2];
+            let r = bpfmaps_map_lookup_batch(
+                fd,
+                null_mut(),
+                m(&mut token),
+                m(&mut one),
+                m(&mut one),
+                &mut count,
+                null(),
+            );
+            assert_eq!(r, -libc::EINVAL, "keys and values in one buffer");
+            let mut count = 16;
+            let (mut keys, mut values) = ([0u32; 16], [0u64; 16]);
+            let r = bpfmaps_map_lookup_and_delete_batch(
+                fd,
+                null_mut(),
+                m(&mut token),
+                m(&mut keys),
+                m(&mut values),
+                &mut count,
+                null(),
+            );
+            assert_eq!((r, count), (-libc::ENOENT, 10));
+
+            let mut info = bpfmaps_map_info::default();
+            let mut len = size_of::<bpfmaps_map_info>() as u32;
+            assert_eq!(bpfmaps_map_get_info_by_fd(fd, &mut info, &mut len), 0);
+            assert_eq!((info.r#type, info.key_size, info.value_size), (1, 4, 8));
+            assert_eq!(info.name[0], b't' as c_char);
+        }
+        assert_eq!(bpfmaps_map_close(fd), 0);
+        // SAFETY: as above; the handle is gone.
+        unsafe {
+            assert_eq!(
+                bpfmaps_map_lookup_elem(fd, p(&1u32), m(&mut 0u64)),
+                -libc::EBADF
+            )
+        };
+    }
+
+    /// Keys of the qp-trie as the kernel's LPM key: a `u32` length, then
+    /// up to `key_size` bytes; the calls read only `4 + length` bytes.
+    #[test]
+    fn keys_with_their_length_in_front() {
+        let fd = create(BPFMAPS_MAP_TYPE_QP_TRIE, 8, 4, 16);
+        assert!(fd >= 0);
+        let key = |s: &[u8]| {
+            let mut k = (s.len() as u32).to_ne_bytes().to_vec();
+            k.extend_from_slice(s);
+            k
+        };
+        // SAFETY: (the whole test) keys are a length and that many bytes,
+        // out buffers hold 4 + key_size bytes.
+        unsafe {
+            for (i, s) in [&b"ab"[..], b"ab\0", b"abcdefgh"].iter().enumerate() {
+                let v = i as u32;
+                assert_eq!(
+                    bpfmaps_map_update_elem(fd, key(s).as_ptr().cast(), p(&v), 0),
+                    0
+                );
+            }
+            let mut v = 0u32;
+            assert_eq!(
+                bpfmaps_map_lookup_elem(fd, key(b"ab\0").as_ptr().cast(), m(&mut v)),
+                0
+            );
+            assert_eq!(v, 1);
+            let too_long = key(b"abcdefghi");
+            assert_eq!(
+                bpfmaps_map_lookup_elem(fd, too_long.as_ptr().cast(), m(&mut v)),
+                -libc::EINVAL
+            );
+            let mut next = [0u8; 12];
+            assert_eq!(
+                bpfmaps_map_get_next_key(fd, key(b"ab").as_ptr().cast(), m(&mut next)),
+                0
+            );
+            assert_eq!(&next[..7], &key(b"ab\0")[..]);
+            assert_eq!(next[7..], [0; 5]);
+            let mut count = 8;
+            let (mut keys, mut values, mut token) = ([0u8; 12 * 8], [0u32; 8], 0u32);
+            let r = bpfmaps_map_lookup_batch(
+                fd,
+                null_mut(),
+                m(&mut token),
+                m(&mut keys),
+                m(&mut values),
+                &mut count,
+                null(),
+            );
+            assert_eq!(
+                (r, count, values),
+                (-libc::ENOENT, 3, [0, 1, 2, 0, 0, 0, 0, 0])
+            );
+            assert_eq!(&keys[24..36], &key(b"abcdefgh")[..]);
+        }
+        assert_eq!(bpfmaps_map_close(fd), 0);
+    }
+
+    /// The bloom filter: no key (NULL), the value pushed and peeked.
+    #[test]
+    fn a_map_without_keys() {
+        let fd = create(BPFMAPS_MAP_TYPE_BLOOM_FILTER, 0, 8, 64);
+        assert!(fd >= 0);
+        // SAFETY: NULL keys, 8-byte values.
+        unsafe {
+            let v = 42u64;
+            assert_eq!(bpfmaps_map_update_elem(fd, null(), p(&v), 0), 0);
+            let mut probe = 42u64;
+            assert_eq!(bpfmaps_map_lookup_elem(fd, null(), m(&mut probe)), 0);
+            assert_eq!(
+                bpfmaps_map_lookup_elem(fd, p(&1u32), m(&mut probe)),
+                -libc::EINVAL
+            );
+        }
+        assert_eq!(bpfmaps_map_close(fd), 0);
+    }
+
+    /// A handle closed while another thread calls on it: each call
+    /// finishes on the map or gets `EBADF`; the map is freed after.
+    #[test]
+    fn a_close_racing_lookups() {
+        let fd = create(BPFMAPS_MAP_TYPE_HASH, 4, 8, 16);
+        // A key no other test stores: once closed, the number may come
+        // back as another test's map, which answers ENOENT or EINVAL.
+        let k = 0xdead_beef_u32;
+        assert_eq!(
+            // SAFETY: a key and a value of the map's sizes.
+            unsafe { bpfmaps_map_update_elem(fd, p(&k), p(&7u64), 0) },
+            0
+        );
+        let reader = std::thread::spawn(move || {
+            let rounds = if cfg!(miri) { 20 } else { 100_000 };
+            for _ in 0..rounds {
+                let mut v = 0u64;
+                // SAFETY: as above.
+                match unsafe { bpfmaps_map_lookup_elem(fd, p(&k), m(&mut v)) } {
+                    0 => assert_eq!(v, 7),
+                    e => return assert!([libc::EBADF, libc::ENOENT, libc::EINVAL].contains(&-e)),
+                }
+            }
+        });
+        std::thread::yield_now();
+        assert_eq!(bpfmaps_map_close(fd), 0);
+        reader.join().unwrap();
+    }
 }
