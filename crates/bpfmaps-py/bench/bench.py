@@ -11,8 +11,9 @@ its JSON; it also runs alone):
   over a numpy array; addresses as lpm-real draws them: uniform over the
   IPv4 space, and inside a stored prefix picked uniformly.
 - Hash map, 100K u32 keys: `t[k]` on a bpfmaps_rs.Table against a dict,
-  and lookup_many; the whole table read with items_lookup_batch against
-  a `for k in table` walk.
+  and lookup_many; the whole table read with items_lookup_batch and
+  items_many against a `for k in table` walk, with and without a lookup
+  of each key.
 
 Each figure is the median of --reps repetitions, timed in turns.
 """
@@ -166,13 +167,24 @@ def hash_map(n: int, reps: int) -> list[dict]:
     for name, r in in_turns(cases, n, reps).items():
         rows.append({"case": "hash,op=lookup", "impl": name, **r})
 
-    assert len(t.items_lookup_batch()) == n
+    assert sorted(t.items_lookup_batch()) == sorted(d.items())
+    assert sorted(zip(*(a.tolist() for a in t.items_many()))) == sorted(d.items())
 
     def walk():
         for k in t:
             pass
 
-    cases = {"bpfmaps_rs.Table.items_lookup_batch": t.items_lookup_batch, "for k in table": walk}
+    def walk_items():
+        # What BCC's items() does: the walk, and a lookup of each key.
+        for k in t:
+            t[k]
+
+    cases = {
+        "bpfmaps_rs.Table.items_lookup_batch": t.items_lookup_batch,
+        "bpfmaps_rs.Table.items_many": t.items_many,
+        "for k in table": walk,
+        "for k in table: table[k]": walk_items,
+    }
     for name, r in in_turns(cases, n, reps).items():
         rows.append({"case": "hash,op=read_all", "impl": name, **r})
     return rows

@@ -25,9 +25,13 @@ use ipnet::{Ipv4Net, Ipv6Net};
 use numpy::{
     PyArray1, PyArray2, PyArrayMethods, PyReadonlyArray1, PyReadonlyArray2, PyUntypedArrayMethods,
 };
+use pyo3::IntoPyObjectExt;
 use pyo3::exceptions::{PyKeyError, PyOSError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
-use pyo3::types::{PyBytes, PyString};
+use pyo3::types::{PyBytes, PyList, PyString, PyTuple};
+
+/// Keys and values as numpy rows of bytes.
+type Rows<'py> = (Bound<'py, PyArray2<u8>>, Bound<'py, PyArray2<u8>>);
 
 /// What a numpy lookup returns: the values and a found mask.
 type Found<'py, A> = (Bound<'py, A>, Bound<'py, PyArray1<bool>>);
@@ -61,6 +65,29 @@ fn check_size(what: &str, got: usize, want: usize) -> PyResult<()> {
         Err(PyValueError::new_err(format!(
             "{what} is {got} bytes, the map takes {want}"
         )))
+    }
+}
+
+/// Bytes as Python sees them: `bytes`, or an int of their size (1, 2, 4
+/// or 8 bytes, native order), signed if `ints` is `Some(true)`.
+fn as_py<'py>(py: Python<'py>, b: &[u8], ints: Option<bool>) -> PyResult<Bound<'py, PyAny>> {
+    macro_rules! int {
+        ($u:ty, $i:ty) => {{
+            let raw = b.try_into().expect("size matched");
+            if ints == Some(true) {
+                <$i>::from_ne_bytes(raw).into_bound_py_any(py)
+            } else {
+                <$u>::from_ne_bytes(raw).into_bound_py_any(py)
+            }
+        }};
+    }
+    match (ints, b.len()) {
+        (None, _) => Ok(PyBytes::new(py, b).into_any()),
+        (Some(_), 1) => int!(u8, i8),
+        (Some(_), 2) => int!(u16, i16),
+        (Some(_), 4) => int!(u32, i32),
+        (Some(_), 8) => int!(u64, i64),
+        (Some(_), n) => Err(PyTypeError::new_err(format!("no int of {n} bytes"))),
     }
 }
 
@@ -233,6 +260,45 @@ impl RawMap {
         Ok((PyBytes::new(py, &keys), PyBytes::new(py, &values), n))
     }
 
+    /// `lookup_batch` with the pairs built here rather than in Python:
+    /// up to `count` (key, value) pairs after `after`, and the last key
+    /// (to go on from; `None` if none was copied). Keys and values come
+    /// as `bytes` (a variable-length key without its length), or as ints
+    /// of their size in native byte order where `key_ints` /
+    /// `value_ints` say signed (`True`) or unsigned (`False`).
+    #[pyo3(signature = (after, count, key_ints=None, value_ints=None))]
+    fn lookup_batch_items<'py>(
+        &self,
+        py: Python<'py>,
+        after: Option<&[u8]>,
+        count: usize,
+        key_ints: Option<bool>,
+        value_ints: Option<bool>,
+    ) -> PyResult<(Bound<'py, PyList>, Option<Bound<'py, PyBytes>>)> {
+        if let Some(k) = after {
+            self.check_key(k)?;
+        }
+        let layout = self.layout();
+        let mut keys = vec![0u8; count * layout.stride()];
+        let mut values = vec![0u8; count * self.value_size];
+        let n = py
+            .allow_threads(|| self.map.lookup_batch(after, &mut keys, &mut values))
+            .map_err(|e| batch_err(py, e))?;
+        let key = |i| layout.key(&keys, i).map_err(py_err);
+        let pairs = (0..n).map(|i| {
+            let k = as_py(py, key(i)?, key_ints)?;
+            let v = as_py(
+                py,
+                &values[i * self.value_size..][..self.value_size],
+                value_ints,
+            )?;
+            PyTuple::new(py, [k, v])
+        });
+        let list = PyList::new(py, pairs.collect::<PyResult<Vec<_>>>()?)?;
+        let last = n.checked_sub(1).map(key).transpose()?;
+        Ok((list, last.map(|k| PyBytes::new(py, k))))
+    }
+
     /// Moves up to `count` entries out: (keys, values, moved).
     fn lookup_and_delete_batch<'py>(
         &self,
@@ -321,6 +387,42 @@ impl RawMap {
         }
         let values = PyArray1::from_vec(py, values).reshape([n, vs])?;
         Ok((values, PyArray1::from_vec(py, found)))
+    }
+
+    /// Every entry, in `get_next_key` order, read in batches of `chunk`
+    /// with the GIL released: (keys (n, key_size) `uint8`, values (n,
+    /// value_size) `uint8`).
+    #[pyo3(signature = (chunk=4096))]
+    fn items_many<'py>(&self, py: Python<'py>, chunk: usize) -> PyResult<Rows<'py>> {
+        if self.var_keys || self.key_size == 0 {
+            return Err(PyTypeError::new_err("items_many takes fixed-size keys"));
+        }
+        let (ks, vs, chunk) = (self.key_size, self.value_size, chunk.max(1));
+        let (keys, values) = py
+            .allow_threads(|| {
+                let room = self.map.len() + chunk;
+                let (mut keys, mut values) =
+                    (Vec::with_capacity(room * ks), Vec::with_capacity(room * vs));
+                loop {
+                    let (k0, v0) = (keys.len(), values.len());
+                    keys.resize(k0 + chunk * ks, 0);
+                    values.resize(v0 + chunk * vs, 0);
+                    let after = (k0 > 0).then(|| keys[k0 - ks..k0].to_vec());
+                    let (kb, vb) = (&mut keys[k0..], &mut values[v0..]);
+                    let n = self.map.lookup_batch(after.as_deref(), kb, vb)?;
+                    keys.truncate(k0 + n * ks);
+                    values.truncate(v0 + n * vs);
+                    if n < chunk {
+                        return Ok((keys, values));
+                    }
+                }
+            })
+            .map_err(|e| batch_err(py, e))?;
+        let n = keys.len() / ks;
+        Ok((
+            PyArray1::from_vec(py, keys).reshape([n, ks])?,
+            PyArray1::from_vec(py, values).reshape([n, vs])?,
+        ))
     }
 
     /// Stores each row of `keys` with the row of `values`, in order, the

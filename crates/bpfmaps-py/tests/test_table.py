@@ -136,6 +136,25 @@ def test_numpy_batches_match_single_lookups():
     assert (raw == keys.astype(np.uint64) * 3).all()
 
 
+def test_signed_batches_and_numpy_dumps_match_the_walk():
+    t = b.Table(b.MAP_TYPE_HASH, ctypes.c_int16, ctypes.c_int64, 10_000)
+    model = {k: -(k * 1_000_003) for k in range(-3000, 3000, 3)}
+    t.items_update_batch(model.keys(), model.values())
+    items = t.items_lookup_batch()  # more than one native batch
+    assert len(items) == len(model) and dict(items) == model
+    assert [k for k, _ in items] == [k.value for k in t]  # get_next_key order
+    keys, values = t.items_many()
+    assert (keys.dtype, values.dtype) == (np.int16, np.int64)
+    assert list(zip(keys.tolist(), values.tolist())) == items
+    raw = b.Table(b.MAP_TYPE_HASH, 3, 5, 16)
+    raw[b"abc"] = b"vwxyz"
+    keys, values = raw.items_many()
+    assert keys.tolist() == [list(b"abc")] and values.tolist() == [list(b"vwxyz")]
+    assert b.Table(b.MAP_TYPE_HASH, 4, 8, 4).items_many()[0].shape == (0, 4)
+    with pytest.raises(TypeError):
+        b.Table(b.MAP_TYPE_QP_TRIE, 16, 8, 16).items_many()
+
+
 def test_an_lru_map_evicts():
     t = table(max_entries=8, kind=b.MAP_TYPE_LRU_HASH)
     for i in range(100):

@@ -110,7 +110,9 @@ impl Suite for Python {
         numpy `uint32` array, for addresses uniform over IPv4 and inside stored prefixes (as \
         `lpm-real` draws them); every table's answers compared first. Hash map, 100K `u32` \
         keys: `t[k]` on a `bpfmaps_rs.Table` against a `dict`, `lookup_many`, and the whole \
-        table read by `items_lookup_batch` against a `for k in table` walk. Medians of \
+        table read by `items_lookup_batch` (pairs of ints) and `items_many` (numpy arrays) \
+        against a `for k in table` walk, bare and with `table[k]` for each key (BCC's \
+        `items()`). Medians of \
         repetitions timed in turns.";
     const BASELINE: &'static str = "pytricia.get";
 
@@ -214,6 +216,16 @@ impl Suite for Python {
             (
                 "hash,op=read_all",
                 "bpfmaps_rs.Table.items_lookup_batch",
+                "for k in table",
+            ),
+            (
+                "hash,op=read_all",
+                "bpfmaps_rs.Table.items_lookup_batch",
+                "for k in table: table[k]",
+            ),
+            (
+                "hash,op=read_all",
+                "bpfmaps_rs.Table.items_many",
                 "for k in table",
             ),
         ];

@@ -72,6 +72,14 @@ def _ctype(spec: Any, what: str) -> type:
     raise TypeError(f"{what}: a size in bytes or a ctypes type, not {spec!r}")
 
 
+def _int_kind(ctype: type) -> Optional[bool]:
+    """For a ctypes integer type, whether it is signed; None for any
+    other type."""
+    if issubclass(ctype, ctypes._SimpleCData) and ctype._type_ in "bBhHiIlLqQ":
+        return ctype._type_ in "bhilq"
+    return None
+
+
 class Table(MutableMapping):
     """A map of any family, shaped as BCC's tables.
 
@@ -103,6 +111,13 @@ class Table(MutableMapping):
             map_type, self.key_size, self.value_size, max_entries, flags, extra
         )
         self.var_keys = self._map.var_keys
+        # Batches hand out ints for integer types (True: signed) and bytes
+        # for variable-length keys; those pairs the native side builds.
+        self._key_ints = None if self.var_keys else _int_kind(self.Key)
+        self._value_ints = _int_kind(self.Leaf)
+        self._native_pairs = (self.var_keys or self._key_ints is not None) and (
+            self._value_ints is not None
+        )
         self.map_type, _, _, self.max_entries, self.flags, self.extra = self._map.info()
 
     # -- conversions ---------------------------------------------------
@@ -264,6 +279,16 @@ class Table(MutableMapping):
         ``BPF_MAP_LOOKUP_BATCH``); keys and values as BCC gives them, the
         items of ctypes arrays of ``Key`` and ``Leaf`` (ints for simple
         types such as ``c_uint32``)."""
+        if self._native_pairs:
+            # Pairs of ints (and bytes keys) built natively, in one pass.
+            out, after = [], None
+            while True:
+                pairs, after = self._map.lookup_batch_items(
+                    after, _BATCH, self._key_ints, self._value_ints
+                )
+                out.extend(pairs)
+                if len(pairs) < _BATCH:
+                    return out
         out, after = [], None
         while True:
             keys, values, n = self._map.lookup_batch(after, _BATCH)
@@ -319,11 +344,6 @@ class Table(MutableMapping):
             )
         return rows
 
-    def _value_dtype(self) -> Optional[np.dtype]:
-        if issubclass(self.Leaf, ctypes.Array):
-            return None
-        return np.dtype(self.Leaf)
-
     def lookup_many(self, keys: Any) -> tuple:
         """Looks up every key of a numpy array (any dtype whose items are
         ``key_size`` bytes, or ``uint8`` rows) without a Python loop, the
@@ -331,8 +351,22 @@ class Table(MutableMapping):
         Values come as the ``Leaf`` dtype, or ``uint8`` rows for a byte
         array ``Leaf``."""
         raw, found = self._map.lookup_many(self._rows(keys, self.key_size, "keys"))
-        dt = self._value_dtype()
-        return (raw if dt is None else raw.view(dt).reshape(raw.shape[0])), found
+        return self._as_dtype(raw, self.Leaf), found
+
+    def items_many(self) -> tuple:
+        """Every entry as two numpy arrays, ``(keys, values)``, in
+        ``get_next_key`` order, read natively in batches with the GIL
+        released (no Python object per entry): the numpy form of
+        :meth:`items_lookup_batch`. Keys and values come as the ``Key``
+        and ``Leaf`` dtypes, or ``uint8`` rows for byte-array types."""
+        keys, values = self._map.items_many()
+        return self._as_dtype(keys, self.Key), self._as_dtype(values, self.Leaf)
+
+    @staticmethod
+    def _as_dtype(rows: np.ndarray, ctype: type) -> np.ndarray:
+        if issubclass(ctype, ctypes.Array):
+            return rows
+        return rows.view(np.dtype(ctype)).reshape(rows.shape[0])
 
     def update_many(self, keys: Any, values: Any, flags: int = BPF_ANY) -> int:
         """Stores every key of a numpy array with its value, in order, the

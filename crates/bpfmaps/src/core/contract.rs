@@ -354,6 +354,21 @@ pub trait MapOps: Send + Sync {
     ) -> Result<usize, BatchError> {
         update_each(self, keys, values, n, flag)
     }
+    /// `map_lookup_batch`: copies up to `room` entries after `after`
+    /// (`None`: from the first; checked) into `keys` (in [`BatchKeys`]'
+    /// layout) and `values`, and returns how many. The default walks
+    /// with `map_get_next_key` and `map_lookup_elem` ([`lookup_each`]); a
+    /// family that can copy straight from its structure overrides it,
+    /// with the same order and the same answer to a missing `after`.
+    fn map_lookup_batch(
+        &self,
+        after: Option<&[u8]>,
+        keys: &mut [u8],
+        values: &mut [u8],
+        room: usize,
+    ) -> Result<usize, BatchError> {
+        lookup_each(self, after, keys, values, room)
+    }
     /// `map_get_next_key`: writes the key after `key` (`None`: the first)
     /// into `next`, which holds `key_size` bytes, and returns its length.
     fn map_get_next_key(
@@ -380,7 +395,7 @@ pub trait MapOps: Send + Sync {
 /// Elements a batch runs under one pinned guard before letting the epoch
 /// move on (a long batch must not hold back every grace period, as the
 /// kernel's batches `cond_resched()` between elements).
-const BATCH_PIN_CHUNK: usize = 64;
+pub(crate) const BATCH_PIN_CHUNK: usize = 64;
 
 /// `EOPNOTSUPP` unless `caps` has `needed`.
 #[inline(always)]
@@ -584,6 +599,55 @@ pub fn update_each<T: MapOps + ?Sized>(
     })
 }
 
+/// `map_get_next_key` then `map_lookup_elem`, entry by entry, the guard
+/// renewed now and then: the default `map_lookup_batch`. A key deleted
+/// between the two steps is skipped.
+pub fn lookup_each<T: MapOps + ?Sized>(
+    map: &T,
+    after: Option<&[u8]>,
+    keys: &mut [u8],
+    values: &mut [u8],
+    room: usize,
+) -> Result<usize, BatchError> {
+    let layout = BatchKeys::for_info(&map.map_info(), T::CAPS);
+    let vs = map.map_info().value_size as usize;
+    // The key to go on from, in one buffer reused for every step.
+    let mut prev: Vec<u8> = after.map(<[u8]>::to_vec).unwrap_or_default();
+    let mut has_prev = after.is_some();
+    let mut copied = 0;
+    let mut guard = pin();
+    for step in 1.. {
+        if copied == room {
+            break;
+        }
+        if step % BATCH_PIN_CHUNK == 0 {
+            guard.repin();
+        }
+        let stop = |error| BatchError {
+            processed: copied,
+            error,
+        };
+        let next = layout.put(keys, copied, |next| {
+            map.map_get_next_key(has_prev.then_some(&prev[..]), next, &guard)
+        });
+        match next {
+            Ok(()) => {}
+            Err(Error::NotFound) => break,
+            Err(e) => return Err(stop(e)),
+        }
+        let next = layout.key(keys, copied).map_err(stop)?;
+        prev.clear();
+        prev.extend_from_slice(next);
+        has_prev = true;
+        match map.map_lookup_elem(next, &mut values[copied * vs..(copied + 1) * vs], &guard) {
+            Ok(()) => copied += 1,
+            Err(Error::NotFound) => {}
+            Err(e) => return Err(stop(e)),
+        }
+    }
+    Ok(copied)
+}
+
 /// Runs `op` on elements `0..n` in order under a guard re-pinned every
 /// [`BATCH_PIN_CHUNK`] elements; stops at the first error with how many
 /// were done.
@@ -691,47 +755,11 @@ impl<T: MapOps> Map for T {
         keys: &mut [u8],
         values: &mut [u8],
     ) -> Result<usize, BatchError> {
-        let (info, layout, vs, room) =
-            out_batch(self, Caps::NEXT_KEY | Caps::LOOKUP, keys, values)?;
+        let (info, _, _, room) = out_batch(self, Caps::NEXT_KEY | Caps::LOOKUP, keys, values)?;
         if let Some(after) = after {
             check_key(&info, T::CAPS, after).map_err(BatchError::at_start)?;
         }
-        // The key to go on from, in one buffer reused for every step.
-        let mut prev: Vec<u8> = after.map(<[u8]>::to_vec).unwrap_or_default();
-        let mut has_prev = after.is_some();
-        let mut copied = 0;
-        let mut guard = pin();
-        for step in 1.. {
-            if copied == room {
-                break;
-            }
-            if step % BATCH_PIN_CHUNK == 0 {
-                guard.repin();
-            }
-            let stop = |error| BatchError {
-                processed: copied,
-                error,
-            };
-            let next = layout.put(keys, copied, |next| {
-                self.map_get_next_key(has_prev.then_some(&prev[..]), next, &guard)
-            });
-            match next {
-                Ok(()) => {}
-                Err(Error::NotFound) => break,
-                Err(e) => return Err(stop(e)),
-            }
-            let next = layout.key(keys, copied).map_err(stop)?;
-            prev.clear();
-            prev.extend_from_slice(next);
-            has_prev = true;
-            // A key deleted between get_next_key and lookup is skipped.
-            match self.map_lookup_elem(next, &mut values[copied * vs..(copied + 1) * vs], &guard) {
-                Ok(()) => copied += 1,
-                Err(Error::NotFound) => {}
-                Err(e) => return Err(stop(e)),
-            }
-        }
-        Ok(copied)
+        self.map_lookup_batch(after, &mut keys[..], &mut values[..], room)
     }
 
     fn lookup_and_delete_batch(

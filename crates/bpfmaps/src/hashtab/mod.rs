@@ -51,7 +51,7 @@ mod typed;
 use parking_lot::Mutex;
 use std::sync::atomic::Ordering;
 
-use crate::core::contract::{Caps, MapInfo, MapOps, MapSpec, MapType};
+use crate::core::contract::{BATCH_PIN_CHUNK, BatchError, Caps, MapInfo, MapOps, MapSpec, MapType};
 use crate::core::error::{Error, Result};
 use crate::core::family::{Family, KeyKind, SizeRule};
 use crate::core::flags::{BPF_F_NO_PREALLOC, BPF_F_ZERO_SEED, UpdateFlag};
@@ -317,6 +317,21 @@ macro_rules! impl_hash_ops {
             ) -> Result<usize> {
                 self.base().table.next_key(key, next, guard)?;
                 Ok(next.len())
+            }
+            /// Straight from the chains (`RawTable::lookup_batch`), as
+            /// the kernel's batch copies whole buckets; an LRU map's
+            /// entries are not marked used by it, as in the kernel.
+            fn map_lookup_batch(
+                &self,
+                after: Option<&[u8]>,
+                keys: &mut [u8],
+                values: &mut [u8],
+                room: usize,
+            ) -> std::result::Result<usize, BatchError> {
+                Ok(self
+                    .base()
+                    .table
+                    .lookup_batch(after, keys, values, room, BATCH_PIN_CHUNK))
             }
         }
     };

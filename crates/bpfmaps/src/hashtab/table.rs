@@ -459,6 +459,62 @@ impl RawTable {
         Err(Error::NotFound)
     }
 
+    /// The kernel's hash-map `lookup_batch`, copying straight from the
+    /// chains: up to `room` entries after `after` (the order and the
+    /// restart of [`next_key`](Self::next_key): a missing `after` starts
+    /// from the first bucket) into `keys` and `values`, back to back.
+    /// Each value is one element's, whole (invariant 2). The guard is
+    /// renewed between buckets, every `repin_every` entries or so, so a
+    /// long batch does not hold back reclamation.
+    pub fn lookup_batch(
+        &self,
+        after: Option<&[u8]>,
+        keys: &mut [u8],
+        values: &mut [u8],
+        room: usize,
+        repin_every: usize,
+    ) -> usize {
+        let layout = *self.layout();
+        let (ks, vs) = (layout.key_size, layout.value_size);
+        let mut guard = pin();
+        let mut p = ptr::null_mut();
+        let mut bucket = 0;
+        if let Some(key) = after {
+            let hash = self.hash(key);
+            if let Some(e) = self.find(key, hash, &guard) {
+                // SAFETY: reachable under the guard.
+                p = unsafe { e.header() }.next.load(Ordering::Acquire);
+                bucket = (hash as usize & self.mask) + 1;
+            }
+        }
+        let (mut copied, mut pinned_at) = (0, 0);
+        while copied < room {
+            if let Some(e) = ptr::NonNull::new(p) {
+                let e = ElemPtr(e);
+                // SAFETY: reachable under the guard; a reachable element's
+                // key and value are never written (invariant 2).
+                unsafe {
+                    keys[copied * ks..][..ks].copy_from_slice(e.key(&layout));
+                    bytes::copy(&mut values[copied * vs..][..vs], e.value(&layout));
+                    p = e.header().next.load(Ordering::Acquire);
+                }
+                copied += 1;
+                continue;
+            }
+            let Some(head) = self.heads.get(bucket) else {
+                break;
+            };
+            // Between buckets no element is held: the guard may move on.
+            if copied - pinned_at >= repin_every {
+                guard.repin();
+                pinned_at = copied;
+            }
+            p = head.load(Ordering::Acquire);
+            bucket += 1;
+        }
+        copied
+    }
+
     /// Visits every live element (weakly consistent under concurrent writes).
     pub fn for_each<'g>(&self, guard: &'g Guard, mut f: impl FnMut(&'g [u8], &'g [u8])) {
         let layout = *self.layout();

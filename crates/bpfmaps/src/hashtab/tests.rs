@@ -657,3 +657,71 @@ fn dropping_a_big_map_is_quick() {
     // thread, so even a debug build returns at once. Generous bound.
     assert!(start.elapsed() < std::time::Duration::from_millis(500));
 }
+
+/// Every batch of `room` entries of `map` from `after` on, walked to the
+/// end, through `batch`.
+fn batches(
+    room: usize,
+    after: Option<Vec<u8>>,
+    mut batch: impl FnMut(Option<&[u8]>, &mut [u8], &mut [u8]) -> usize,
+) -> Vec<(Vec<u8>, Vec<u8>)> {
+    let (mut out, mut after) = (Vec::new(), after);
+    loop {
+        let (mut keys, mut values) = (vec![0u8; 4 * room], vec![0u8; 8 * room]);
+        let n = batch(after.as_deref(), &mut keys, &mut values);
+        out.extend((0..n).map(|i| (keys[4 * i..][..4].to_vec(), values[8 * i..][..8].to_vec())));
+        if n < room {
+            return out;
+        }
+        after = Some(keys[4 * (n - 1)..][..4].to_vec());
+    }
+}
+
+/// The hash maps' own `lookup_batch` (straight from the chains) gives
+/// what the generic walk (`get_next_key` and `lookup`, entry by entry)
+/// gives: the same entries in the same order, from the start, from a
+/// stored key, and from a key not stored (a restart, as `get_next_key`'s),
+/// in tables crowded enough for long chains.
+#[test]
+fn lookup_batch_matches_the_generic_walk() {
+    use crate::core::contract::lookup_each;
+    let opts = HashOptions {
+        seed: Some(3),
+        ..HashOptions::default()
+    };
+    let n = if cfg!(miri) { 70 } else { 700 };
+    let hash = HashMap::with_options(4, 8, 1000, opts).unwrap();
+    let lru = LruHashMap::with_options(4, 8, 1000, opts).unwrap();
+    for i in 0..n as u32 {
+        let (k, v) = (
+            i.wrapping_mul(2_654_435_761).to_ne_bytes(),
+            u64::from(i) * 5,
+        );
+        hash.update(&k, &v.to_ne_bytes(), BPF_ANY).unwrap();
+        lru.update(&k, &v.to_ne_bytes(), BPF_ANY).unwrap();
+    }
+    let stored = Some(17u32.wrapping_mul(2_654_435_761).to_ne_bytes().to_vec());
+    let missing = Some(u32::MAX.to_ne_bytes().to_vec());
+    for room in [1, 3, 64, 65, n, 1000] {
+        for after in [None, stored.clone(), missing.clone()] {
+            let ours = batches(room, after.clone(), |a, k, v| {
+                hash.lookup_batch(a, k, v).unwrap()
+            });
+            let generic = batches(room, after.clone(), |a, k, v| {
+                lookup_each(&hash, a, k, v, k.len() / 4).unwrap()
+            });
+            assert_eq!(ours, generic, "room {room}, after {after:?}");
+            let lru_ours = batches(room, after.clone(), |a, k, v| {
+                lru.lookup_batch(a, k, v).unwrap()
+            });
+            let lru_generic = batches(room, after.clone(), |a, k, v| {
+                lookup_each(&lru, a, k, v, k.len() / 4).unwrap()
+            });
+            assert_eq!(lru_ours, lru_generic, "LRU: room {room}, after {after:?}");
+        }
+        assert_eq!(
+            batches(room, None, |a, k, v| hash.lookup_batch(a, k, v).unwrap()).len(),
+            n
+        );
+    }
+}
