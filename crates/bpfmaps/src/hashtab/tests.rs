@@ -689,7 +689,7 @@ fn lookup_batch_matches_the_generic_walk() {
         seed: Some(3),
         ..HashOptions::default()
     };
-    let n = if cfg!(miri) { 70 } else { 700 };
+    let n = if cfg!(miri) { 40 } else { 700 };
     let hash = HashMap::with_options(4, 8, 1000, opts).unwrap();
     let lru = LruHashMap::with_options(4, 8, 1000, opts).unwrap();
     for i in 0..n as u32 {
@@ -702,7 +702,12 @@ fn lookup_batch_matches_the_generic_walk() {
     }
     let stored = Some(17u32.wrapping_mul(2_654_435_761).to_ne_bytes().to_vec());
     let missing = Some(u32::MAX.to_ne_bytes().to_vec());
-    for room in [1, 3, 64, 65, n, 1000] {
+    let rooms: &[usize] = if cfg!(miri) {
+        &[3, 1000]
+    } else {
+        &[1, 3, 64, 65, 700, 1000]
+    };
+    for &room in rooms {
         for after in [None, stored.clone(), missing.clone()] {
             let ours = batches(room, after.clone(), |a, k, v| {
                 hash.lookup_batch(a, k, v).unwrap()
