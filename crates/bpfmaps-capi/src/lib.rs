@@ -169,17 +169,44 @@ unsafe fn bytes_mut<'a>(ptr: *mut c_void, len: usize) -> Result<&'a mut [u8], Er
     Ok(unsafe { std::slice::from_raw_parts_mut(ptr.cast(), len) })
 }
 
-/// `key`, copied if it overlaps the `len` bytes at `out`. C callers may
-/// pass one buffer for both (`bpf_map_get_next_key(fd, &k, &k)`), which
-/// the kernel allows, since it copies the key in first; here a shared
-/// and a mutable slice of the same bytes would alias (Miri found it).
-fn apart(key: &[u8], out: *mut c_void, len: usize) -> Cow<'_, [u8]> {
+/// Whether `key` overlaps the `len` bytes at `out`. C callers may pass
+/// one buffer for both (`bpf_map_get_next_key(fd, &k, &k)`), which the
+/// kernel allows, since it copies the key in first; here a shared and a
+/// mutable slice of the same bytes would alias (Miri found it), so such
+/// a key is copied first ([`owned`]).
+#[inline(always)]
+fn overlaps(key: &[u8], out: *mut c_void, len: usize) -> bool {
     let (k, o) = (key.as_ptr() as usize, out as usize);
-    if k < o.wrapping_add(len) && o < k + key.len() {
-        Cow::Owned(key.to_vec())
-    } else {
-        Cow::Borrowed(key)
-    }
+    k < o.wrapping_add(len) && o < k + key.len()
+}
+
+/// A copy of a key that overlaps a call's output: the rare case, kept
+/// out of the lookup's path.
+#[cold]
+#[inline(never)]
+fn owned(key: &[u8]) -> Vec<u8> {
+    key.to_vec()
+}
+
+/// `op` on a copy of `key` and the `len` bytes at `out`, which `key`
+/// overlaps (see [`overlaps`]); out of line, so that the common path
+/// carries no copy.
+///
+/// # Safety
+/// `out` is NULL or points to `len` writable bytes.
+#[cold]
+#[inline(never)]
+unsafe fn through_copy(
+    key: &[u8],
+    out: *mut c_void,
+    len: usize,
+    op: impl FnOnce(&[u8], &mut [u8]) -> bpfmaps::Result<()>,
+) -> Result<c_int, Errno> {
+    let key = owned(key);
+    // SAFETY: the caller's promise; `key` no longer borrows from `out`.
+    let out = unsafe { bytes_mut(out, len)? };
+    op(&key, out).map_err(errno_of)?;
+    Ok(0)
 }
 
 impl Open {
@@ -331,10 +358,14 @@ pub unsafe extern "C" fn bpfmaps_map_lookup_elem(
 ) -> c_int {
     on_map(fd, |m| {
         // SAFETY: the caller's promise.
-        let key = apart(unsafe { m.key(key)? }, value, m.value_size);
+        let key = unsafe { m.key(key)? };
+        if overlaps(key, value, m.value_size) {
+            // SAFETY: as above.
+            return unsafe { through_copy(key, value, m.value_size, |k, v| m.map.lookup(k, v)) };
+        }
         // SAFETY: as above.
         let value = unsafe { bytes_mut(value, m.value_size)? };
-        m.map.lookup(&key, value).map_err(errno_of)?;
+        m.map.lookup(key, value).map_err(errno_of)?;
         Ok(0)
     })
 }
@@ -404,10 +435,18 @@ pub unsafe extern "C" fn bpfmaps_map_lookup_and_delete_elem(
 ) -> c_int {
     on_map(fd, |m| {
         // SAFETY: the caller's promise.
-        let key = apart(unsafe { m.key(key)? }, value, m.value_size);
+        let key = unsafe { m.key(key)? };
+        if overlaps(key, value, m.value_size) {
+            // SAFETY: as above.
+            return unsafe {
+                through_copy(key, value, m.value_size, |k, v| {
+                    m.map.lookup_and_delete(k, v)
+                })
+            };
+        }
         // SAFETY: as above.
         let value = unsafe { bytes_mut(value, m.value_size)? };
-        m.map.lookup_and_delete(&key, value).map_err(errno_of)?;
+        m.map.lookup_and_delete(key, value).map_err(errno_of)?;
         Ok(0)
     })
 }
@@ -451,7 +490,12 @@ pub unsafe extern "C" fn bpfmaps_map_get_next_key(
             None
         } else {
             // SAFETY: the caller's promise.
-            Some(apart(unsafe { m.key(key)? }, next_key, m.key_stride))
+            let key = unsafe { m.key(key)? };
+            Some(if overlaps(key, next_key, m.key_stride) {
+                Cow::Owned(owned(key))
+            } else {
+                Cow::Borrowed(key)
+            })
         };
         // SAFETY: the caller's promise.
         let out = unsafe { bytes_mut(next_key, m.key_stride)? };

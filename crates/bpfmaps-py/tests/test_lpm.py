@@ -113,3 +113,74 @@ def test_matches_a_brute_force_search(entries, probes):
     for p, v, f in zip(probes, values, found):
         want = brute(stored, p)
         assert bool(f) == (want is not None) and int(v) == (want or 0)
+
+
+values = st.one_of(st.integers(0, 2**64 - 1), st.text(max_size=3), st.tuples(st.integers(-5, 5)), st.none(), st.booleans())
+
+
+def brute_found(stored, addr):
+    """(whether a stored prefix holds addr, the longest one's value)."""
+    best = None
+    for (net, length), value in stored.items():
+        mask = (0xFFFFFFFF << (32 - length)) & 0xFFFFFFFF
+        if addr & mask == net and (best is None or length > best[0]):
+            best = (length, value)
+    return (False, None) if best is None else (True, best[1])
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 2**32 - 1), st.integers(0, 32), values, st.booleans()), max_size=40),
+       st.lists(st.integers(0, 2**32 - 1), max_size=20))
+def test_any_values_as_pytricia_holds_them(ops, probes):
+    """Ints natively until another value comes; then objects, each one
+    given back as stored (None, True and tuples included, never 1 for
+    True), through every read, with handles of replaced and deleted
+    values reused."""
+    t = b.Lpm()
+    stored = {}
+    for addr, length, value, delete in ops:
+        mask = (0xFFFFFFFF << (32 - length)) & 0xFFFFFFFF
+        key = (addr & mask, length)
+        if delete and key in stored:
+            del t[key]
+            del stored[key]
+        else:
+            t[key] = value
+            stored[key] = value
+    assert len(t) == len(stored)
+    same = lambda a, b: type(a) is type(b) and a == b  # noqa: E731
+    probes = probes + [net | 1 for net, _ in stored]
+    miss = object()
+    for p in probes:
+        found, want = brute_found(stored, p)
+        got = t.get(p, miss)
+        assert (got is miss) if not found else same(got, want)
+    listed = {(int(ipaddress.ip_network(k).network_address), ipaddress.ip_network(k).prefixlen): v for k, v in t.items()}
+    assert listed.keys() == stored.keys() and all(same(listed[k], stored[k]) for k in stored)
+    vals, found = t.lookup_many(np.array(probes, dtype=np.uint32))
+    for p, v, f in zip(probes, vals, found):
+        hit, want = brute_found(stored, p)
+        assert bool(f) == hit
+        if hit:
+            assert same(v, want) if vals.dtype == object else int(v) == want
+    if t._objs is not None:
+        assert len(t._objs) - len(t._free) == len(stored)
+
+
+def test_geoip_with_strings_and_numpy():
+    geo = b.Lpm()
+    geo["10.0.0.0/8"] = 7
+    assert geo.lookup_many(np.array([0x0A000001], dtype=np.uint32))[0].dtype == np.uint64
+    geo["192.0.2.0/24"] = "ZZ"  # turns the table to objects, 7 kept
+    geo["198.51.100.0/24"] = ("XX", 64496)
+    assert geo["10.1.1.1"] == 7 and geo.get("192.0.2.9") == "ZZ"
+    assert geo.covering("198.51.100.0/25") == [("198.51.100.0/24", ("XX", 64496))]
+    vals, found = geo.lookup_many(np.array([0x0A000001, 0xC0000201, 0x01010101], dtype=np.uint32))
+    assert vals.dtype == object and list(vals) == [7, "ZZ", None] and list(found) == [True, True, False]
+    geo["192.0.2.0/24"] = "YY"  # the old handle freed and reused
+    assert geo.get("192.0.2.9") == "YY" and geo.exact("192.0.2.0/24") == "YY"
+    del geo["198.51.100.0/24"]
+    assert geo.get("198.51.100.1") is None and len(geo._objs) - len(geo._free) == 2
+    with pytest.raises(ValueError):
+        geo["300.0.0.0/8"] = "bad"
+    assert len(geo._objs) - len(geo._free) == 2  # no handle leaked by the failure

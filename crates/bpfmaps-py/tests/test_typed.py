@@ -155,3 +155,17 @@ def test_the_native_classes_docstring_examples():
         runner = doctest.DocTestRunner()
         runner.run(test)
         assert runner.failures == 0, cls
+
+
+def test_strmap_holds_any_values():
+    m = b.StrMap()
+    m["vfs_read"] = 1
+    m["vfs_write"] = {"calls": 3}
+    assert m["vfs_read"] == 1 and m["vfs_write"] == {"calls": 3}
+    assert m.prefix("vfs_") == [("vfs_read", 1), ("vfs_write", {"calls": 3})]
+    with pytest.raises(OSError):
+        m.insert("vfs_read", "again", b.BPF_NOEXIST)
+    m.insert("vfs_read", "now a str", b.BPF_EXIST)
+    assert m.longest_prefix_of("vfs_readv") == ("vfs_read", "now a str")
+    del m["vfs_write"]
+    assert list(m) == ["vfs_read"] and len(m._objs) - len(m._free) == 1

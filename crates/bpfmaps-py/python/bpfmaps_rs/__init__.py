@@ -378,9 +378,96 @@ class Table(MutableMapping):
         )
 
 
-class Lpm:
-    """An IPv4 or IPv6 longest-prefix-match table, shaped as pytricia's,
-    with unsigned integer values (up to 64 bits).
+class _ObjectValues:
+    """Values of any kind for a native table that holds ``u64`` values.
+
+    While every value stored is an int from 0 to 2**64-1, the table holds
+    it as it is, and numpy lookups return ``uint64``. The first value of
+    any other kind (a ``str``, a tuple, a negative int, ``True``) turns
+    the table to handles, once: each value goes into a list, the table
+    holds its index, reads give the objects back, and numpy lookups
+    return an ``object`` array. A replaced or deleted value's handle is
+    reused.
+    """
+
+    def _init_values(self) -> None:
+        self._objs: Optional[list] = None
+        self._free: list = []
+        self._array: Optional[np.ndarray] = None
+
+    def _raw_items(self) -> list:
+        """Every (key, stored u64), keys as the native insert takes them."""
+        raise NotImplementedError
+
+    def _raw_store(self, key: Any, stored: int) -> None:
+        raise NotImplementedError
+
+    def _put(self, value: Any) -> int:
+        """The ``u64`` to store for ``value``: itself, or a new handle."""
+        if self._objs is None:
+            if type(value) is int and 0 <= value < 1 << 64:
+                return value
+            objs = []
+            for key, v in self._raw_items():
+                objs.append(v)
+                self._raw_store(key, len(objs) - 1)
+            self._objs = objs
+        self._array = None
+        if self._free:
+            handle = self._free.pop()
+            self._objs[handle] = value
+            return handle
+        self._objs.append(value)
+        return len(self._objs) - 1
+
+    def _drop(self, stored: Optional[int]) -> None:
+        """Frees the handle of a value replaced or deleted."""
+        if self._objs is not None and stored is not None:
+            self._objs[stored] = None
+            self._free.append(stored)
+            self._array = None
+
+    def _obj(self, stored: Any) -> Any:
+        return stored if self._objs is None or stored is None else self._objs[stored]
+
+    def _pairs(self, pairs: list) -> list:
+        if self._objs is None:
+            return pairs
+        return [(k, self._objs[v]) for k, v in pairs]
+
+    def _store(self, key: Any, value: Any, insert: Any, old: Any) -> None:
+        """Stores ``value`` with ``insert(key, u64)``; in handle mode
+        frees the handle ``old(key)`` held before, or the new one if the
+        insert fails."""
+        stored = self._put(value)
+        if self._objs is None:
+            insert(key, stored)
+            return
+        try:
+            before = old(key)
+            insert(key, stored)
+        except BaseException:
+            self._drop(stored)
+            raise
+        self._drop(before)
+
+    def _values_out(self, raw: np.ndarray, found: np.ndarray) -> tuple:
+        """A numpy lookup's ``(values, found)``: objects (None for a
+        miss) in handle mode."""
+        if self._objs is None:
+            return raw, found
+        if self._array is None:
+            n = len(self._objs)
+            self._array = np.empty(n + 1, dtype=object)  # the last: None
+            for i, o in enumerate(self._objs):
+                self._array[i] = o
+        return self._array[np.where(found, raw, len(self._objs))], found
+
+
+class Lpm(_ObjectValues):
+    """An IPv4 or IPv6 longest-prefix-match table, shaped as pytricia's.
+    Values may be any objects (held natively while they are unsigned
+    64-bit ints, see ``_ObjectValues``).
 
     Addresses and prefixes may be strings (``"10.1.2.3"``,
     ``"10.0.0.0/8"``), ``ipaddress`` objects, ints, or packed bytes; a
@@ -392,14 +479,23 @@ class Lpm:
     (2, None, True)
     >>> t.covering("10.1.2.0/24")
     [('10.0.0.0/8', 1), ('10.1.0.0/16', 2)]
+    >>> geo = Lpm(); geo["192.0.2.0/24"] = "ZZ"; geo.get("192.0.2.7")
+    'ZZ'
     """
 
     def __init__(self, version: int = 4, max_entries: int = 1 << 22) -> None:
         self._t = _native.Lpm(version, max_entries)
         self.version = version
+        self._init_values()
 
-    def __setitem__(self, prefix: Any, value: int) -> None:
-        self._t.insert(prefix, value)
+    def _raw_items(self) -> list:
+        return self._t.items()
+
+    def _raw_store(self, key: Any, stored: int) -> None:
+        self._t.insert(key, stored)
+
+    def __setitem__(self, prefix: Any, value: Any) -> None:
+        self._store(prefix, value, self._t.insert, self._t.exact)
 
     insert = __setitem__
 
@@ -411,20 +507,24 @@ class Lpm:
         """The longest stored prefix holding ``key`` and its value."""
         if self._is_prefix(key):
             found = self._t.covering(key)
-            return found[-1] if found else None
-        return self._t.longest_match(key)
+            m = found[-1] if found else None
+        else:
+            m = self._t.longest_match(key)
+        return None if m is None else (m[0], self._obj(m[1]))
 
-    def __getitem__(self, key: Any) -> int:
+    def __getitem__(self, key: Any) -> Any:
         """The value of the longest prefix holding ``key`` (an address or
         a prefix); ``KeyError`` if none does."""
         if self._is_prefix(key):
             m = self._match(key)
-            value = None if m is None else m[1]
-        else:
-            value = self._t.get(key)
-        if value is None:
+            if m is None:
+                raise KeyError(key)
+            return m[1]
+        stored = self._t.get(key)
+        if stored is None:
             raise KeyError(key)
-        return value
+        objs = self._objs  # inline: this is the per-address path
+        return stored if objs is None else objs[stored]
 
     def get(self, key: Any, default: Any = None) -> Any:
         """The value of the longest prefix holding ``key``, or
@@ -446,11 +546,12 @@ class Lpm:
         """Whether exactly ``prefix`` is stored."""
         return self._t.exact(prefix) is not None
 
-    def exact(self, prefix: Any) -> Optional[int]:
-        return self._t.exact(prefix)
+    def exact(self, prefix: Any) -> Any:
+        """The value stored under exactly ``prefix``, or None."""
+        return self._obj(self._t.exact(prefix))
 
     def __delitem__(self, prefix: Any) -> None:
-        self._t.remove(prefix)
+        self._drop(self._t.remove(prefix))
 
     def delete(self, prefix: Any) -> None:
         del self[prefix]
@@ -465,21 +566,22 @@ class Lpm:
         return [p for p, _ in self._t.items()]
 
     def items(self) -> list:
-        return self._t.items()
+        return self._pairs(self._t.items())
 
     def covering(self, prefix: Any) -> list:
         """The stored prefixes holding ``prefix`` (itself included),
         shortest first, with their values."""
-        return self._t.covering(prefix)
+        return self._pairs(self._t.covering(prefix))
 
     def covered(self, prefix: Any) -> list:
         """The stored prefixes inside ``prefix`` (itself included), in
         order, with their values."""
-        return self._t.covered(prefix)
+        return self._pairs(self._t.covered(prefix))
 
     def lookup_many(self, addrs: Any) -> tuple:
         """Looks up many addresses without a Python loop, the GIL
-        released: ``(values uint64, found bool)``, a miss's value 0.
+        released: ``(values uint64, found bool)``, a miss's value 0 (for
+        a table of other values, an ``object`` array, None for a miss).
         IPv4: an array of ``uint32`` (integers, as
         ``int(IPv4Address(...))``); IPv6: ``uint8`` rows of 16 bytes in
         network order. Other arrays are converted first."""
@@ -492,16 +594,17 @@ class Lpm:
                     a = a.astype(np.uint32)
                 else:
                     raise TypeError(f"IPv4 addresses: a uint32 array, not {a.dtype}")
-            return self._t.lookup_many_v4(np.ascontiguousarray(a.reshape(-1)))
+            return self._values_out(*self._t.lookup_many_v4(np.ascontiguousarray(a.reshape(-1))))
         a = np.ascontiguousarray(addrs)
         if a.dtype != np.uint8 or a.ndim != 2 or a.shape[1] != 16:
             raise TypeError(f"IPv6 addresses: uint8 rows of 16 bytes, not {a.dtype} {a.shape}")
-        return self._t.lookup_many_v6(a)
+        return self._values_out(*self._t.lookup_many_v6(a))
 
 
-class StrMap(MutableMapping):
+class StrMap(_ObjectValues, MutableMapping):
     """A string-keyed map (the qp-trie map: keys stored once, in byte
-    order) with unsigned integer values up to 64 bits.
+    order). Values may be any objects (held natively while they are
+    unsigned 64-bit ints, see ``_ObjectValues``).
 
     Keys are ``str`` (UTF-8) or ``bytes`` of 1 to ``max_key_size`` bytes;
     with ``text=True`` (the default) keys come back as ``str`` when they
@@ -518,6 +621,13 @@ class StrMap(MutableMapping):
     def __init__(self, max_key_size: int = 255, max_entries: int = 1 << 22, text: bool = True) -> None:
         self._m = _native.StrMap(max_key_size, max_entries)
         self.text = text
+        self._init_values()
+
+    def _raw_items(self) -> list:
+        return self._m.range(None, None, False, False)
+
+    def _raw_store(self, key: Any, stored: int) -> None:
+        self._m.insert(key, stored)
 
     def _out(self, key: bytes) -> Any:
         if self.text:
@@ -527,21 +637,22 @@ class StrMap(MutableMapping):
                 return key
         return key
 
-    def __getitem__(self, key: Any) -> int:
-        value = self._m.get(key)
-        if value is None:
+    def __getitem__(self, key: Any) -> Any:
+        stored = self._m.get(key)
+        if stored is None:
             raise KeyError(key)
-        return value
+        objs = self._objs
+        return stored if objs is None else objs[stored]
 
-    def __setitem__(self, key: Any, value: int) -> None:
-        self._m.insert(key, value)
+    def __setitem__(self, key: Any, value: Any) -> None:
+        self._store(key, value, self._m.insert, self._m.get)
 
-    def insert(self, key: Any, value: int, flags: int = BPF_ANY) -> None:
+    def insert(self, key: Any, value: Any, flags: int = BPF_ANY) -> None:
         """Stores ``value`` under ``key`` with the kernel's update flags."""
-        self._m.insert(key, value, flags)
+        self._store(key, value, lambda k, v: self._m.insert(k, v, flags), self._m.get)
 
     def __delitem__(self, key: Any) -> None:
-        self._m.remove(key)
+        self._drop(self._m.remove(key))
 
     def __len__(self) -> int:
         return len(self._m)
@@ -555,19 +666,21 @@ class StrMap(MutableMapping):
     def prefix(self, prefix: Any) -> list:
         """The (key, value) pairs whose key starts with ``prefix``, in
         order."""
-        return [(self._out(k), v) for k, v in self._m.prefix(prefix)]
+        return [(self._out(k), self._obj(v)) for k, v in self._m.prefix(prefix)]
 
     def range(self, lower: Any = None, upper: Any = None, *, lower_open: bool = False, upper_closed: bool = False) -> list:
         """The (key, value) pairs from ``lower`` (included unless
         ``lower_open``) to ``upper`` (excluded unless ``upper_closed``), in
         order; None is unbounded."""
-        return [(self._out(k), v) for k, v in self._m.range(lower, upper, lower_open, upper_closed)]
+        return [
+            (self._out(k), self._obj(v)) for k, v in self._m.range(lower, upper, lower_open, upper_closed)
+        ]
 
     def longest_prefix_of(self, key: Any) -> Optional[tuple]:
         """The longest stored key that is a prefix of ``key`` (or ``key``
         itself), with its value; None if none is."""
         m = self._m.longest_prefix_of(key)
-        return None if m is None else (self._out(m[0]), m[1])
+        return None if m is None else (self._out(m[0]), self._obj(m[1]))
 
 
 MapleTree = _native.MapleTree
