@@ -292,7 +292,14 @@ impl RawMap {
                 &values[i * self.value_size..][..self.value_size],
                 value_ints,
             )?;
-            PyTuple::new(py, [k, v])
+            let pair = PyTuple::new(py, [k, v])?;
+            // Ints and bytes hold no references, so the pair can be in no
+            // cycle: off the collector's lists, as CPython's own
+            // collector leaves such tuples (`_PyTuple_MaybeUntrack`), or
+            // the collections that 100K new pairs set off walk them all.
+            // SAFETY: a live tuple, tracked since its creation.
+            unsafe { pyo3::ffi::PyObject_GC_UnTrack(pair.as_ptr().cast()) };
+            Ok(pair)
         });
         let list = PyList::new(py, pairs.collect::<PyResult<Vec<_>>>()?)?;
         let last = n.checked_sub(1).map(key).transpose()?;
