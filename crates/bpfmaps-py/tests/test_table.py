@@ -75,8 +75,14 @@ def test_bad_sizes_and_types_are_value_and_type_errors():
         t[1] = b"short"
     with pytest.raises(ValueError):
         t[2**40] = 1
+    with pytest.raises(ValueError):
+        t[1] = 2**64
     with pytest.raises(TypeError):
         t[1.5] = 1
+    assert len(t) == 0
+    t[-1] = -2  # ints as their two's complement bytes, as before
+    assert t[0xFFFFFFFF].value == 2**64 - 2 and t[-1].value == 2**64 - 2
+    del t[-1]
     with pytest.raises(TypeError):
         b.Table(b.MAP_TYPE_HASH, "four", 8, 10)
     with pytest.raises(OSError) as e:
