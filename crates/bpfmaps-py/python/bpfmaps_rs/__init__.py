@@ -165,6 +165,8 @@ class Table(MutableMapping):
                 return self._pack_key(key)
             except struct.error:
                 pass  # negative or too large: the general path says which
+        elif type(key) is self.Key:
+            return bytes(key)  # what iteration gives back
         return self._bytes(key, self.key_size, "key", exact=not self.var_keys)
 
     def _value(self, value: Any) -> bytes:
