@@ -8,7 +8,7 @@ its JSON; it also runs alone):
   prefixes): lookups one address at a time from Python (`get` of a
   dotted-quad string, as pytricia and py-radix users write them) in
   bpfmaps_rs.Lpm, pytricia and py-radix, and bpfmaps_rs.Lpm.lookup_many
-  over a numpy array; addresses as lpm-real draws them: uniform over the
+  over a numpy array and over the list of strings; addresses as lpm-real draws them: uniform over the
   IPv4 space, and inside a stored prefix picked uniformly.
 - Hash map, 100K u32 keys: `t[k]` on a bpfmaps_rs.Table against a dict,
   and lookup_many; the whole table read with items_lookup_batch and
@@ -135,7 +135,12 @@ def lpm(prefixes, n: int, reps: int) -> list[dict]:
 
             return run
 
-        cases = {"bpfmaps_rs.Lpm.get": one_by_one(t.get), "bpfmaps_rs.Lpm.lookup_many": lambda: t.lookup_many(addrs)}
+        assert (t.lookup_many(texts[:2000])[0] == want[:2000]).all()
+        cases = {
+            "bpfmaps_rs.Lpm.get": one_by_one(t.get),
+            "bpfmaps_rs.Lpm.lookup_many": lambda: t.lookup_many(addrs),
+            "bpfmaps_rs.Lpm.lookup_many(str)": lambda: t.lookup_many(texts),
+        }
         if "pytricia" in peers:
             cases["pytricia.get"] = one_by_one(peers["pytricia"].get)
         if "py-radix" in peers:

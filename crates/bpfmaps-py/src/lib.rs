@@ -688,6 +688,37 @@ impl Lpm {
     /// Looks up IPv4 addresses given as a `uint32` array (host-order
     /// integers, as `int(ipaddress.IPv4Address(...))`), with the GIL
     /// released: (values `uint64`, found `bool`); a miss's value is 0.
+    /// Looks up each address of a sequence (strings, ints, packed bytes
+    /// or `ipaddress` objects, as `get` takes them): each parsed here,
+    /// then all looked up with the GIL released. (values, found).
+    fn lookup_many_any<'py>(
+        &self,
+        py: Python<'py>,
+        addrs: &Bound<'py, PyAny>,
+    ) -> PyResult<Found<'py, PyArray1<u64>>> {
+        fn parsed<const N: usize>(addrs: &Bound<'_, PyAny>) -> PyResult<Vec<[u8; N]>> {
+            let mut out = Vec::with_capacity(addrs.len().unwrap_or(0));
+            for a in addrs.try_iter()? {
+                out.push(address::<N>(&a?)?);
+            }
+            Ok(out)
+        }
+        let (values, found) = match &self.table {
+            Table::V4(t) => {
+                let packed = parsed::<4>(addrs)?;
+                py.allow_threads(|| many(t.as_trie(), &packed))
+            }
+            Table::V6(t) => {
+                let packed = parsed::<16>(addrs)?;
+                py.allow_threads(|| many(t.as_trie(), &packed))
+            }
+        };
+        Ok((
+            PyArray1::from_vec(py, values),
+            PyArray1::from_vec(py, found),
+        ))
+    }
+
     fn lookup_many_v4<'py>(
         &self,
         py: Python<'py>,

@@ -184,3 +184,20 @@ def test_geoip_with_strings_and_numpy():
     with pytest.raises(ValueError):
         geo["300.0.0.0/8"] = "bad"
     assert len(geo._objs) - len(geo._free) == 2  # no handle leaked by the failure
+
+
+def test_lookup_many_of_strings_and_objects():
+    t = b.Lpm()
+    t["10.0.0.0/8"] = 1
+    t["10.1.0.0/16"] = 2
+    addrs = ["10.1.2.3", "10.9.9.9", "11.0.0.1", ipaddress.IPv4Address("10.1.0.1"), 0x0A000001]
+    values, found = t.lookup_many(addrs)
+    assert list(values) == [2, 1, 0, 2, 1] and list(found) == [True, True, False, True, True]
+    values, found = t.lookup_many(np.array(["10.1.2.3", "12.0.0.0"]))
+    assert list(values) == [2, 0] and list(found) == [True, False]
+    with pytest.raises(ValueError):
+        t.lookup_many(["10.1.2.3", "10.1.2.300"])
+    v6 = b.Lpm(version=6)
+    v6["2001:db8::/32"] = "doc"
+    values, found = v6.lookup_many(["2001:db8::1", "2001:db9::1"])
+    assert list(values) == ["doc", None] and list(found) == [True, False]

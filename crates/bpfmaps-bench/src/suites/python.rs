@@ -107,7 +107,7 @@ impl Suite for Python {
         environment `target/py-venv` (made here if absent). LPM on the real IPv4 table: \
         lookups one dotted-quad string at a time from a Python loop in `bpfmaps_rs.Lpm.get`, \
         `pytricia.get` and py-radix's `search_best`, and `bpfmaps_rs.Lpm.lookup_many` over a \
-        numpy `uint32` array, for addresses uniform over IPv4 and inside stored prefixes (as \
+        numpy `uint32` array and over the list of dotted-quad strings, for addresses uniform over IPv4 and inside stored prefixes (as \
         `lpm-real` draws them); every table's answers compared first. Hash map, 100K `u32` \
         keys: `t[k]` on a `bpfmaps_rs.Table` against a `dict`, `lookup_many`, and the whole \
         table read by `items_lookup_batch` (pairs of ints) and `items_many` (numpy arrays) \
@@ -184,7 +184,7 @@ impl Suite for Python {
         };
         let mut lpm = Table::new(
             "python: IPv4 LPM lookups from Python, ns per address, and speed vs pytricia",
-            &["addresses", "bpfmaps get", "bpfmaps lookup_many", "pytricia", "py-radix", "get/pytricia", "lookup_many/pytricia", "get/py-radix"],
+            &["addresses", "bpfmaps get", "bpfmaps lookup_many", "lookup_many of strings", "pytricia", "py-radix", "get/pytricia", "lookup_many/pytricia", "lookup_many(str)/pytricia", "get/py-radix"],
         )
         .with_note("Targets (issue 14): lookup_many at least 20x pytricia's per-address rate, get at least as fast as pytricia's.");
         for kind in ["random", "inside"] {
@@ -195,10 +195,12 @@ impl Suite for Python {
                 kind.into(),
                 cell("bpfmaps_rs.Lpm.get"),
                 cell("bpfmaps_rs.Lpm.lookup_many"),
+                cell("bpfmaps_rs.Lpm.lookup_many(str)"),
                 cell("pytricia.get"),
                 cell("py-radix.search_best"),
                 fmt_ratio(ratio(py, ns(&c, "bpfmaps_rs.Lpm.get"))),
                 fmt_ratio(ratio(py, ns(&c, "bpfmaps_rs.Lpm.lookup_many"))),
+                fmt_ratio(ratio(py, ns(&c, "bpfmaps_rs.Lpm.lookup_many(str)"))),
                 fmt_ratio(ratio(
                     ns(&c, "py-radix.search_best"),
                     ns(&c, "bpfmaps_rs.Lpm.get"),

@@ -610,9 +610,15 @@ class Lpm(_ObjectValues):
         a table of other values, an ``object`` array, None for a miss).
         IPv4: an array of ``uint32`` (integers, as
         ``int(IPv4Address(...))``); IPv6: ``uint8`` rows of 16 bytes in
-        network order. Other arrays are converted first."""
+        network order. Other integer arrays are converted first; a list
+        or array of strings (``"10.1.2.3"``), or of anything ``get``
+        takes, is parsed natively, item by item, then looked up."""
+        if isinstance(addrs, (list, tuple)) and addrs and not isinstance(addrs[0], (int, np.integer)):
+            return self._values_out(*self._t.lookup_many_any(addrs))
+        a = np.asarray(addrs)
+        if a.dtype.kind in "UO":  # str or objects (bytes arrays lose NULs)
+            return self._values_out(*self._t.lookup_many_any(a))
         if self.version == 4:
-            a = np.asarray(addrs)
             if a.dtype != np.uint32:
                 if a.dtype.kind in "iu":
                     if a.size and (a.min() < 0 or a.max() > 0xFFFFFFFF):
