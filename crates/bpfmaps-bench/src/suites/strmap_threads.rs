@@ -59,6 +59,11 @@ pub struct Opts {
     /// Milliseconds per repetition [quick: 100; full: 1000].
     #[arg(long)]
     duration_ms: Option<u64>,
+    /// Inserts and removes per second the writer beside the readers does
+    /// (it sleeps between batches to keep to it); 0: as fast as it can.
+    /// The runs without readers always go flat out.
+    #[arg(long, default_value_t = 0)]
+    writer_rate: u64,
 }
 
 /// Seed of the key order and the readers' orders.
@@ -339,6 +344,8 @@ struct Layout {
     groups: [Window; 2],
     /// One probe order per reader thread (at most 2).
     probes: Vec<Probes>,
+    /// Writes per second beside readers (0: flat out).
+    writer_rate: u64,
 }
 
 impl Layout {
@@ -380,6 +387,7 @@ impl Layout {
             stable,
             groups,
             probes,
+            writer_rate: 0,
         }
     }
 
@@ -421,6 +429,9 @@ fn run_once<M: SharedStrMap>(
     let stop = AtomicBool::new(false);
     let barrier = Barrier::new(readers + writers + 1);
     let (keys, stable) = (&layout.keys, layout.stable);
+    // Each writer's share of the rate, as seconds per operation.
+    let pace =
+        (readers > 0 && layout.writer_rate > 0).then(|| writers as f64 / layout.writer_rate as f64);
     std::thread::scope(|s| {
         let reader_threads: Vec<_> = layout.probes[..readers]
             .iter()
@@ -456,6 +467,10 @@ fn run_once<M: SharedStrMap>(
                             for w in mine.iter_mut() {
                                 ops += w.step(map, keys, generation);
                             }
+                        }
+                        if let Some(pace) = pace {
+                            let due = start + Duration::from_secs_f64(ops as f64 * pace);
+                            std::thread::sleep(due.saturating_duration_since(Instant::now()));
                         }
                     }
                     ops as f64 / start.elapsed().as_secs_f64()
@@ -689,8 +704,17 @@ impl Suite for StrmapThreads {
         }
         let keys = shuffled(keys, SEED);
         let readers_max = CONFIGS.iter().map(|c| c.0).max().unwrap_or(0);
-        let layout = Layout::new(keys, readers_max);
-        let base = case(&[("set", &set), ("n", &layout.keys.len())]);
+        let mut layout = Layout::new(keys, readers_max);
+        layout.writer_rate = opts.writer_rate;
+        let base = if opts.writer_rate > 0 {
+            case(&[
+                ("set", &set),
+                ("n", &layout.keys.len()),
+                ("writer_rate", &opts.writer_rate),
+            ])
+        } else {
+            case(&[("set", &set), ("n", &layout.keys.len())])
+        };
         let cores = std::thread::available_parallelism().map_or(1, usize::from);
         ctx.note(&format!(
             "{}: {base}: {} keys never churned, {} and {} churned by first byte (half \
@@ -830,16 +854,54 @@ impl Suite for StrmapThreads {
 /// The key set's part of the cases (`set=...,n=...`).
 fn base_of(records: &[Record]) -> Option<String> {
     let r = records.first()?;
-    Some(case(&[
-        ("set", &case_param(&r.case, "set")?),
-        ("n", &case_param(&r.case, "n")?),
-    ]))
+    let (set, n) = (case_param(&r.case, "set")?, case_param(&r.case, "n")?);
+    Some(match case_param(&r.case, "writer_rate") {
+        Some(rate) => case(&[("set", &set), ("n", &n), ("writer_rate", &rate)]),
+        None => case(&[("set", &set), ("n", &n)]),
+    })
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::suites::by_name;
+
+    /// `--writer-rate`: the writer beside readers keeps under its rate
+    /// (it only ever sleeps, so at most one batch ahead of the schedule),
+    /// and the cases say the rate.
+    #[test]
+    fn a_paced_writer_keeps_to_its_rate() {
+        let no_data = std::env::temp_dir().join("bpfmaps-bench-no-such-data");
+        let args = [
+            "--set",
+            "none",
+            "--max-keys",
+            "3000",
+            "--duration-ms",
+            "50",
+            "--writer-rate",
+            "20000",
+        ];
+        let records = crate::suites::run_quick("strmap-threads", &args, no_data);
+        let writes: Vec<_> = records
+            .iter()
+            .filter(|r| r.metric == WRITES_PER_SEC.name)
+            .collect();
+        assert!(!writes.is_empty());
+        for r in writes {
+            assert_eq!(r.param("writer_rate"), Some("20000"), "{}", r.case);
+            // One batch (64 operations) ahead over 50 ms is 1,280/s.
+            if r.param("readers") != Some("0") {
+                assert!(
+                    r.value <= 21_300.0,
+                    "{} {}: {} writes/s",
+                    r.case,
+                    r.impl_name,
+                    r.value
+                );
+            }
+        }
+    }
 
     /// Runs quick on a few thousand generated keys (no data directory and,
     /// with `--set`, no machine set): every map keeps its keys, readers see
