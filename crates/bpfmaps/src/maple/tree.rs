@@ -10,7 +10,7 @@
 
 use std::ops::RangeInclusive;
 use std::ptr::{NonNull, null_mut};
-use std::sync::atomic::{AtomicPtr, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicUsize, Ordering};
 
 use parking_lot::Mutex;
 use smallvec::SmallVec;
@@ -44,6 +44,10 @@ pub struct MapleTree<V: Clone + Send + Sync + 'static> {
     /// The root node; null when the tree is empty.
     pub(super) root: AtomicPtr<Header>,
     pub(super) len: AtomicUsize,
+    /// Whether loads ask for nodes' lines ahead: the nodes have outgrown
+    /// [`PREFETCH_FROM`] (set by writes; a hint, so a stale one is only
+    /// slower).
+    far: AtomicBool,
     writer: Mutex<()>,
     pub(super) nodes: Nodes<V>,
 }
@@ -121,6 +125,7 @@ impl<V: Clone + Send + Sync + 'static> MapleTree<V> {
         MapleTree {
             root: AtomicPtr::new(null_mut()),
             len: AtomicUsize::new(0),
+            far: AtomicBool::new(false),
             writer: Mutex::new(()),
             nodes: Nodes::new(),
         }
@@ -178,6 +183,9 @@ impl<V: Clone + Send + Sync + 'static> MapleTree<V> {
     #[inline(always)]
     pub(super) unsafe fn leaf_of(&self, index: u64) -> Option<NodePtr> {
         let mut node = NonNull::new(self.root.load(Ordering::Acquire))?;
+        // A small tree's nodes are in cache: asking for their lines only
+        // costs instructions (docs/benchmarks.md, "Prefetching by size").
+        let far = self.far.load(Ordering::Relaxed);
         // SAFETY: the caller's; nodes never change once published (but
         // under `&mut`, when nobody reads them).
         unsafe {
@@ -185,7 +193,9 @@ impl<V: Clone + Send + Sync + 'static> MapleTree<V> {
                 let branch = as_branch(node);
                 let level = branch.header.level;
                 node = branch.child(branch.route(index));
-                prefetch_lookup::<V>(node, level == 1);
+                if far {
+                    prefetch_lookup::<V>(node, level == 1);
+                }
             }
         }
         Some(node)
@@ -305,6 +315,14 @@ impl<V: Clone + Send + Sync + 'static> MapleTree<V> {
         }
         self.write(first, last, None, &guard);
         Ok(true)
+    }
+
+    /// Keeps [`far`](Self::far) in step with the nodes' memory, after a
+    /// write.
+    #[inline]
+    fn note_size(&self) {
+        self.far
+            .store(self.nodes.arena.bytes() >= PREFETCH_FROM, Ordering::Relaxed);
     }
 
     /// Removes every range (`mtree_destroy`, but the tree stays usable).
@@ -468,6 +486,7 @@ impl<V: Clone + Send + Sync + 'static> MapleTree<V> {
             };
             copy.root.store(root.as_ptr(), Ordering::Release);
             copy.len.store(self.len(), Ordering::Relaxed);
+            copy.note_size();
         }
         copy
     }
@@ -508,6 +527,7 @@ impl<V: Clone + Send + Sync + 'static> MapleTree<V> {
         };
         self.root
             .store(root.map_or(null_mut(), NonNull::as_ptr), Ordering::Release);
+        self.note_size();
         let (added, removed) = (w.added, w.removed);
         for (node, subtree) in w.retired {
             // SAFETY: unlinked by the root store above; each listed once.
@@ -652,6 +672,7 @@ impl<V: Clone + Send + Sync + 'static> MapleTree<V> {
                 .branch_with(&mut session, unsafe { as_branch(parent) }, i, sub);
         }
         self.root.store(sub.node.as_ptr(), Ordering::Release);
+        self.note_size();
         // SAFETY: unlinked by the root store above; each retired once.
         unsafe {
             self.nodes.retire_in(&mut session, w.leaf, guard);
@@ -1006,6 +1027,11 @@ impl<V: Clone + Send + Sync + 'static> Write<'_, V> {
         }
     }
 }
+
+/// Node memory (the arena's chunks) from which a load asks for each
+/// node's later lines as it descends: about an L2 cache. Below it the
+/// nodes are in cache and the asking costs more than it saves.
+const PREFETCH_FROM: usize = 1 << 20;
 
 /// Asks for the lines of `node` a load reads after its keys: the child
 /// pointers of a branch, the ends and values of a leaf. Which of them it
