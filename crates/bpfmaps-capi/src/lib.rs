@@ -188,22 +188,23 @@ fn owned(key: &[u8]) -> Vec<u8> {
     key.to_vec()
 }
 
-/// `op` on a copy of `key` and the `len` bytes at `out`, which `key`
-/// overlaps (see [`overlaps`]); out of line, so that the common path
-/// carries no copy.
+/// `op` on `key`, a copy of a key that overlapped the `len` bytes at
+/// `out` (see [`overlaps`]), and those bytes; out of line, so that the
+/// common path carries no copy. The key comes owned: a borrowed one, an
+/// argument, would stay protected for the whole call while `out` is
+/// written (Miri caught that form).
 ///
 /// # Safety
 /// `out` is NULL or points to `len` writable bytes.
 #[cold]
 #[inline(never)]
 unsafe fn through_copy(
-    key: &[u8],
+    key: Vec<u8>,
     out: *mut c_void,
     len: usize,
     op: impl FnOnce(&[u8], &mut [u8]) -> bpfmaps::Result<()>,
 ) -> Result<c_int, Errno> {
-    let key = owned(key);
-    // SAFETY: the caller's promise; `key` no longer borrows from `out`.
+    // SAFETY: the caller's promise; nothing borrows from `out` now.
     let out = unsafe { bytes_mut(out, len)? };
     op(&key, out).map_err(errno_of)?;
     Ok(0)
@@ -360,6 +361,7 @@ pub unsafe extern "C" fn bpfmaps_map_lookup_elem(
         // SAFETY: the caller's promise.
         let key = unsafe { m.key(key)? };
         if overlaps(key, value, m.value_size) {
+            let key = owned(key);
             // SAFETY: as above.
             return unsafe { through_copy(key, value, m.value_size, |k, v| m.map.lookup(k, v)) };
         }
@@ -437,6 +439,7 @@ pub unsafe extern "C" fn bpfmaps_map_lookup_and_delete_elem(
         // SAFETY: the caller's promise.
         let key = unsafe { m.key(key)? };
         if overlaps(key, value, m.value_size) {
+            let key = owned(key);
             // SAFETY: as above.
             return unsafe {
                 through_copy(key, value, m.value_size, |k, v| {

@@ -87,12 +87,8 @@ prefixes = st.lists(
 
 
 def brute(stored, addr):
-    best = None
-    for (net, length), value in stored.items():
-        mask = (0xFFFFFFFF << (32 - length)) & 0xFFFFFFFF
-        if addr & mask == net and (best is None or length > best[0]):
-            best = (length, value)
-    return None if best is None else best[1]
+    """The value of the longest stored prefix holding addr, or None."""
+    return brute_found(stored, addr)[1]
 
 
 @settings(max_examples=150, deadline=None)
