@@ -814,14 +814,19 @@ struct StrMap {
 impl StrMap {
     fn checked(&self, obj: &Bound<'_, PyAny>) -> PyResult<Vec<u8>> {
         let k = key_bytes(obj)?;
-        if !(1..=self.max_key).contains(&k.len()) {
-            return Err(PyValueError::new_err(format!(
-                "key is {} bytes, the map takes 1 to {}",
-                k.len(),
-                self.max_key
-            )));
-        }
+        self.check_len(k.len())?;
         Ok(k)
+    }
+
+    fn check_len(&self, len: usize) -> PyResult<()> {
+        if (1..=self.max_key).contains(&len) {
+            Ok(())
+        } else {
+            Err(PyValueError::new_err(format!(
+                "key is {len} bytes, the map takes 1 to {}",
+                self.max_key
+            )))
+        }
     }
 }
 
@@ -853,6 +858,61 @@ impl StrMap {
         self.map
             .insert(&self.checked(key)?, &value.to_ne_bytes(), flags)
             .map_err(py_err)
+    }
+
+    /// Looks up each key of a sequence (`str` or bytes): the keys read
+    /// here, then looked up with the GIL released. (values, found).
+    fn lookup_many<'py>(
+        &self,
+        py: Python<'py>,
+        keys: &Bound<'py, PyAny>,
+    ) -> PyResult<Found<'py, PyArray1<u64>>> {
+        // The keys back to back in one buffer (no allocation a key).
+        let (mut bytes, mut ends) = (Vec::new(), Vec::with_capacity(keys.len().unwrap_or(0)));
+        for k in keys.try_iter()? {
+            let k = k?;
+            let start = bytes.len();
+            if let Ok(s) = k.downcast::<PyString>() {
+                bytes.extend_from_slice(s.to_cow()?.as_bytes());
+            } else if let Ok(b) = k.downcast::<PyBytes>() {
+                bytes.extend_from_slice(b.as_bytes());
+            } else {
+                return Err(PyTypeError::new_err("a key: str or bytes"));
+            }
+            self.check_len(bytes.len() - start)?;
+            ends.push(bytes.len());
+        }
+        let owned: Vec<&[u8]> = ends
+            .iter()
+            .scan(0, |start, &end| {
+                let k = &bytes[*start..end];
+                *start = end;
+                Some(k)
+            })
+            .collect();
+        let (values, found) = py.allow_threads(|| {
+            let mut values = vec![0u64; owned.len()];
+            let mut found = vec![false; owned.len()];
+            for (chunk, at) in owned.chunks(256).zip((0..).step_by(256)) {
+                let guard = bpfmaps::pin();
+                let mut answers = [None; 256];
+                let out = &mut answers[..chunk.len()];
+                self.map
+                    .get_many(chunk, &guard, out)
+                    .expect("room for every key");
+                for (i, v) in out.iter().enumerate() {
+                    if let Some(v) = v {
+                        values[at + i] = u64_of(v);
+                        found[at + i] = true;
+                    }
+                }
+            }
+            (values, found)
+        });
+        Ok((
+            PyArray1::from_vec(py, values),
+            PyArray1::from_vec(py, found),
+        ))
     }
 
     fn get(&self, key: &Bound<'_, PyAny>) -> PyResult<Option<u64>> {

@@ -169,3 +169,18 @@ def test_strmap_holds_any_values():
     assert m.longest_prefix_of("vfs_readv") == ("vfs_read", "now a str")
     del m["vfs_write"]
     assert list(m) == ["vfs_read"] and len(m._objs) - len(m._free) == 1
+
+
+def test_strmap_lookup_many():
+    m = b.StrMap(max_key_size=8)
+    m["vfs_read"] = 1
+    m[b"ab\0"] = 2
+    values, found = m.lookup_many(["vfs_read", b"ab\0", "ab", "zz"])
+    assert list(values) == [1, 2, 0, 0] and list(found) == [True, True, False, False]
+    values, found = m.lookup_many(np.array(["vfs_read", "x"]))
+    assert list(values) == [1, 0] and list(found) == [True, False]
+    with pytest.raises(ValueError):
+        m.lookup_many(["vfs_read", "much_too_long"])
+    m["tcp"] = "an object"
+    values, found = m.lookup_many(["tcp", "vfs_read", "no"])
+    assert list(values) == ["an object", 1, None] and list(found) == [True, True, False]

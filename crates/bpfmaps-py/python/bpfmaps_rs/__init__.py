@@ -695,6 +695,13 @@ class StrMap(_ObjectValues, MutableMapping):
     def memory_usage(self) -> int:
         return self._m.memory_usage()
 
+    def lookup_many(self, keys: Iterable[Any]) -> tuple:
+        """Looks up every key of a sequence (``str`` or ``bytes``, a list
+        or a numpy array of them) in one call, the lookups with the GIL
+        released: ``(values uint64, found bool)``, a miss's value 0 (for
+        a map of other values, an ``object`` array, None for a miss)."""
+        return self._values_out(*self._m.lookup_many(keys))
+
     def prefix(self, prefix: Any) -> list:
         """The (key, value) pairs whose key starts with ``prefix``, in
         order."""
