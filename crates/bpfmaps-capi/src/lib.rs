@@ -169,15 +169,42 @@ unsafe fn bytes_mut<'a>(ptr: *mut c_void, len: usize) -> Result<&'a mut [u8], Er
     Ok(unsafe { std::slice::from_raw_parts_mut(ptr.cast(), len) })
 }
 
-/// Whether `key` overlaps the `len` bytes at `out`. C callers may pass
-/// one buffer for both (`bpf_map_get_next_key(fd, &k, &k)`), which the
-/// kernel allows, since it copies the key in first; here a shared and a
-/// mutable slice of the same bytes would alias (Miri found it), so such
-/// a key is copied first ([`owned`]).
+/// Whether the `a_len` bytes at `a` and the `b_len` bytes at `b` share
+/// any. C callers may pass one buffer as a key and an output
+/// (`bpf_map_get_next_key(fd, &k, &k)`), which the kernel allows, since
+/// it copies the key in first; here a shared and a mutable slice of the
+/// same bytes would alias (Miri found it), so such a key is copied first
+/// ([`owned`]); two outputs that overlap are refused.
 #[inline(always)]
-fn overlaps(key: &[u8], out: *mut c_void, len: usize) -> bool {
-    let (k, o) = (key.as_ptr() as usize, out as usize);
-    k < o.wrapping_add(len) && o < k + key.len()
+fn overlaps(a: *const c_void, a_len: usize, b: *const c_void, b_len: usize) -> bool {
+    let (a, b) = (a as usize, b as usize);
+    a_len > 0 && b_len > 0 && a < b.wrapping_add(b_len) && b < a.wrapping_add(a_len)
+}
+
+/// `op` on the key at `key` and the value buffer at `value`: the calls
+/// that read a key and write a value (lookup, lookup-and-delete). A key
+/// that overlaps the buffer goes through a copy ([`through_copy`]).
+///
+/// # Safety
+/// `key` is NULL or a key of the map; `value` NULL or room for a value.
+#[inline(always)]
+unsafe fn key_to_value(
+    m: &Open,
+    key: *const c_void,
+    value: *mut c_void,
+    op: impl FnOnce(&[u8], &mut [u8]) -> bpfmaps::Result<()>,
+) -> Result<c_int, Errno> {
+    // SAFETY: the caller's promise.
+    let key = unsafe { m.key(key)? };
+    if overlaps(key.as_ptr().cast(), key.len(), value, m.value_size) {
+        let key = owned(key);
+        // SAFETY: as above.
+        return unsafe { through_copy(key, value, m.value_size, op) };
+    }
+    // SAFETY: as above.
+    let value = unsafe { bytes_mut(value, m.value_size)? };
+    op(key, value).map_err(errno_of)?;
+    Ok(0)
 }
 
 /// A copy of a key that overlaps a call's output: the rare case, kept
@@ -357,18 +384,9 @@ pub unsafe extern "C" fn bpfmaps_map_lookup_elem(
     key: *const c_void,
     value: *mut c_void,
 ) -> c_int {
-    on_map(fd, |m| {
-        // SAFETY: the caller's promise.
-        let key = unsafe { m.key(key)? };
-        if overlaps(key, value, m.value_size) {
-            let key = owned(key);
-            // SAFETY: as above.
-            return unsafe { through_copy(key, value, m.value_size, |k, v| m.map.lookup(k, v)) };
-        }
-        // SAFETY: as above.
-        let value = unsafe { bytes_mut(value, m.value_size)? };
-        m.map.lookup(key, value).map_err(errno_of)?;
-        Ok(0)
+    // SAFETY: the caller's promise.
+    on_map(fd, |m| unsafe {
+        key_to_value(m, key, value, |k, v| m.map.lookup(k, v))
     })
 }
 
@@ -435,22 +453,9 @@ pub unsafe extern "C" fn bpfmaps_map_lookup_and_delete_elem(
     key: *const c_void,
     value: *mut c_void,
 ) -> c_int {
-    on_map(fd, |m| {
-        // SAFETY: the caller's promise.
-        let key = unsafe { m.key(key)? };
-        if overlaps(key, value, m.value_size) {
-            let key = owned(key);
-            // SAFETY: as above.
-            return unsafe {
-                through_copy(key, value, m.value_size, |k, v| {
-                    m.map.lookup_and_delete(k, v)
-                })
-            };
-        }
-        // SAFETY: as above.
-        let value = unsafe { bytes_mut(value, m.value_size)? };
-        m.map.lookup_and_delete(key, value).map_err(errno_of)?;
-        Ok(0)
+    // SAFETY: the caller's promise.
+    on_map(fd, |m| unsafe {
+        key_to_value(m, key, value, |k, v| m.map.lookup_and_delete(k, v))
     })
 }
 
@@ -494,11 +499,13 @@ pub unsafe extern "C" fn bpfmaps_map_get_next_key(
         } else {
             // SAFETY: the caller's promise.
             let key = unsafe { m.key(key)? };
-            Some(if overlaps(key, next_key, m.key_stride) {
-                Cow::Owned(owned(key))
-            } else {
-                Cow::Borrowed(key)
-            })
+            Some(
+                if overlaps(key.as_ptr().cast(), key.len(), next_key, m.key_stride) {
+                    Cow::Owned(owned(key))
+                } else {
+                    Cow::Borrowed(key)
+                },
+            )
         };
         // SAFETY: the caller's promise.
         let out = unsafe { bytes_mut(next_key, m.key_stride)? };
@@ -582,8 +589,7 @@ unsafe fn lookup_batch(
         let layout = m.layout();
         let (klen, vlen) = (n * layout.stride(), n * m.value_size);
         // Two buffers the call writes: overlapping, they would alias.
-        let (k, v) = (keys as usize, values as usize);
-        if klen > 0 && vlen > 0 && k < v.wrapping_add(vlen) && v < k.wrapping_add(klen) {
+        if overlaps(keys, klen, values, vlen) {
             return Err(libc::EINVAL);
         }
         // SAFETY: the caller's promise: room for `count` of each.

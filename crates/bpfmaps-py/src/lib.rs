@@ -685,9 +685,6 @@ impl Lpm {
         }
     }
 
-    /// Looks up IPv4 addresses given as a `uint32` array (host-order
-    /// integers, as `int(ipaddress.IPv4Address(...))`), with the GIL
-    /// released: (values `uint64`, found `bool`); a miss's value is 0.
     /// Looks up each address of a sequence (strings, ints, packed bytes
     /// or `ipaddress` objects, as `get` takes them): each parsed here,
     /// then all looked up with the GIL released. (values, found).
@@ -719,6 +716,9 @@ impl Lpm {
         ))
     }
 
+    /// Looks up IPv4 addresses given as a `uint32` array (host-order
+    /// integers, as `int(ipaddress.IPv4Address(...))`), with the GIL
+    /// released: (values `uint64`, found `bool`); a miss's value is 0.
     fn lookup_many_v4<'py>(
         &self,
         py: Python<'py>,
@@ -770,17 +770,30 @@ impl Lpm {
     }
 }
 
-/// Batched lookups through `get_many_as`, in chunks under one guard
-/// each.
+/// Keys a batched lookup takes under one guard.
+const CHUNK: usize = 256;
+
+/// Batched LPM lookups through `get_many_as` ([`chunked`]).
 fn many<A: AsRef<[u8]>>(trie: &bpfmaps::lpm::LpmTrie, addrs: &[A]) -> (Vec<u64>, Vec<bool>) {
-    const CHUNK: usize = 256;
-    let mut values = vec![0u64; addrs.len()];
-    let mut found = vec![false; addrs.len()];
+    chunked(addrs, |chunk, guard, out| {
+        trie.get_many_as(chunk, guard, out)
+            .expect("room for every address")
+    })
+}
+
+/// Lookups of `keys` in chunks of [`CHUNK`] under one guard each,
+/// `lookup` answering a chunk into `out`: (values, found), a miss's
+/// value 0.
+fn chunked<K>(
+    keys: &[K],
+    mut lookup: impl FnMut(&[K], &bpfmaps::Guard, &mut [Option<u64>]),
+) -> (Vec<u64>, Vec<bool>) {
+    let mut values = vec![0u64; keys.len()];
+    let mut found = vec![false; keys.len()];
     let mut out = [None::<u64>; CHUNK];
-    for (i, chunk) in addrs.chunks(CHUNK).enumerate() {
+    for (i, chunk) in keys.chunks(CHUNK).enumerate() {
         let guard = bpfmaps::pin();
-        trie.get_many_as(chunk, &guard, &mut out[..chunk.len()])
-            .expect("room for every address");
+        lookup(chunk, &guard, &mut out[..chunk.len()]);
         for (j, v) in out[..chunk.len()].iter().enumerate() {
             if let Some(v) = v {
                 values[i * CHUNK + j] = *v;
@@ -793,13 +806,21 @@ fn many<A: AsRef<[u8]>>(trie: &bpfmaps::lpm::LpmTrie, addrs: &[A]) -> (Vec<u64>,
 
 /// A key given as `str` (UTF-8) or bytes.
 fn key_bytes(obj: &Bound<'_, PyAny>) -> PyResult<Vec<u8>> {
+    let mut out = Vec::new();
+    push_key(obj, &mut out)?;
+    Ok(out)
+}
+
+/// Appends the bytes of a key given as `str` (UTF-8) or bytes.
+fn push_key(obj: &Bound<'_, PyAny>, out: &mut Vec<u8>) -> PyResult<()> {
     if let Ok(s) = obj.downcast::<PyString>() {
-        return Ok(s.to_cow()?.as_bytes().to_vec());
+        out.extend_from_slice(s.to_cow()?.as_bytes());
+    } else if let Ok(b) = obj.downcast::<PyBytes>() {
+        out.extend_from_slice(b.as_bytes());
+    } else {
+        return Err(PyTypeError::new_err("a key: str or bytes"));
     }
-    if let Ok(b) = obj.downcast::<PyBytes>() {
-        return Ok(b.as_bytes().to_vec());
-    }
-    Err(PyTypeError::new_err("a key: str or bytes"))
+    Ok(())
 }
 
 /// A string map (the qp-trie) with integer values, for the Python
@@ -870,15 +891,8 @@ impl StrMap {
         // The keys back to back in one buffer (no allocation a key).
         let (mut bytes, mut ends) = (Vec::new(), Vec::with_capacity(keys.len().unwrap_or(0)));
         for k in keys.try_iter()? {
-            let k = k?;
             let start = bytes.len();
-            if let Ok(s) = k.downcast::<PyString>() {
-                bytes.extend_from_slice(s.to_cow()?.as_bytes());
-            } else if let Ok(b) = k.downcast::<PyBytes>() {
-                bytes.extend_from_slice(b.as_bytes());
-            } else {
-                return Err(PyTypeError::new_err("a key: str or bytes"));
-            }
+            push_key(&k?, &mut bytes)?;
             self.check_len(bytes.len() - start)?;
             ends.push(bytes.len());
         }
@@ -891,23 +905,16 @@ impl StrMap {
             })
             .collect();
         let (values, found) = py.allow_threads(|| {
-            let mut values = vec![0u64; owned.len()];
-            let mut found = vec![false; owned.len()];
-            for (chunk, at) in owned.chunks(256).zip((0..).step_by(256)) {
-                let guard = bpfmaps::pin();
-                let mut answers = [None; 256];
-                let out = &mut answers[..chunk.len()];
+            chunked(&owned, |chunk, guard, out| {
+                let mut answers = [None; CHUNK];
+                let answers = &mut answers[..chunk.len()];
                 self.map
-                    .get_many(chunk, &guard, out)
+                    .get_many(chunk, guard, answers)
                     .expect("room for every key");
-                for (i, v) in out.iter().enumerate() {
-                    if let Some(v) = v {
-                        values[at + i] = u64_of(v);
-                        found[at + i] = true;
-                    }
+                for (o, a) in out.iter_mut().zip(answers) {
+                    *o = a.map(u64_of);
                 }
-            }
-            (values, found)
+            })
         });
         Ok((
             PyArray1::from_vec(py, values),

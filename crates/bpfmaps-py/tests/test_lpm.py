@@ -193,6 +193,8 @@ def test_lookup_many_of_strings_and_objects():
     assert list(values) == [2, 0] and list(found) == [True, False]
     with pytest.raises(ValueError):
         t.lookup_many(["10.1.2.3", "10.1.2.300"])
+    values, found = t.lookup_many([])
+    assert len(values) == 0 and len(found) == 0
     v6 = b.Lpm(version=6)
     v6["2001:db8::/32"] = "doc"
     values, found = v6.lookup_many(["2001:db8::1", "2001:db9::1"])

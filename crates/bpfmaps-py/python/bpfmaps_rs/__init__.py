@@ -613,7 +613,7 @@ class Lpm(_ObjectValues):
         network order. Other integer arrays are converted first; a list
         or array of strings (``"10.1.2.3"``), or of anything ``get``
         takes, is parsed natively, item by item, then looked up."""
-        if isinstance(addrs, (list, tuple)) and addrs and not isinstance(addrs[0], (int, np.integer)):
+        if isinstance(addrs, (list, tuple)) and not (addrs and isinstance(addrs[0], (int, np.integer))):
             return self._values_out(*self._t.lookup_many_any(addrs))
         a = np.asarray(addrs)
         if a.dtype.kind in "UO":  # str or objects (bytes arrays lose NULs)

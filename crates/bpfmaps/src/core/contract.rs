@@ -609,8 +609,11 @@ pub fn lookup_each<T: MapOps + ?Sized>(
     values: &mut [u8],
     room: usize,
 ) -> Result<usize, BatchError> {
-    let layout = BatchKeys::for_info(&map.map_info(), T::CAPS);
-    let vs = map.map_info().value_size as usize;
+    let info = map.map_info();
+    let (layout, vs) = (
+        BatchKeys::for_info(&info, T::CAPS),
+        info.value_size as usize,
+    );
     // The key to go on from, in one buffer reused for every step.
     let mut prev: Vec<u8> = after.map(<[u8]>::to_vec).unwrap_or_default();
     let mut has_prev = after.is_some();
@@ -759,7 +762,7 @@ impl<T: MapOps> Map for T {
         if let Some(after) = after {
             check_key(&info, T::CAPS, after).map_err(BatchError::at_start)?;
         }
-        self.map_lookup_batch(after, &mut keys[..], &mut values[..], room)
+        self.map_lookup_batch(after, keys, values, room)
     }
 
     fn lookup_and_delete_batch(

@@ -707,22 +707,19 @@ fn lookup_batch_matches_the_generic_walk() {
     } else {
         &[1, 3, 64, 65, 700, 1000]
     };
+    fn agree<T: MapOps>(map: &T, room: usize, after: Option<Vec<u8>>, name: &str) {
+        let ours = batches(room, after.clone(), |a, k, v| {
+            map.lookup_batch(a, k, v).unwrap()
+        });
+        let generic = batches(room, after.clone(), |a, k, v| {
+            lookup_each(map, a, k, v, k.len() / 4).unwrap()
+        });
+        assert_eq!(ours, generic, "{name}: room {room}, after {after:?}");
+    }
     for &room in rooms {
         for after in [None, stored.clone(), missing.clone()] {
-            let ours = batches(room, after.clone(), |a, k, v| {
-                hash.lookup_batch(a, k, v).unwrap()
-            });
-            let generic = batches(room, after.clone(), |a, k, v| {
-                lookup_each(&hash, a, k, v, k.len() / 4).unwrap()
-            });
-            assert_eq!(ours, generic, "room {room}, after {after:?}");
-            let lru_ours = batches(room, after.clone(), |a, k, v| {
-                lru.lookup_batch(a, k, v).unwrap()
-            });
-            let lru_generic = batches(room, after.clone(), |a, k, v| {
-                lookup_each(&lru, a, k, v, k.len() / 4).unwrap()
-            });
-            assert_eq!(lru_ours, lru_generic, "LRU: room {room}, after {after:?}");
+            agree(&hash, room, after.clone(), "hash");
+            agree(&lru, room, after, "LRU");
         }
         assert_eq!(
             batches(room, None, |a, k, v| hash.lookup_batch(a, k, v).unwrap()).len(),
