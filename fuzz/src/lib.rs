@@ -337,7 +337,8 @@ pub fn run_maple(data: &[u8]) {
 /// Runs the operations `data` encodes on a `WildcardMap` and the
 /// brute-force classifier, comparing every answer. The first bytes pick
 /// a schema (1 to 4 fields of every kind and of 1, 2, 4 or 16 bytes) and a
-/// collision limit (1 to 4, so tables split often); then each 6-byte op
+/// collision limit (1 to 4, so tables split often) or the map `new` makes
+/// (the prefix engine for one prefix field); then each 6-byte op
 /// inserts (with a flag), removes or classifies. A field's value is one
 /// byte spread over the field's top and bottom bits, so rules and packets
 /// meet; a prefix length is one of a few, ranges are short.
@@ -389,8 +390,13 @@ pub fn run_wildcard(data: &[u8]) {
         }
         r.build().unwrap()
     };
-    let map = WildcardMap::with_collision_limit(schema.clone(), 2, 64, 1 + usize::from(limit % 4))
-        .unwrap();
+    // A limit byte of 0 takes the map `new` makes (for a schema of one
+    // prefix field, the prefix engine rather than TupleMerge).
+    let map = match limit % 5 {
+        0 => WildcardMap::new(schema.clone(), 2, 64),
+        l => WildcardMap::with_collision_limit(schema.clone(), 2, 64, usize::from(l)),
+    }
+    .unwrap();
     let mut oracle = BruteForce::new();
     for (step, op) in ops.chunks_exact(6).enumerate() {
         let val = (step as u16).to_ne_bytes();

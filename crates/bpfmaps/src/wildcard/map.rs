@@ -36,6 +36,7 @@ use crossbeam_epoch::{Atomic, Owned, Shared};
 use parking_lot::Mutex;
 
 use super::chain::{Chain, Entry, Layout, Width, Word, entry_of, value_of};
+use super::prefix::PrefixIndex;
 use super::schema::{FieldKind, MAX_FIELDS, Packet, Rule, Schema};
 use crate::core::error::{Error, Result, check_len};
 use crate::core::flags::UpdateFlag;
@@ -91,7 +92,7 @@ type Tuple = [u8; MAX_FIELDS];
 
 /// Who holds a rule, in the writer's index: the entry, ordered by its
 /// rule and looked up by it.
-struct Placed(Arc<Entry>);
+pub(super) struct Placed(pub(super) Arc<Entry>);
 
 impl PartialEq for Placed {
     fn eq(&self, other: &Self) -> bool {
@@ -276,6 +277,9 @@ pub struct WildcardMap {
     len: AtomicUsize,
     /// The word its chains use.
     width: Width,
+    /// The engine of a schema of one prefix field, in place of the
+    /// tables (`prefix.rs`).
+    index: Option<PrefixIndex>,
     /// Creation flags through the byte contract (`BPF_F_NO_PREALLOC`).
     pub(super) map_flags: u32,
 }
@@ -283,11 +287,25 @@ pub struct WildcardMap {
 impl WildcardMap {
     /// An empty map of `schema` with values of `value_size` bytes (1 or
     /// more) and room for `max_entries` rules (1 or more).
+    ///
+    /// A schema of one prefix field (geoIP, routes with priorities) gets
+    /// an LPM trie whose every prefix holds the best rule among its own
+    /// and its ancestors': a classification is one trie lookup, where
+    /// TupleMerge probes a table per group of prefix lengths. Any other
+    /// schema gets TupleMerge.
     pub fn new(schema: Schema, value_size: usize, max_entries: u32) -> Result<Self> {
-        Self::with_collision_limit(schema, value_size, max_entries, DEFAULT_COLLISION_LIMIT)
+        let mut map =
+            Self::with_collision_limit(schema, value_size, max_entries, DEFAULT_COLLISION_LIMIT)?;
+        if let [field] = map.schema.fields()
+            && field.kind == FieldKind::Prefix
+        {
+            map.index = Some(PrefixIndex::new(field, value_size, max_entries)?);
+        }
+        Ok(map)
     }
 
-    /// [`new`](Self::new) with another collision limit (1 or more).
+    /// A TupleMerge map (whatever the schema) with another collision
+    /// limit (1 or more).
     pub fn with_collision_limit(
         schema: Schema,
         value_size: usize,
@@ -310,6 +328,7 @@ impl WildcardMap {
                 tables: Box::new([]),
             }),
             len: AtomicUsize::new(0),
+            index: None,
             map_flags: 0,
         })
     }
@@ -339,14 +358,57 @@ impl WildcardMap {
         self.max_entries
     }
 
-    /// Tables in use (for benchmarks and tests).
+    /// Tables in use (for benchmarks and tests; the prefix engine's trie
+    /// counts as one).
     pub fn tables(&self) -> usize {
-        self.writer.lock().tables.len()
+        match &self.index {
+            Some(_) => usize::from(!self.is_empty()),
+            None => self.writer.lock().tables.len(),
+        }
     }
 
     /// The best rule matching `packet`, with its value.
     pub fn classify<'g>(&self, packet: &Packet, guard: &'g Guard) -> Option<(&'g Rule, &'g [u8])> {
         self.classify_counting(packet, guard).0
+    }
+
+    /// The best matching rule's value alone, copied out as a `V`: a
+    /// plain-old-data type of the map's value size (`u32`, `[u8; 6]`,
+    /// ...); `None` when no rule matches or `V` is another size.
+    ///
+    /// ```
+    /// use bpfmaps::wildcard::{Field, Schema, WildcardMap};
+    ///
+    /// let schema = Schema::new(vec![Field::prefix("addr", 4)])?;
+    /// let geo = WildcardMap::new(schema, 2, 100)?;
+    /// let de = geo.schema().parse_rule("addr 10.0.0.0/8", 24)?;
+    /// let fr = geo.schema().parse_rule("addr 10.9.0.0/16", 16)?;
+    /// geo.insert(&de, b"DE", 0)?;
+    /// geo.insert(&fr, b"FR", 0)?;
+    /// let guard = bpfmaps::pin();
+    /// let at = |a: &str| geo.schema().parse_packet(&format!("addr {a}")).unwrap();
+    /// assert_eq!(geo.classify_as::<[u8; 2]>(&at("10.9.1.1"), &guard), Some(*b"FR"));
+    /// assert_eq!(geo.classify_as::<[u8; 2]>(&at("10.1.1.1"), &guard), Some(*b"DE"));
+    /// assert_eq!(geo.classify_as::<[u8; 2]>(&at("11.1.1.1"), &guard), None);
+    /// # Ok::<(), bpfmaps::Error>(())
+    /// ```
+    ///
+    /// Why beside `classify`: a schema of one prefix field with values of
+    /// up to 4 bytes keeps each prefix's best value in the leaves of a
+    /// trie of its own, so this is one LPM lookup; `classify`, which
+    /// returns the rule too, reads one more cache line (`prefix.rs`).
+    // Always inlined: a caller's loop then overlaps more lookups.
+    #[inline(always)]
+    pub fn classify_as<V: bytemuck::Pod>(&self, packet: &Packet, guard: &Guard) -> Option<V> {
+        if size_of::<V>() != self.value_size {
+            return None;
+        }
+        match &self.index {
+            Some(index) => index.classify_as(packet.values[0], guard),
+            None => self
+                .classify(packet, guard)
+                .map(|(_, v)| bytemuck::pod_read_unaligned(v)),
+        }
     }
 
     /// [`classify`](Self::classify), and how many tables it probed.
@@ -355,6 +417,9 @@ impl WildcardMap {
         packet: &Packet,
         guard: &'g Guard,
     ) -> (Option<(&'g Rule, &'g [u8])>, usize) {
+        if let Some(index) = &self.index {
+            return (index.classify(packet.values[0], guard), 1);
+        }
         match self.width {
             Width::W32 => self.classify_fields::<u32>(packet, guard),
             Width::W64 => self.classify_fields::<u64>(packet, guard),
@@ -468,6 +533,9 @@ impl WildcardMap {
 
     /// The value of exactly `rule` (its intervals and priority).
     pub fn get<'g>(&self, rule: &Rule, guard: &'g Guard) -> Option<&'g [u8]> {
+        if let Some(index) = &self.index {
+            return index.get(rule, guard);
+        }
         let fixed = rule.prefix_lengths(&self.schema);
         let lows = lows(rule);
         // SAFETY: as in `classify_counting`.
@@ -492,6 +560,9 @@ impl WildcardMap {
     /// rule order is kept only by the writer.
     pub fn next_rule(&self, after: Option<&Rule>) -> Option<Rule> {
         use std::ops::Bound::{Excluded, Unbounded};
+        if let Some(index) = &self.index {
+            return index.next_rule(after);
+        }
         let w = self.writer.lock();
         let lower = after.map_or(Unbounded, Excluded);
         w.placed
@@ -505,6 +576,9 @@ impl WildcardMap {
     /// count).
     pub fn memory_usage(&self) -> usize {
         use std::mem::size_of;
+        if let Some(index) = &self.index {
+            return size_of::<Self>() + index.memory_usage();
+        }
         let guard = &pin();
         let w = self.writer.lock();
         let mut bytes = size_of::<Self>();
@@ -528,6 +602,9 @@ impl WildcardMap {
 
     /// Every rule with its value, in rule order (a copy).
     pub fn rules(&self) -> Vec<(Rule, Vec<u8>)> {
+        if let Some(index) = &self.index {
+            return index.rules();
+        }
         let guard = &pin();
         // SAFETY: as in `classify_counting`.
         let view = unsafe { self.view.load(Ordering::Acquire, guard).deref() };
@@ -554,6 +631,12 @@ impl WildcardMap {
     pub(super) fn insert_flagged(&self, rule: &Rule, value: &[u8], flag: UpdateFlag) -> Result<()> {
         self.check_rule(rule)?;
         check_len("value", value.len(), self.value_size)?;
+        if let Some(index) = &self.index {
+            if index.insert(rule, value, flag, self.max_entries as usize)? {
+                self.len.fetch_add(1, Ordering::Relaxed);
+            }
+            return Ok(());
+        }
         let mut w = self.writer.lock();
         let guard = &pin();
         let entry = || {
@@ -620,20 +703,21 @@ impl WildcardMap {
                 return Err(Error::Exists);
             }
         }
+        if let Some(index) = &self.index {
+            let fresh = index.load(given, flag, self.max_entries as usize)?;
+            self.len.fetch_add(fresh, Ordering::Relaxed);
+            return Ok(());
+        }
         let mut w = self.writer.lock();
         let pinned = pin();
         let guard = &pinned;
-        let mut fresh = 0;
-        for rule in given.keys() {
-            match (w.placed.contains_key(rule), flag) {
-                (true, UpdateFlag::NoExist) => return Err(Error::Exists),
-                (false, UpdateFlag::Exist) => return Err(Error::NotFound),
-                (held, _) => fresh += usize::from(!held),
-            }
-        }
-        if self.len() + fresh > self.max_entries as usize {
-            return Err(Error::Full);
-        }
+        count_fresh(
+            given.keys(),
+            flag,
+            |r| w.placed.contains_key(r),
+            self.len(),
+            self.max_entries as usize,
+        )?;
         let mut entries: Vec<Arc<Entry>> = given
             .into_iter()
             .map(|(rule, value)| Arc::new(Entry { rule, value }))
@@ -665,6 +749,11 @@ impl WildcardMap {
     /// Removes `rule` and returns its value.
     pub fn take(&self, rule: &Rule) -> Result<Vec<u8>> {
         self.check_rule(rule)?;
+        if let Some(index) = &self.index {
+            let value = index.take(rule)?;
+            self.len.fetch_sub(1, Ordering::Relaxed);
+            return Ok(value);
+        }
         let mut w = self.writer.lock();
         let guard = &pin();
         let id = w.placed.remove(rule).ok_or(Error::NotFound)?;
@@ -687,6 +776,11 @@ impl WildcardMap {
 
     /// Removes every rule.
     pub fn clear(&self) {
+        if let Some(index) = &self.index {
+            // Under the index's writer lock, so no update runs between.
+            index.clear(|| self.len.store(0, Ordering::Relaxed));
+            return;
+        }
         let mut w = self.writer.lock();
         let guard = &pin();
         w.tables.clear();
@@ -903,6 +997,10 @@ impl WildcardMap {
     /// later as a wrong answer or a runaway table.
     #[cfg(test)]
     pub(crate) fn check_structure(&self) {
+        if let Some(index) = &self.index {
+            index.check_structure(self.len());
+            return;
+        }
         let w = self.writer.lock();
         let guard = &pin();
         let mut total = 0;
@@ -1013,8 +1111,33 @@ impl Drop for WildcardMap {
                 .into_owned()
         };
         let writer = std::mem::take(self.writer.get_mut());
-        drop_in_background((view.into_box(), writer));
+        drop_in_background((view.into_box(), writer, self.index.take()));
     }
+}
+
+/// How many of `rules` are not held (`held`), if a load of them under
+/// `flag` may go ahead: `EEXIST` with `BPF_NOEXIST` for one held,
+/// `ENOENT` with `BPF_EXIST` for one not held, `E2BIG` when the new ones
+/// would take the map's `len` past `max_entries`.
+pub(super) fn count_fresh<'a>(
+    rules: impl Iterator<Item = &'a Rule>,
+    flag: UpdateFlag,
+    held: impl Fn(&Rule) -> bool,
+    len: usize,
+    max_entries: usize,
+) -> Result<usize> {
+    let mut fresh = 0;
+    for rule in rules {
+        match (held(rule), flag) {
+            (true, UpdateFlag::NoExist) => return Err(Error::Exists),
+            (false, UpdateFlag::Exist) => return Err(Error::NotFound),
+            (held, _) => fresh += usize::from(!held),
+        }
+    }
+    if len + fresh > max_entries {
+        return Err(Error::Full);
+    }
+    Ok(fresh)
 }
 
 /// Whether a rule fixing `fixed` bits per field fits a table hashing

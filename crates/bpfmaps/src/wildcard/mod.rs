@@ -5,7 +5,9 @@
 //! exact match or a wildcard match of 1 to 16 bytes. Rules say what they
 //! match in each field and carry a priority (lower wins); classifying a
 //! concrete key returns the best matching rule's value. [`WildcardMap`]
-//! is the TupleMerge classifier with lock-free lookups; [`BruteForce`]
+//! is the TupleMerge classifier with lock-free lookups (for a schema of
+//! one prefix field, an LPM trie of each prefix's best rule instead,
+//! `prefix.rs`); [`BruteForce`]
 //! is the linear scan it is tested against; [`classbench`] reads the
 //! ClassBench rule and trace files the benchmarks use.
 //!
@@ -23,6 +25,7 @@ mod chain;
 pub mod classbench;
 mod contract;
 mod map;
+mod prefix;
 pub mod schema;
 #[cfg(test)]
 mod tests;

@@ -433,6 +433,31 @@ proptest! {
     #[test]
     fn matches_the_brute_force_oracle(schema in arb_schema(), ops in arb_ops(), limit in 1..4usize) {
         let m = WildcardMap::with_collision_limit(schema.clone(), 4, 40, limit).unwrap();
+        against_the_oracle(&m, &schema, &ops)?;
+    }
+
+    /// The engine of one-prefix-field schemas (an LPM trie of each
+    /// prefix's best rule among its own and its ancestors'), the same
+    /// way: nested prefixes from /0 to full length with random
+    /// priorities, so a short prefix's rule often beats longer ones.
+    #[test]
+    fn one_prefix_field_matches_the_brute_force_oracle(
+        size in prop::sample::select(vec![1usize, 2, 4, 8, 16]),
+        ops in arb_ops(),
+    ) {
+        let schema = Schema::new(vec![Field::prefix("dst", size)]).unwrap();
+        let m = WildcardMap::new(schema.clone(), 4, 40).unwrap();
+        against_the_oracle(&m, &schema, &ops)?;
+        prop_assert!(m.tables() <= 1, "the prefix engine, not tables");
+    }
+}
+
+/// Runs `ops` on `m` and on the brute-force oracle: every insert's and
+/// removal's result, every classification, exact lookups and the rule
+/// list agree, and the map's structure checks out after every step.
+fn against_the_oracle(m: &WildcardMap, schema: &Schema, ops: &[Op]) -> Result<(), TestCaseError> {
+    {
+        let schema = schema.clone();
         let mut o = BruteForce::new();
         let mut held: Vec<Rule> = Vec::new();
         let guard = pin();
@@ -514,7 +539,13 @@ proptest! {
                         .map(|(f, &s)| near(f, s) ^ u128::from(s >> 60 & 1))
                         .collect();
                     let p = schema.packet(&values).unwrap();
-                    prop_assert_eq!(answer(&m, &p), oracle_answer(&o, &p));
+                    let want = oracle_answer(&o, &p);
+                    let value = want
+                        .as_ref()
+                        .map(|(_, v)| <[u8; 4]>::try_from(&v[..]).unwrap());
+                    prop_assert_eq!(m.classify_as::<[u8; 4]>(&p, &guard), value);
+                    prop_assert_eq!(m.classify_as::<u64>(&p, &guard), None);
+                    prop_assert_eq!(answer(m, &p), want);
                 }
             }
             prop_assert_eq!(m.len(), o.len());
@@ -525,7 +556,15 @@ proptest! {
         }
         let want: Vec<(Rule, Vec<u8>)> = o.iter().map(|(r, v)| (r.clone(), v.to_vec())).collect();
         prop_assert_eq!(m.rules(), want);
+        let mut walked = Vec::new();
+        let mut at = None;
+        while let Some(r) = m.next_rule(at.as_ref()) {
+            walked.push(r.clone());
+            at = Some(r);
+        }
+        prop_assert_eq!(walked, o.iter().map(|(r, _)| r.clone()).collect::<Vec<_>>());
     }
+    Ok(())
 }
 
 /// The shared ClassBench sets (`../shared/data/classbench/`), if this
@@ -631,7 +670,29 @@ fn classbench_sets_classify_as_the_oracle_does() {
 #[test]
 fn readers_never_miss_a_stable_rule_while_a_writer_churns() {
     let s = five_tuple();
-    let m = Arc::new(WildcardMap::with_collision_limit(s.clone(), 4, 10_000, 3).unwrap());
+    let m = WildcardMap::with_collision_limit(s.clone(), 4, 10_000, 3).unwrap();
+    readers_under_churn(m, &[1, 80, 443, 6]);
+}
+
+/// The same with the engine of one-prefix-field schemas: readers see
+/// each prefix's answer before or after each rewrite of it.
+#[test]
+fn prefix_engine_readers_never_miss_a_stable_rule_while_a_writer_churns() {
+    let s = Schema::new(vec![Field::prefix("src", 4)]).unwrap();
+    let m = WildcardMap::new(s, 4, 10_000).unwrap();
+    readers_under_churn(m, &[]);
+}
+
+/// Two readers classify while a writer churns rules of better priority
+/// over stable /24s of field `src`: every answer matches, its value is
+/// its rule's, and it is the packet's stable rule unless it is a churned
+/// one. `rest` are the packets' other fields' values; churned rules use
+/// fields `dport` and `proto` when the schema has them.
+fn readers_under_churn(m: WildcardMap, rest: &[u128]) {
+    let s = m.schema().clone();
+    let has = |name: &str| s.fields().iter().any(|f| f.name == name);
+    let (ports, proto) = (has("dport"), has("proto"));
+    let m = Arc::new(m);
     let n = crate::scaled(64, 8) as u32;
     // Stable: one /24 per `i` at priority 1000 + i, plus a catch-all.
     let value_of = |r: &Rule| -> [u8; 4] { (r.priority ^ (r.bounds()[0].0 as u32)).to_ne_bytes() };
@@ -653,14 +714,15 @@ fn readers_never_miss_a_stable_rule_while_a_writer_churns() {
         .map(|t| {
             let (m, s, stop) = (m.clone(), s.clone(), stop.clone());
             let (stable, catch_all) = (stable.clone(), catch_all.clone());
+            let rest = rest.to_vec();
             std::thread::spawn(move || {
                 let mut seen = 0u64;
                 let mut i = t;
                 while !stop.load(Ordering::Relaxed) || seen < 100 {
                     let k = i % (n + 4);
-                    let p = s
-                        .packet(&[0x0a00_0005 | u128::from(k) << 8, 1, 80, 443, 6])
-                        .unwrap();
+                    let mut values = vec![0x0a00_0005 | u128::from(k) << 8];
+                    values.extend_from_slice(&rest);
+                    let p = s.packet(&values).unwrap();
                     let guard = pin();
                     let (rule, value) = m.classify(&p, &guard).expect("the catch-all at least");
                     assert!(rule.matches(&p));
@@ -684,26 +746,26 @@ fn readers_never_miss_a_stable_rule_while_a_writer_churns() {
     let mut live = std::collections::VecDeque::new();
     for step in 0..rounds {
         let i = step % (n + 4);
-        let r = s
-            .rule(step % 997)
-            .prefix(
-                "src",
-                0x0a00_0000 | u128::from(i) << 8,
-                [24, 20, 28][step as usize % 3],
-            )
-            .range("dport", 400, 500 + u128::from(step % 50))
-            .build()
-            .unwrap();
+        let mut r = s.rule(step % 997).prefix(
+            "src",
+            0x0a00_0000 | u128::from(i) << 8,
+            [24, 20, 28][step as usize % 3],
+        );
+        if ports {
+            r = r.range("dport", 400, 500 + u128::from(step % 50));
+        }
+        let r = r.build().unwrap();
         if step % 8 == 0 {
             // A few rules loaded at once: their splits move whole tables'
             // fitting rules while the readers run.
             let batch: Vec<Rule> = (0..4u32)
                 .map(|k| {
-                    s.rule((step + 1 + k) % 997)
-                        .prefix("src", 0x0a00_0000 | u128::from((i + k) % n) << 8, 22)
-                        .exact("proto", 6)
-                        .build()
-                        .unwrap()
+                    let b = s.rule((step + 1 + k) % 997).prefix(
+                        "src",
+                        0x0a00_0000 | u128::from((i + k) % n) << 8,
+                        22,
+                    );
+                    if proto { b.exact("proto", 6) } else { b }.build().unwrap()
                 })
                 .filter(|r| m.get(r, &pin()).is_none())
                 .collect();

@@ -1,0 +1,545 @@
+//! The engine of one-field prefix schemas (geoIP, routing by priority):
+//! an [`LpmTrie`] whose every stored prefix answers with the best rule
+//! among its own and its ancestors'.
+//!
+//! A packet matches exactly the rules whose prefix contains its address:
+//! the rules of the stored prefixes on one path from the root. If each
+//! stored prefix holds the best rule of its own and of every stored
+//! prefix above it ("its best"), the longest stored prefix containing
+//! the address holds the answer, and a classification is one LPM lookup.
+//! With priorities that favour longer prefixes (geoIP's `bits - length`)
+//! a prefix's best is its own; with any others a short prefix's rule may
+//! be the best of a whole subtree, and the index holds that too.
+//!
+//! What the trie holds for a prefix, in its value: the best rule's entry
+//! (a pointer), the prefix's own rules (a pointer, for exact-rule
+//! lookups) and the best rule's value bytes, so that a classification
+//! reads no memory past the trie's route slot. That slot is one more
+//! cache miss after the trie's walk (most of a lookup's time in a table
+//! of a million prefixes), so with values of up to 4 bytes a second trie
+//! holds only the best rule's value, inline in its leaves, for
+//! [`classify_as`](PrefixIndex::classify_as): a geoIP lookup is then an
+//! LPM lookup.
+//!
+//! Updates: one writer (a mutex), which keeps every stored prefix's own
+//! rules in a `BTreeMap` ordered by (address, length), where a prefix
+//! comes before everything under it. A change to a prefix's rules walks
+//! its subtree in that order with a stack of the bests above, rewriting
+//! each prefix whose best changed and skipping every subtree whose root's
+//! best did not. Its cost is the prefixes whose answer changed: one, for
+//! a rule that beats nothing below it. Readers take no lock: each
+//! rewrite is one value swap in the trie, so a classification sees each
+//! prefix's answer as before the update or as after it; entries and
+//! rule lists are freed after the epoch's grace period.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::ops::Bound::{Excluded, Included, Unbounded};
+use std::sync::Arc;
+
+use parking_lot::Mutex;
+
+use super::chain::Entry;
+use super::map::{Placed, count_fresh};
+use super::schema::{Field, Rule};
+use crate::core::error::{Error, Result};
+use crate::core::flags::UpdateFlag;
+use crate::core::reclaim::{Guard, drop_in_background, pin};
+use crate::lpm::{LpmTrie, Value};
+
+/// A stored prefix: its address (host bits zero) and length.
+type Key = (u128, u8);
+
+/// Bytes before the value in the trie's: the best entry's address, the
+/// rule list's address and length.
+const HEADER: usize = 24;
+
+/// A stored prefix as the writer keeps it.
+struct Prefix {
+    /// Its rules, best first (rule order). Never empty.
+    rules: Arc<[Arc<Entry>]>,
+    /// The best of its rules and its ancestors' that the trie holds;
+    /// `None` before it is first published.
+    best: Option<Arc<Entry>>,
+    /// Its rules changed since the trie's value was written.
+    dirty: bool,
+}
+
+#[derive(Default)]
+struct Writer {
+    prefixes: BTreeMap<Key, Prefix>,
+    /// Every rule, in rule order (`next_rule`, flags).
+    placed: BTreeSet<Placed>,
+}
+
+/// Entries and rule lists no reader can reach once an update is done.
+#[derive(Default)]
+struct Retired {
+    entries: Vec<Arc<Entry>>,
+    lists: Vec<Arc<[Arc<Entry>]>>,
+}
+
+impl Retired {
+    /// Frees them after the grace period of the readers pinned now.
+    fn defer(self) {
+        if !self.entries.is_empty() || !self.lists.is_empty() {
+            pin().defer(move || drop(self));
+        }
+    }
+}
+
+pub(super) struct PrefixIndex {
+    bits: u32,
+    bytes: usize,
+    value_size: usize,
+    trie: LpmTrie,
+    /// Each prefix's best value alone, when values fit a trie's leaves.
+    values: Option<LpmTrie>,
+    writer: Mutex<Writer>,
+}
+
+impl PrefixIndex {
+    /// An index for rules on `field` (a prefix field) with values of
+    /// `value_size` bytes, up to `max_entries` of them.
+    pub(super) fn new(field: &Field, value_size: usize, max_entries: u32) -> Result<Self> {
+        // Room for twice the prefixes: a rewrite takes a new route slot
+        // and frees the old one a grace period later, so one update that
+        // rewrites every prefix still finds slots without waiting.
+        let trie = LpmTrie::new(
+            field.size,
+            HEADER + value_size,
+            max_entries.saturating_mul(2),
+        )?;
+        let values = (value_size <= 4)
+            .then(|| LpmTrie::new(field.size, value_size, max_entries))
+            .transpose()?;
+        Ok(PrefixIndex {
+            bits: field.bits(),
+            bytes: field.size,
+            value_size,
+            trie,
+            values,
+            writer: Mutex::default(),
+        })
+    }
+
+    /// The field's value as the trie's key bytes (network order).
+    fn data(&self, value: u128) -> ([u8; 16], usize) {
+        (value.to_be_bytes(), 16 - self.bytes)
+    }
+
+    fn key_of(&self, rule: &Rule) -> Key {
+        let (lo, hi) = rule.bounds()[0];
+        let host_bits = 128 - (lo ^ hi).leading_zeros();
+        (lo, (self.bits - host_bits) as u8)
+    }
+
+    /// The last address under `key`.
+    fn end_of(&self, key: Key) -> u128 {
+        let host_bits = self.bits - u32::from(key.1);
+        key.0 | u128::MAX.checked_shr(128 - host_bits).unwrap_or(0)
+    }
+
+    /// The best rule matching `value`, with its value.
+    #[inline]
+    pub(super) fn classify<'g>(
+        &self,
+        value: u128,
+        guard: &'g Guard,
+    ) -> Option<(&'g Rule, &'g [u8])> {
+        if value >> (self.bits - 1) >> 1 != 0 {
+            return None; // wider than the field: matches no rule
+        }
+        let (buf, at) = self.data(value);
+        let Some(Value::Slot(bytes)) = self.trie.get(&buf[at..], guard) else {
+            return None;
+        };
+        let best = word(bytes, 0) as *const Entry;
+        let value = &bytes[HEADER..];
+        // SAFETY: the trie's value names a live entry (retired a grace
+        // period after no value names it) and the guard is pinned; the
+        // route slot is the trie's and lives as long (a replaced slot is
+        // reused only after the grace period).
+        unsafe {
+            Some((
+                &(*best).rule,
+                std::slice::from_raw_parts(value.as_ptr(), value.len()),
+            ))
+        }
+    }
+
+    /// The best matching rule's value, copied out as a `V` of the value
+    /// size (the caller checks it): from the trie of values when there is
+    /// one, without the route slot's load.
+    #[inline(always)]
+    pub(super) fn classify_as<V: bytemuck::Pod>(&self, value: u128, guard: &Guard) -> Option<V> {
+        let Some(values) = &self.values else {
+            return self
+                .classify(value, guard)
+                .map(|(_, v)| bytemuck::pod_read_unaligned(v));
+        };
+        if value >> (self.bits - 1) >> 1 != 0 {
+            return None;
+        }
+        let (buf, at) = self.data(value);
+        values.get_as(&buf[at..], guard)
+    }
+
+    /// The value of exactly `rule`.
+    pub(super) fn get<'g>(&self, rule: &Rule, guard: &'g Guard) -> Option<&'g [u8]> {
+        let (addr, len) = self.key_of(rule);
+        let (buf, at) = self.data(addr);
+        let found = self
+            .trie
+            .covering(&buf[at..], u32::from(len), guard)
+            .ok()?
+            .pop()
+            .filter(|f| f.prefixlen == u32::from(len))?;
+        let bytes = self.trie.value_of(&found, guard);
+        let list =
+            std::ptr::slice_from_raw_parts(word(&bytes, 8) as *const Arc<Entry>, word(&bytes, 16));
+        // SAFETY: as in `classify`: a list the trie names is retired a
+        // grace period after no value names it.
+        let rules: &'g [Arc<Entry>] = unsafe { &*list };
+        rules.iter().find(|e| e.rule == *rule).map(|e| &*e.value)
+    }
+
+    /// The first rule after `after` in rule order (`None`: the first).
+    pub(super) fn next_rule(&self, after: Option<&Rule>) -> Option<Rule> {
+        let w = self.writer.lock();
+        let lower = after.map_or(Unbounded, Excluded);
+        w.placed
+            .range::<Rule, _>((lower, Unbounded))
+            .next()
+            .map(|p| p.0.rule.clone())
+    }
+
+    /// Every rule with its value, in rule order.
+    pub(super) fn rules(&self) -> Vec<(Rule, Vec<u8>)> {
+        let w = self.writer.lock();
+        w.placed
+            .iter()
+            .map(|p| (p.0.rule.clone(), p.0.value.to_vec()))
+            .collect()
+    }
+
+    /// Stores `value` for `rule` under `flag`; `E2BIG` past `max_entries`
+    /// rules. True when the rule is new.
+    pub(super) fn insert(
+        &self,
+        rule: &Rule,
+        value: &[u8],
+        flag: UpdateFlag,
+        max_entries: usize,
+    ) -> Result<bool> {
+        let mut w = self.writer.lock();
+        let held = w.placed.contains(rule);
+        flag.check(held)?;
+        if !held && w.placed.len() >= max_entries {
+            return Err(Error::Full);
+        }
+        let mut retired = Retired::default();
+        let key = self.key_of(rule);
+        w.put(key, new_entry(rule, value), &mut retired);
+        self.refresh(&mut w, key);
+        drop(w);
+        retired.defer();
+        Ok(!held)
+    }
+
+    /// Stores every rule of `given` with its value under `flag`, all or
+    /// nothing ([`count_fresh`]); readers see them appear one prefix at
+    /// a time. Returns how many were new.
+    pub(super) fn load(
+        &self,
+        given: BTreeMap<Rule, Box<[u8]>>,
+        flag: UpdateFlag,
+        max_entries: usize,
+    ) -> Result<usize> {
+        let mut w = self.writer.lock();
+        let fresh = count_fresh(
+            given.keys(),
+            flag,
+            |r| w.placed.contains(r),
+            w.placed.len(),
+            max_entries,
+        )?;
+        let mut retired = Retired::default();
+        let mut touched = BTreeSet::new();
+        for (rule, value) in given {
+            let key = self.key_of(&rule);
+            let entry = Arc::new(Entry { rule, value });
+            w.put(key, entry, &mut retired);
+            touched.insert(key);
+        }
+        // In (address, length) order a prefix's ancestors are refreshed
+        // before it, so each refresh starts from their final bests.
+        for key in touched {
+            self.refresh(&mut w, key);
+        }
+        drop(w);
+        retired.defer();
+        Ok(fresh)
+    }
+
+    /// Removes `rule` and returns its value; `ENOENT` if it is not held.
+    pub(super) fn take(&self, rule: &Rule) -> Result<Vec<u8>> {
+        let mut w = self.writer.lock();
+        let placed = w.placed.take(rule).ok_or(Error::NotFound)?;
+        let key = self.key_of(rule);
+        let mut retired = Retired::default();
+        let prefix = w.prefixes.get_mut(&key).expect("a placed rule's prefix");
+        let rules: Vec<Arc<Entry>> = prefix
+            .rules
+            .iter()
+            .filter(|e| e.rule != *rule)
+            .cloned()
+            .collect();
+        retired.entries.push(Arc::clone(&placed.0));
+        if rules.is_empty() {
+            let gone = w.prefixes.remove(&key).expect("the prefix");
+            retired.lists.push(gone.rules);
+            let (buf, at) = self.data(key.0);
+            for trie in std::iter::once(&self.trie).chain(&self.values) {
+                trie.remove(&buf[at..], u32::from(key.1), None)
+                    .expect("a stored prefix is in the tries");
+            }
+        } else {
+            let old = std::mem::replace(&mut prefix.rules, rules.into());
+            retired.lists.push(old);
+            prefix.dirty = true;
+        }
+        self.refresh(&mut w, key);
+        drop(w);
+        retired.defer();
+        Ok(placed.0.value.to_vec())
+    }
+
+    /// Removes every rule; `then` runs before the writer lock is let go.
+    pub(super) fn clear(&self, then: impl FnOnce()) {
+        let mut w = self.writer.lock();
+        self.trie.clear();
+        if let Some(values) = &self.values {
+            values.clear();
+        }
+        let old = std::mem::take(&mut *w);
+        then();
+        drop(w);
+        // A huge map's books are freed on the reaper thread, after the
+        // readers that may still hold their entries.
+        pin().defer(move || drop_in_background(old));
+    }
+
+    /// Bytes held: the trie, the writer's books, the entries (an estimate
+    /// from sizes, not the allocator's count).
+    pub(super) fn memory_usage(&self) -> usize {
+        use std::mem::size_of;
+        let w = self.writer.lock();
+        let rules = w.placed.len();
+        let prefixes = w.prefixes.len();
+        // A B-tree's entry (key and value, about 1.5 slots a key), a rule
+        // list (its header and pointers), an entry (its header, rule
+        // intervals and value).
+        let per_prefix = 3 * size_of::<(Key, Prefix)>() / 2 + 16 + size_of::<usize>();
+        let per_rule = size_of::<Arc<Entry>>()
+            + 16
+            + size_of::<Entry>()
+            + 32
+            + self.value_size
+            + 3 * size_of::<Placed>() / 2;
+        let values = self.values.as_ref().map_or(0, LpmTrie::memory_usage);
+        self.trie.memory_usage() + values + prefixes * per_prefix + rules * per_rule
+    }
+
+    /// Rewrites what the trie holds for `key` and under it where the best
+    /// changed (or the rules of a `dirty` prefix did).
+    fn refresh(&self, w: &mut Writer, key: Key) {
+        let inherited = self.inherited(w, key);
+        let end = self.end_of(key);
+        // The bests of the refreshed prefixes above the current one, with
+        // the last address under each.
+        let mut above: Vec<(u128, Arc<Entry>)> = Vec::new();
+        let mut from = Included(key);
+        while let Some((&k, prefix)) = w
+            .prefixes
+            .range_mut((from, Included((end, u8::MAX))))
+            .next()
+        {
+            while above.last().is_some_and(|&(last, _)| k.0 > last) {
+                above.pop();
+            }
+            let parent = above.last().map(|(_, e)| e).or(inherited.as_ref());
+            let own = &prefix.rules[0];
+            let best = match parent {
+                Some(p) if p.rule < own.rule => Arc::clone(p),
+                _ => Arc::clone(own),
+            };
+            let changed = !prefix.best.as_ref().is_some_and(|b| Arc::ptr_eq(b, &best));
+            if changed || prefix.dirty {
+                self.publish(k, &prefix.rules, &best);
+                prefix.dirty = false;
+                prefix.best = Some(Arc::clone(&best));
+            }
+            let last = self.end_of(k);
+            if changed {
+                above.push((last, best));
+                from = Excluded(k);
+            } else {
+                // Nothing under it changes: its best is theirs to inherit.
+                from = Excluded((last, u8::MAX));
+            }
+        }
+    }
+
+    /// The best of the nearest stored prefix above `key`.
+    fn inherited(&self, w: &Writer, key: Key) -> Option<Arc<Entry>> {
+        if key.1 == 0 {
+            return None;
+        }
+        let (buf, at) = self.data(key.0);
+        let guard = &pin();
+        let above = self
+            .trie
+            .covering(&buf[at..], u32::from(key.1) - 1, guard)
+            .expect("a valid prefix")
+            .pop()?;
+        let mut addr = [0u8; 16];
+        addr[at..].copy_from_slice(&above.data);
+        let prefix = &w.prefixes[&(u128::from_be_bytes(addr), above.prefixlen as u8)];
+        prefix.best.clone()
+    }
+
+    /// Writes the trie's value for `key`: `best` and `rules`.
+    fn publish(&self, key: Key, rules: &Arc<[Arc<Entry>]>, best: &Arc<Entry>) {
+        let mut value = Vec::with_capacity(HEADER + self.value_size);
+        value.extend_from_slice(&to_word(Arc::as_ptr(best) as usize));
+        value.extend_from_slice(&to_word(Arc::as_ptr(rules).cast::<Arc<Entry>>() as usize));
+        value.extend_from_slice(&to_word(rules.len()));
+        value.extend_from_slice(&best.value);
+        let (buf, at) = self.data(key.0);
+        loop {
+            // `EBUSY`: every route slot is live or waits out a grace
+            // period behind a reader pinned all along; wait for it, as
+            // `synchronize_rcu` would (only the writer waits).
+            match self.trie.insert(&buf[at..], u32::from(key.1), &value, 0) {
+                Err(Error::Busy) => std::thread::yield_now(),
+                r => break r.expect("the trie has room for every prefix"),
+            }
+        }
+        if let Some(values) = &self.values {
+            values
+                .insert(&buf[at..], u32::from(key.1), &best.value, 0)
+                .expect("the trie of values has room for every prefix");
+        }
+    }
+
+    /// Checks the index against its books: every prefix's trie value is
+    /// its best (recomputed here from its ancestors), its rules and its
+    /// best's value; every rule placed once.
+    #[cfg(test)]
+    pub(super) fn check_structure(&self, len: usize) {
+        let w = self.writer.lock();
+        let guard = &pin();
+        let mut above: Vec<(u128, Arc<Entry>)> = Vec::new();
+        let mut rules = 0;
+        for (&k, prefix) in &w.prefixes {
+            while above.last().is_some_and(|&(last, _)| k.0 > last) {
+                above.pop();
+            }
+            assert!(!prefix.rules.is_empty(), "an empty prefix kept");
+            assert!(prefix.rules.windows(2).all(|p| p[0].rule < p[1].rule));
+            assert!(prefix.rules.iter().all(|e| self.key_of(&e.rule) == k));
+            rules += prefix.rules.len();
+            let own = &prefix.rules[0];
+            let best = match above.last() {
+                Some((_, p)) if p.rule < own.rule => Arc::clone(p),
+                _ => Arc::clone(own),
+            };
+            let (buf, at) = self.data(k.0);
+            let found = self
+                .trie
+                .covering(&buf[at..], u32::from(k.1), guard)
+                .unwrap()
+                .pop()
+                .filter(|f| f.prefixlen == u32::from(k.1))
+                .expect("a stored prefix in the trie");
+            let bytes = self.trie.value_of(&found, guard);
+            assert_eq!(word(&bytes, 0), Arc::as_ptr(&best) as usize, "a stale best");
+            assert_eq!(
+                word(&bytes, 8),
+                Arc::as_ptr(&prefix.rules).cast::<Arc<Entry>>() as usize
+            );
+            assert_eq!(word(&bytes, 16), prefix.rules.len());
+            assert_eq!(&bytes[HEADER..], &*best.value);
+            assert!(!prefix.dirty);
+            above.push((self.end_of(k), best));
+        }
+        assert_eq!((rules, w.placed.len()), (len, len), "rules counted");
+        let mut stored = 0;
+        self.trie.for_each(guard, |_, _, _| stored += 1);
+        assert_eq!(stored, w.prefixes.len(), "prefixes in the trie");
+        if let Some(values) = &self.values {
+            let mut stored = 0;
+            values.for_each(guard, |data, len, value| {
+                let mut addr = [0u8; 16];
+                addr[16 - self.bytes..].copy_from_slice(data);
+                let prefix = &w.prefixes[&(u128::from_be_bytes(addr), len as u8)];
+                let best = prefix.best.as_ref().expect("a published prefix");
+                assert_eq!(value, &*best.value, "the trie of values");
+                stored += 1;
+            });
+            assert_eq!(stored, w.prefixes.len(), "prefixes in the trie of values");
+        }
+    }
+}
+
+impl Writer {
+    /// Puts `entry` among its prefix's rules (in place of its rule's
+    /// entry if held) and marks the prefix dirty; the old entry and list
+    /// go to `retired`.
+    fn put(&mut self, key: Key, entry: Arc<Entry>, retired: &mut Retired) {
+        if let Some(old) = self.placed.replace(Placed(Arc::clone(&entry))) {
+            retired.entries.push(old.0);
+        }
+        match self.prefixes.get_mut(&key) {
+            Some(prefix) => {
+                let mut rules: Vec<Arc<Entry>> = prefix.rules.to_vec();
+                match rules.binary_search_by(|e| e.rule.cmp(&entry.rule)) {
+                    Ok(i) => rules[i] = entry,
+                    Err(i) => rules.insert(i, entry),
+                }
+                retired
+                    .lists
+                    .push(std::mem::replace(&mut prefix.rules, rules.into()));
+                prefix.dirty = true;
+            }
+            None => {
+                self.prefixes.insert(
+                    key,
+                    Prefix {
+                        rules: Arc::new([entry]),
+                        best: None,
+                        dirty: true,
+                    },
+                );
+            }
+        }
+    }
+}
+
+fn new_entry(rule: &Rule, value: &[u8]) -> Arc<Entry> {
+    Arc::new(Entry {
+        rule: rule.clone(),
+        value: value.into(),
+    })
+}
+
+/// The word at byte `at` of a trie value (an address or a length).
+#[inline(always)]
+fn word(bytes: &[u8], at: usize) -> usize {
+    u64::from_ne_bytes(bytes[at..at + 8].try_into().expect("8 bytes")) as usize
+}
+
+/// An address or length as a trie value holds it.
+fn to_word(x: usize) -> [u8; 8] {
+    (x as u64).to_ne_bytes()
+}
