@@ -153,7 +153,7 @@ impl PrefixIndex {
         let Some(Value::Slot(bytes)) = self.trie.get(&buf[at..], guard) else {
             return None;
         };
-        let best = word(bytes, 0) as *const Entry;
+        let best = std::ptr::with_exposed_provenance::<Entry>(word(bytes, 0));
         let value = &bytes[HEADER..];
         // SAFETY: the trie's value names a live entry (retired a grace
         // period after no value names it) and the guard is pinned; the
@@ -195,8 +195,10 @@ impl PrefixIndex {
             .pop()
             .filter(|f| f.prefixlen == u32::from(len))?;
         let bytes = self.trie.value_of(&found, guard);
-        let list =
-            std::ptr::slice_from_raw_parts(word(&bytes, 8) as *const Arc<Entry>, word(&bytes, 16));
+        let list = std::ptr::slice_from_raw_parts(
+            std::ptr::with_exposed_provenance::<Arc<Entry>>(word(&bytes, 8)),
+            word(&bytes, 16),
+        );
         // SAFETY: as in `classify`: a list the trie names is retired a
         // grace period after no value names it.
         let rules: &'g [Arc<Entry>] = unsafe { &*list };
@@ -411,8 +413,10 @@ impl PrefixIndex {
     /// Writes the trie's value for `key`: `best` and `rules`.
     fn publish(&self, key: Key, rules: &Arc<[Arc<Entry>]>, best: &Arc<Entry>) {
         let mut value = Vec::with_capacity(HEADER + self.value_size);
-        value.extend_from_slice(&to_word(Arc::as_ptr(best) as usize));
-        value.extend_from_slice(&to_word(Arc::as_ptr(rules).cast::<Arc<Entry>>() as usize));
+        value.extend_from_slice(&to_word(Arc::as_ptr(best).expose_provenance()));
+        value.extend_from_slice(&to_word(
+            Arc::as_ptr(rules).cast::<Arc<Entry>>().expose_provenance(),
+        ));
         value.extend_from_slice(&to_word(rules.len()));
         value.extend_from_slice(&best.value);
         let (buf, at) = self.data(key.0);
@@ -463,10 +467,10 @@ impl PrefixIndex {
                 .filter(|f| f.prefixlen == u32::from(k.1))
                 .expect("a stored prefix in the trie");
             let bytes = self.trie.value_of(&found, guard);
-            assert_eq!(word(&bytes, 0), Arc::as_ptr(&best) as usize, "a stale best");
+            assert_eq!(word(&bytes, 0), Arc::as_ptr(&best).addr(), "a stale best");
             assert_eq!(
                 word(&bytes, 8),
-                Arc::as_ptr(&prefix.rules).cast::<Arc<Entry>>() as usize
+                Arc::as_ptr(&prefix.rules).cast::<Arc<Entry>>().addr()
             );
             assert_eq!(word(&bytes, 16), prefix.rules.len());
             assert_eq!(&bytes[HEADER..], &*best.value);
