@@ -66,6 +66,12 @@ fn run(program: &Path) {
         let mut c = Command::new("valgrind");
         c.args([
             "--error-exitcode=99",
+            // Valgrind runs one thread at a time; by default a thread that
+            // spins keeps the turn, and a run of `threads.c` once hung
+            // for 15 minutes with its readers spinning while the main
+            // thread waited inside `pthread_create` for the writer. Fair
+            // scheduling hands the turn round in order.
+            "--fair-sched=yes",
             "--leak-check=full",
             "--errors-for-leak-kinds=definite,indirect",
             "--quiet",
