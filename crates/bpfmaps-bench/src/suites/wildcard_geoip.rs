@@ -368,6 +368,10 @@ impl Suite for WildcardGeoip {
         for c in cases(records) {
             let get = |i: &str, m: &str| find(records, c, i, m);
             let val = |i: &str, m: &str, prec: usize| cell(records, c, i, m, prec);
+            // The prefix engine's figure, TupleMerge's in parentheses.
+            let beside = |m: &str, prec: usize| {
+                format!("{} ({})", val(MAP, m, prec), val(TUPLE_MERGE, m, prec))
+            };
             t.push(vec![
                 format!(
                     "{} ({})",
@@ -392,26 +396,14 @@ impl Suite for WildcardGeoip {
                     get(TUPLE_MERGE, NS_PER_LOOKUP.name),
                     get(trie, NS_PER_LOOKUP.name),
                 )),
-                format!(
-                    "{} ({})",
-                    val(MAP, BUILD_MS.name, 0),
-                    val(TUPLE_MERGE, BUILD_MS.name, 0)
-                ),
-                format!(
-                    "{} ({})",
-                    val(MAP, MEM_BYTES_PER_PREFIX.name, 1),
-                    val(TUPLE_MERGE, MEM_BYTES_PER_PREFIX.name, 1)
-                ),
+                beside(BUILD_MS.name, 0),
+                beside(MEM_BYTES_PER_PREFIX.name, 1),
                 format!(
                     "{}, {}",
                     val(TUPLE_MERGE, TABLES.name, 0),
                     val(TUPLE_MERGE, TABLES_PROBED.name, 1)
                 ),
-                format!(
-                    "{} ({})",
-                    val(MAP, LPM_DISAGREEMENTS.name, 0),
-                    val(TUPLE_MERGE, LPM_DISAGREEMENTS.name, 0)
-                ),
+                beside(LPM_DISAGREEMENTS.name, 0),
             ]);
         }
         vec![t]

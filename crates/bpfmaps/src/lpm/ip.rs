@@ -148,15 +148,8 @@ impl<P: IpPrefix, V: Pod> IpLpm<P, V> {
     pub fn exact(&self, prefix: P) -> Option<V> {
         let (data, len) = prefix.to_parts();
         let guard = pin();
-        let found = self
-            .trie
-            .covering(&data, len, &guard)
-            .ok()?
-            .pop()
-            .filter(|f| f.prefixlen == len)?;
-        Some(bytemuck::pod_read_unaligned(
-            &self.trie.value_of(&found, &guard),
-        ))
+        let value = self.trie.exact(&data, len, &guard)?;
+        Some(bytemuck::pod_read_unaligned(&value))
     }
 
     /// Every stored prefix containing `prefix` (itself included), shortest

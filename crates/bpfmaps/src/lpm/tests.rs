@@ -523,6 +523,16 @@ fn check_trie(
         t.get_many_as::<[u8; 4], _>(&addrs, &guard, &mut short)
             .is_err()
     );
+    // Every stored prefix by its exact key (host bits set or not).
+    for (d, l, value) in &model.entries {
+        let exact = |d: &[u8]| t.exact(d, *l, &guard).map(|v| v.to_vec());
+        prop_assert_eq!(exact(d), Some(value.clone()));
+        // The bytes past the prefix's are host bits.
+        let mut host = d.clone();
+        host[(*l as usize).div_ceil(8)..].fill(0xff);
+        prop_assert_eq!(exact(&host), Some(value.clone()));
+    }
+    prop_assert!(t.exact(&vec![0; n + 1], 0, &guard).is_none());
     // Lookups: random probes plus every stored prefix's first address.
     for addr in probes
         .iter()
@@ -534,6 +544,17 @@ fn check_trie(
             .map(|e| (e.1, e.2.clone()));
         let got = t.longest_match(addr, &guard).map(|(l, v)| (l, v.to_vec()));
         prop_assert_eq!(got, want, "addr {:?}", addr);
+        // Exact prefixes: every length over this address, stored or not.
+        for len in [
+            0,
+            8 * n as u32 / 2,
+            8 * n as u32,
+            addr[0] as u32 % (8 * n as u32 + 1),
+        ] {
+            let want = model.exact(addr, len).map(<[u8]>::to_vec);
+            let got = t.exact(addr, len, &guard).map(|v| v.to_vec());
+            prop_assert_eq!(got, want, "exact {:?}/{}", addr, len);
+        }
         // Limited-length lookups through the byte contract.
         let limit = (addr[0] as u32) % (8 * n as u32 + 1);
         let mut out = vec![0u8; value_size];

@@ -15,6 +15,16 @@ pub(super) struct Entry {
     pub(super) value: Box<[u8]>,
 }
 
+impl Entry {
+    /// A shared entry of copies of `rule` and `value`.
+    pub(super) fn shared(rule: &Rule, value: &[u8]) -> Arc<Entry> {
+        Arc::new(Entry {
+            rule: rule.clone(),
+            value: value.into(),
+        })
+    }
+}
+
 /// A word of a chain: wide enough for every field of the schema.
 pub(super) trait Word: bytemuck::Pod + Ord {
     /// `v`, which fits.

@@ -639,12 +639,7 @@ impl WildcardMap {
         }
         let mut w = self.writer.lock();
         let guard = &pin();
-        let entry = || {
-            Arc::new(Entry {
-                rule: rule.clone(),
-                value: value.into(),
-            })
-        };
+        let entry = || Entry::shared(rule, value);
         match (w.placed.get(rule).copied(), flag) {
             (Some(_), UpdateFlag::NoExist) => Err(Error::Exists),
             (None, UpdateFlag::Exist) => Err(Error::NotFound),

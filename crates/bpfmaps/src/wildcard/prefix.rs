@@ -101,14 +101,10 @@ impl PrefixIndex {
     /// An index for rules on `field` (a prefix field) with values of
     /// `value_size` bytes, up to `max_entries` of them.
     pub(super) fn new(field: &Field, value_size: usize, max_entries: u32) -> Result<Self> {
-        // Room for twice the prefixes: a rewrite takes a new route slot
-        // and frees the old one a grace period later, so one update that
-        // rewrites every prefix still finds slots without waiting.
-        let trie = LpmTrie::new(
-            field.size,
-            HEADER + value_size,
-            max_entries.saturating_mul(2),
-        )?;
+        // A rewrite takes a new route slot and frees the old one a grace
+        // period later; the trie keeps as many slots again as prefixes for
+        // that, so even an update that rewrites every prefix finds room.
+        let trie = LpmTrie::new(field.size, HEADER + value_size, max_entries)?;
         let values = (value_size <= 4)
             .then(|| LpmTrie::new(field.size, value_size, max_entries))
             .transpose()?;
@@ -122,9 +118,30 @@ impl PrefixIndex {
         })
     }
 
-    /// The field's value as the trie's key bytes (network order).
+    /// The field's value as the trie's key bytes (network order): the
+    /// bytes of the result from the index returned.
     fn data(&self, value: u128) -> ([u8; 16], usize) {
         (value.to_be_bytes(), 16 - self.bytes)
+    }
+
+    /// A packet's value as [`data`](Self::data) does, or `None` when it
+    /// is wider than the field (it matches no rule).
+    #[inline(always)]
+    fn address(&self, value: u128) -> Option<([u8; 16], usize)> {
+        (value >> (self.bits - 1) >> 1 == 0).then(|| self.data(value))
+    }
+
+    /// The stored prefix whose key bytes (the field's size) are `data`.
+    fn key_at(&self, data: &[u8], prefixlen: u32) -> Key {
+        let mut addr = [0u8; 16];
+        addr[16 - self.bytes..].copy_from_slice(data);
+        (u128::from_be_bytes(addr), prefixlen as u8)
+    }
+
+    /// What the trie holds for exactly `key`.
+    fn stored<'g>(&'g self, key: Key, guard: &'g Guard) -> Option<Value<'g>> {
+        let (buf, at) = self.data(key.0);
+        self.trie.exact(&buf[at..], u32::from(key.1), guard)
     }
 
     fn key_of(&self, rule: &Rule) -> Key {
@@ -146,10 +163,7 @@ impl PrefixIndex {
         value: u128,
         guard: &'g Guard,
     ) -> Option<(&'g Rule, &'g [u8])> {
-        if value >> (self.bits - 1) >> 1 != 0 {
-            return None; // wider than the field: matches no rule
-        }
-        let (buf, at) = self.data(value);
+        let (buf, at) = self.address(value)?;
         let Some(Value::Slot(bytes)) = self.trie.get(&buf[at..], guard) else {
             return None;
         };
@@ -177,24 +191,13 @@ impl PrefixIndex {
                 .classify(value, guard)
                 .map(|(_, v)| bytemuck::pod_read_unaligned(v));
         };
-        if value >> (self.bits - 1) >> 1 != 0 {
-            return None;
-        }
-        let (buf, at) = self.data(value);
+        let (buf, at) = self.address(value)?;
         values.get_as(&buf[at..], guard)
     }
 
     /// The value of exactly `rule`.
     pub(super) fn get<'g>(&self, rule: &Rule, guard: &'g Guard) -> Option<&'g [u8]> {
-        let (addr, len) = self.key_of(rule);
-        let (buf, at) = self.data(addr);
-        let found = self
-            .trie
-            .covering(&buf[at..], u32::from(len), guard)
-            .ok()?
-            .pop()
-            .filter(|f| f.prefixlen == u32::from(len))?;
-        let bytes = self.trie.value_of(&found, guard);
+        let bytes = self.stored(self.key_of(rule), guard)?;
         let list = std::ptr::slice_from_raw_parts(
             std::ptr::with_exposed_provenance::<Arc<Entry>>(word(&bytes, 8)),
             word(&bytes, 16),
@@ -241,7 +244,7 @@ impl PrefixIndex {
         }
         let mut retired = Retired::default();
         let key = self.key_of(rule);
-        w.put(key, new_entry(rule, value), &mut retired);
+        w.put(key, Entry::shared(rule, value), &mut retired);
         self.refresh(&mut w, key);
         drop(w);
         retired.defer();
@@ -370,11 +373,7 @@ impl PrefixIndex {
                 above.pop();
             }
             let parent = above.last().map(|(_, e)| e).or(inherited.as_ref());
-            let own = &prefix.rules[0];
-            let best = match parent {
-                Some(p) if p.rule < own.rule => Arc::clone(p),
-                _ => Arc::clone(own),
-            };
+            let best = best_of(&prefix.rules, parent);
             let changed = !prefix.best.as_ref().is_some_and(|b| Arc::ptr_eq(b, &best));
             if changed || prefix.dirty {
                 self.publish(k, &prefix.rules, &best);
@@ -404,10 +403,9 @@ impl PrefixIndex {
             .covering(&buf[at..], u32::from(key.1) - 1, guard)
             .expect("a valid prefix")
             .pop()?;
-        let mut addr = [0u8; 16];
-        addr[at..].copy_from_slice(&above.data);
-        let prefix = &w.prefixes[&(u128::from_be_bytes(addr), above.prefixlen as u8)];
-        prefix.best.clone()
+        w.prefixes[&self.key_at(&above.data, above.prefixlen)]
+            .best
+            .clone()
     }
 
     /// Writes the trie's value for `key`: `best` and `rules`.
@@ -453,20 +451,8 @@ impl PrefixIndex {
             assert!(prefix.rules.windows(2).all(|p| p[0].rule < p[1].rule));
             assert!(prefix.rules.iter().all(|e| self.key_of(&e.rule) == k));
             rules += prefix.rules.len();
-            let own = &prefix.rules[0];
-            let best = match above.last() {
-                Some((_, p)) if p.rule < own.rule => Arc::clone(p),
-                _ => Arc::clone(own),
-            };
-            let (buf, at) = self.data(k.0);
-            let found = self
-                .trie
-                .covering(&buf[at..], u32::from(k.1), guard)
-                .unwrap()
-                .pop()
-                .filter(|f| f.prefixlen == u32::from(k.1))
-                .expect("a stored prefix in the trie");
-            let bytes = self.trie.value_of(&found, guard);
+            let best = best_of(&prefix.rules, above.last().map(|(_, e)| e));
+            let bytes = self.stored(k, guard).expect("a stored prefix in the trie");
             assert_eq!(word(&bytes, 0), Arc::as_ptr(&best).addr(), "a stale best");
             assert_eq!(
                 word(&bytes, 8),
@@ -484,9 +470,7 @@ impl PrefixIndex {
         if let Some(values) = &self.values {
             let mut stored = 0;
             values.for_each(guard, |data, len, value| {
-                let mut addr = [0u8; 16];
-                addr[16 - self.bytes..].copy_from_slice(data);
-                let prefix = &w.prefixes[&(u128::from_be_bytes(addr), len as u8)];
+                let prefix = &w.prefixes[&self.key_at(data, len)];
                 let best = prefix.best.as_ref().expect("a published prefix");
                 assert_eq!(value, &*best.value, "the trie of values");
                 stored += 1;
@@ -530,11 +514,14 @@ impl Writer {
     }
 }
 
-fn new_entry(rule: &Rule, value: &[u8]) -> Arc<Entry> {
-    Arc::new(Entry {
-        rule: rule.clone(),
-        value: value.into(),
-    })
+/// The best of a prefix's own `rules` (best first) and `inherited`, the
+/// best of the stored prefixes above it.
+fn best_of(rules: &[Arc<Entry>], inherited: Option<&Arc<Entry>>) -> Arc<Entry> {
+    let own = &rules[0];
+    match inherited {
+        Some(p) if p.rule < own.rule => Arc::clone(p),
+        _ => Arc::clone(own),
+    }
 }
 
 /// The word at byte `at` of a trie value (an address or a length).

@@ -6,7 +6,7 @@
 
 use std::cmp::Ordering as Cmp;
 
-use super::{Found, LpmTrie, position};
+use super::{Found, LpmTrie, Value, position};
 use crate::core::error::Result;
 use crate::core::reclaim::Guard;
 use crate::lpm::key::{self, mask_host_bits, prefix_contains};
@@ -16,6 +16,17 @@ use crate::lpm::node::{
 };
 
 impl LpmTrie {
+    /// The value stored for exactly `data/prefixlen` (host bits ignored),
+    /// found as the writer finds a prefix: the walk to its node, then its
+    /// slot. Lock-free; `None` for a prefix not stored, data of the wrong
+    /// size or a length past it.
+    pub fn exact<'g>(&'g self, data: &[u8], prefixlen: u32, guard: &'g Guard) -> Option<Value<'g>> {
+        let (buf, prefixlen) = self.masked(data, prefixlen).ok()?;
+        let (depth, idx) = position(&buf, prefixlen);
+        let payload = self.locate(&buf[..depth], guard)?.data.prefix(idx)?;
+        Some(self.value(payload, guard))
+    }
+
     /// Every stored prefix containing `data/prefixlen` (itself included),
     /// shortest first.
     pub fn covering(&self, data: &[u8], prefixlen: u32, guard: &Guard) -> Result<Vec<Found>> {
