@@ -5,36 +5,31 @@
 //!
 //! The maps sit in a table indexed by fd number: a static array for fds
 //! below 1024, then chunks of 1024 slots, each allocated on first use and
-//! never freed (up to fd 1,048,575). A call loads its slot under an
-//! epoch guard, so it never takes a lock; `close` empties the slot and
-//! frees the map after every call that may have loaded it has returned.
-//! A call racing a close either finishes on the map or gets `EBADF`,
-//! never a freed map.
-//!
-//! The pin is about a third of what a call adds to the map's own work
-//! (the `capi` benchmark, docs/benchmarks.md). `seize`'s guards measured
-//! no cheaper (an atomic swap on leaving where an epoch pin has one on
-//! entering), so the maps' own epochs serve here too.
+//! never freed (up to fd 1,048,575). A call loads its slot as a call in
+//! flight ([`in_flight`]), so it never takes a lock; `close` empties the
+//! slot and frees the map after every call that may have loaded it has
+//! returned. A call racing a close either finishes on the map or gets
+//! `EBADF`, never a freed map.
 
+use std::ptr::null_mut;
 use std::sync::OnceLock;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicPtr, Ordering};
 
 use bpfmaps::Map;
-use crossbeam_epoch::{self as epoch, Atomic, Owned};
 use parking_lot::Mutex;
 
-use crate::Errno;
+use crate::{Errno, in_flight};
 
 const CHUNK: usize = 1024;
 const CHUNKS: usize = 1024;
 
 /// The slots of fds 0 to 1023, the ones most programs use: one load
 /// from the fd to its map (a chunk's costs another: 1-2 ns a call).
-static LOW: [Atomic<Open>; CHUNK] = [const { Atomic::null() }; CHUNK];
+static LOW: [AtomicPtr<Open>; CHUNK] = [const { AtomicPtr::new(null_mut()) }; CHUNK];
 
 /// The slots of higher fds, a chunk of 1024 made on first use (chunk 0
 /// unused).
-type Chunk = Box<[Atomic<Open>]>;
+type Chunk = Box<[AtomicPtr<Open>]>;
 static TABLE: [OnceLock<Chunk>; CHUNKS] = [const { OnceLock::new() }; CHUNKS];
 
 /// A map as a handle holds it.
@@ -89,14 +84,14 @@ impl Cursors {
     }
 }
 
-fn slot(fd: libc::c_int, make: bool) -> Option<&'static Atomic<Open>> {
+fn slot(fd: libc::c_int, make: bool) -> Option<&'static AtomicPtr<Open>> {
     let fd = usize::try_from(fd).ok()?;
     if fd < CHUNK {
         return Some(&LOW[fd]);
     }
     let chunk = TABLE.get(fd / CHUNK)?;
     let chunk = if make {
-        chunk.get_or_init(|| (0..CHUNK).map(|_| Atomic::null()).collect())
+        chunk.get_or_init(|| (0..CHUNK).map(|_| AtomicPtr::new(null_mut())).collect())
     } else {
         chunk.get()?
     };
@@ -107,11 +102,12 @@ fn slot(fd: libc::c_int, make: bool) -> Option<&'static Atomic<Open>> {
 #[inline]
 pub(crate) fn with<R>(fd: libc::c_int, f: impl FnOnce(&Open) -> R) -> Result<R, Errno> {
     let slot = slot(fd, false).ok_or(libc::EBADF)?;
-    let guard = epoch::pin();
-    // SAFETY: a map leaves its slot before it is freed, and is freed only
-    // after the guards pinned before that have gone.
-    let open = unsafe { slot.load(Ordering::Acquire, &guard).as_ref() };
-    open.map(f).ok_or(libc::EBADF)
+    in_flight::call(|| {
+        // SAFETY: a map leaves its slot before it is freed, and is freed
+        // only after the calls in flight then have returned.
+        let open = unsafe { slot.load(Ordering::Acquire).as_ref() };
+        open.map(f).ok_or(libc::EBADF)
+    })
 }
 
 /// A new handle for `open`.
@@ -121,14 +117,14 @@ pub(crate) fn open(open: Open) -> Result<libc::c_int, Errno> {
         close_fd(fd);
         return Err(libc::EMFILE);
     };
-    let guard = epoch::pin();
-    let stale = slot.swap(Owned::new(open), Ordering::AcqRel, &guard);
+    in_flight::init();
+    let stale = slot.swap(Box::into_raw(Box::new(open)), Ordering::AcqRel);
     if !stale.is_null() {
         // The program closed an earlier handle with close(2), not
         // bpfmaps_map_close, and the number came back: that map goes now.
-        // SAFETY: out of its slot; freed after the current guards.
-        unsafe { guard.defer_destroy(stale) };
-        guard.flush();
+        // SAFETY: out of its slot, so no new call finds it; the ones in
+        // flight are waited for.
+        in_flight::free_after_calls(unsafe { Box::from_raw(stale) });
     }
     Ok(fd)
 }
@@ -136,17 +132,13 @@ pub(crate) fn open(open: Open) -> Result<libc::c_int, Errno> {
 /// Closes `fd`: its map is freed once no call is using it.
 pub(crate) fn close(fd: libc::c_int) -> Result<(), Errno> {
     let slot = slot(fd, false).ok_or(libc::EBADF)?;
-    let guard = epoch::pin();
-    let old = slot.swap(epoch::Shared::null(), Ordering::AcqRel, &guard);
+    let old = slot.swap(null_mut(), Ordering::AcqRel);
     if old.is_null() {
         return Err(libc::EBADF);
     }
     // SAFETY: out of its slot: no new call finds it, and the calls that
-    // did are pinned.
-    unsafe { guard.defer_destroy(old) };
-    // To the global queue now, so that any thread's next pins free it.
-    guard.flush();
-    drop(guard);
+    // did are waited for.
+    in_flight::free_after_calls(unsafe { Box::from_raw(old) });
     // The number is free for the system to reuse only now, after the
     // slot is empty.
     close_fd(fd);

@@ -15,7 +15,7 @@
 //!   For a map with variable-length keys (the qp-trie map) a key is laid
 //!   out as the kernel lays out an LPM key: a native-endian `u32` length,
 //!   then that many bytes (a buffer of `4 + key_size` bytes holds any).
-//! - Lookups run lock-free: a call finds its map under an epoch guard,
+//! - Lookups run lock-free: a call announces itself and finds its map,
 //!   and a close frees the map only after the calls that found it return.
 //!
 //! `include/bpfmaps.h` is this file's header (cbindgen; a test keeps it
@@ -44,6 +44,7 @@
 #![allow(non_camel_case_types)]
 
 mod handles;
+mod in_flight;
 mod opts;
 
 use std::borrow::Cow;
