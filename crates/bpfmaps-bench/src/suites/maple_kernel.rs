@@ -527,8 +527,8 @@ fn dup(tree: &MapleTree<u64>) -> MapleTree<u64> {
 /// `bench_forking`: per fork, a copy of the 135-entry tree ([`dup`]),
 /// every entry of the copy stored again over itself in one walk
 /// (`mas_for_each` + `mas_store`), and the copy dropped
-/// (`__mt_destroy`). With `in_place`, the stores go through
-/// [`MapleTree::exclusive`], each entry found from the root by `find`.
+/// (`__mt_destroy`). With `in_place`, through [`MapleTree::exclusive`]:
+/// one cursor walk storing each value where it lies (`for_each_mut`).
 struct Forking(MapleTree<u64>, bool);
 
 impl Forking {
@@ -551,14 +551,9 @@ impl Loop for Forking {
         for _ in 0..iters {
             let mut newmt = dup(&self.0);
             if self.1 {
-                let g = pin();
-                let mut copy = newmt.exclusive();
-                let mut from = Some(0);
-                while let Some(e) = from.and_then(|f| copy.find(f, u64::MAX, &g)) {
-                    let (first, last, value) = (e.first, e.last, *e.value);
-                    copy.store_range(first, last, value).expect("a valid range");
-                    from = last.checked_add(1);
-                }
+                // mas_for_each + mas_store of each entry over its own
+                // range: one cursor, each value stored where it lies.
+                newmt.exclusive().for_each_mut(|_, v| *v = black_box(*v));
             } else {
                 let g = pin();
                 for e in newmt.iter(&g) {

@@ -125,6 +125,16 @@ impl<'g, V: Clone + Send + Sync + 'static> Cursor<'g, V> {
         })
     }
 
+    /// The leaf and slot of the range the cursor is on, for a caller
+    /// that owns the tree `&mut` and edits the value in place.
+    pub(super) fn position(&self) -> Option<(NodePtr, usize)> {
+        let leaf = self.leaf?;
+        // SAFETY: the cursor's nodes live while its guard is pinned.
+        let len = unsafe { header(leaf) }.len as usize;
+        let k = usize::try_from(self.slot).ok().filter(|&k| k < len)?;
+        Some((leaf, k))
+    }
+
     /// Climbs the path until the node routed `index`'s way is in it, then
     /// descends to `index`'s leaf. From the root if the cursor is not
     /// placed.

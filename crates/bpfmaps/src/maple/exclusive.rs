@@ -82,6 +82,30 @@ impl<V: Clone + Send + Sync + 'static> Exclusive<'_, V> {
         }
     }
 
+    /// Calls `f` on every range, in order, with its value to change in
+    /// place: one cursor walk, as the kernel's `mas_for_each` with a
+    /// `mas_store` of each entry over its own range (its fork benchmark),
+    /// where [`get_mut`](Self::get_mut) per range would descend from the
+    /// root each time.
+    pub fn for_each_mut(&mut self, mut f: impl FnMut(RangeInclusive<u64>, &mut V)) {
+        let guard = pin();
+        let mut cursor = self.tree.cursor(&guard);
+        let mut range = cursor.seek_at_or_after(0).map(|e| e.range());
+        while let Some(r) = range {
+            let (node, k) = cursor
+                .position()
+                .expect("the cursor is on the range it returned");
+            // SAFETY: `&mut self`: nobody else reads or writes the nodes,
+            // and the value's borrow ends before the cursor moves on.
+            let value = unsafe {
+                let leaf = node.cast::<Leaf<V>>().as_ptr();
+                (*leaf).slot[k].value.assume_init_mut()
+            };
+            f(r, value);
+            range = cursor.next().map(|e| e.range());
+        }
+    }
+
     /// [`MapleTree::store_range`], in place.
     pub fn store_range(&mut self, first: u64, last: u64, value: V) -> Result<()> {
         check_range(first, last)?;

@@ -774,6 +774,16 @@ fn exclusive_access_reads_and_edits_in_place() {
         *v += 1_000_000;
     }
     assert!(ex.get_mut(3).is_none(), "a gap");
+    // Every range once, in order, its value changed where it lies.
+    let mut seen = Vec::new();
+    ex.for_each_mut(|r, v| {
+        seen.push(*r.start());
+        *v += 1;
+    });
+    assert_eq!(seen, (0..n).map(|i| i * 4).collect::<Vec<_>>());
+    ex.for_each_mut(|_, v| *v -= 1);
+    assert_eq!(ex.get(4 * 7).map(|e| *e.value), Some(1_000_007));
+    assert_eq!(ex.get(4 * 8).map(|e| *e.value), Some(8));
     // Cut a piece out of every fifth range, store over the gaps of
     // others, and erase some: each one leaf.
     for i in (0..n).step_by(5) {
@@ -967,6 +977,18 @@ proptest! {
                         *v = v.wrapping_add(1);
                         let (f, l, x) = model.load(i).unwrap();
                         model.store(f, l, Some(x.wrapping_add(1)));
+                    }
+                    if i % 4 == 0 {
+                        // Every value raised in one walk, in the model's order.
+                        let mut seen = Vec::new();
+                        ex.for_each_mut(|r, v| {
+                            seen.push((*r.start(), *r.end(), *v));
+                            *v = v.wrapping_add(1);
+                        });
+                        prop_assert_eq!(&seen, &model.0);
+                        for r in model.0.iter_mut() {
+                            r.2 = r.2.wrapping_add(1);
+                        }
                     }
                 }
                 Op::Store(f, l, v) => {
