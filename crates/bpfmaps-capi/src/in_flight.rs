@@ -20,9 +20,8 @@
 //! thread of the process pass a full barrier, so a reader needs only a
 //! compiler fence (the asymmetric fence of liburcu's `urcu-memb`, which
 //! is what `rcu_read_lock` costs the kernel's own maple tree harness).
-//! Where the call is refused (an old kernel, valgrind, Miri) readers
-//! announce with an atomic swap, a full fence, and closers fence too:
-//! slower, equally correct.
+//! Where the call is refused (an old kernel, Miri) readers fence after
+//! announcing, and closers fence too: slower, equally correct.
 //!
 //! The closer's wait runs on bpfmaps' reaper thread, never on the thread
 //! that closes: a close returns at once, and a close made inside a call
@@ -149,7 +148,10 @@ fn announce(record: &'static Record, number: u64) {
         // the slot that follows, as a fence here would.
         compiler_fence(Ordering::SeqCst);
     } else {
-        record.call.swap(number, Ordering::SeqCst);
+        record.call.store(number, Ordering::Relaxed);
+        // Pairs with the fence in `wait_for_calls`: the two sides of a
+        // store-buffering pattern, each fenced.
+        fence(Ordering::SeqCst);
     }
 }
 
@@ -218,7 +220,8 @@ fn call_without_local<R>(f: impl FnOnce() -> R) -> R {
         }
     }
     let record = take_record();
-    record.call.swap(1, Ordering::SeqCst);
+    record.call.store(1, Ordering::Relaxed);
+    fence(Ordering::SeqCst);
     let _release = Release(record);
     f()
 }
