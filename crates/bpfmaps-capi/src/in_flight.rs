@@ -39,10 +39,41 @@ use parking_lot::Mutex;
 #[repr(align(128))]
 struct Record {
     call: AtomicU64,
+    /// The number the next call gets (odd; written only by the holder).
+    /// Kept here, not in the thread, so that a thread taking over a
+    /// record goes on from its numbers: a closer never mistakes a new
+    /// call for the one it waits on.
+    next: AtomicU64,
     /// Held by a live thread; a finished thread's record is taken over
     /// by the next new thread, so records number at most the threads
     /// that ever ran at once.
     taken: AtomicBool,
+}
+
+impl Record {
+    /// Announces a call: a new number in `call`, ordered before the
+    /// caller's next load of a slot.
+    #[inline(always)]
+    fn announce(&self) {
+        let number = self.next.load(Ordering::Relaxed);
+        self.next.store(number.wrapping_add(2), Ordering::Relaxed); // odd, never IDLE
+        self.call.store(number, Ordering::Relaxed);
+        if ASYMMETRIC.get() == Some(&true) {
+            // The closer's membarrier orders the store before the load
+            // of the slot that follows, as a fence here would.
+            compiler_fence(Ordering::SeqCst);
+        } else {
+            // Pairs with the fence in `wait_for_calls`: the two sides of
+            // a store-buffering pattern, each fenced.
+            fence(Ordering::SeqCst);
+        }
+    }
+
+    /// Gives the record up (its thread is gone, or its one call is over).
+    fn release(&self) {
+        self.call.store(IDLE, Ordering::Release);
+        self.taken.store(false, Ordering::Release);
+    }
 }
 
 const IDLE: u64 = 0;
@@ -101,27 +132,23 @@ fn heavy_barrier_call() -> bool {
     false
 }
 
-/// The thread's record, its call depth (calls nest through `with_map`;
-/// only the outermost announces) and the numbers it hands its calls.
+/// The thread's record and its call depth (calls nest through
+/// `with_map`; only the outermost announces).
 struct Local {
     record: Cell<Option<&'static Record>>,
     depth: Cell<u32>,
-    calls: Cell<u64>,
 }
 
 impl Drop for Local {
     fn drop(&mut self) {
         if let Some(record) = self.record.get() {
-            record.call.store(IDLE, Ordering::Release);
-            record.taken.store(false, Ordering::Release);
+            record.release();
         }
     }
 }
 
 thread_local! {
-    static LOCAL: Local = const {
-        Local { record: Cell::new(None), depth: Cell::new(0), calls: Cell::new(1) }
-    };
+    static LOCAL: Local = const { Local { record: Cell::new(None), depth: Cell::new(0) } };
 }
 
 fn take_record() -> &'static Record {
@@ -134,36 +161,28 @@ fn take_record() -> &'static Record {
     }
     let record: &'static Record = Box::leak(Box::new(Record {
         call: AtomicU64::new(IDLE),
+        next: AtomicU64::new(1),
         taken: AtomicBool::new(true),
     }));
     records.push(record);
     record
 }
 
-/// Announces this thread's call; undone when the token drops.
-fn announce(record: &'static Record, number: u64) {
-    if ASYMMETRIC.get() == Some(&true) {
-        record.call.store(number, Ordering::Relaxed);
-        // The closer's membarrier orders this store before the load of
-        // the slot that follows, as a fence here would.
-        compiler_fence(Ordering::SeqCst);
-    } else {
-        record.call.store(number, Ordering::Relaxed);
-        // Pairs with the fence in `wait_for_calls`: the two sides of a
-        // store-buffering pattern, each fenced.
-        fence(Ordering::SeqCst);
-    }
-}
-
 /// Runs `f` as a call in flight: a map it loads from a slot is not freed
 /// before `f` returns, even if its handle is closed meanwhile.
 #[inline(always)]
 pub(crate) fn call<R>(f: impl FnOnce() -> R) -> R {
-    if LOCAL.try_with(enter).is_err() {
-        return call_without_local(f);
+    let mut f = Some(f);
+    // One thread-local access for the call's entry and exit.
+    let done = LOCAL.try_with(|local| {
+        enter(local);
+        let _exit = Exit(local);
+        f.take().expect("not run yet")()
+    });
+    match done {
+        Ok(r) => r,
+        Err(_) => call_without_local(f.take().expect("not run: no thread-locals")),
     }
-    let _exit = Exit;
-    f()
 }
 
 /// Starts a call on this thread; only the outermost announces (a nested
@@ -183,28 +202,24 @@ fn enter(local: &Local) {
             record
         }
     };
-    let number = local.calls.get();
-    local.calls.set(number.wrapping_add(2)); // odd, never IDLE
-    announce(record, number);
+    record.announce();
 }
 
 /// Ends the call [`enter`] started when dropped (also on unwinding).
-struct Exit;
+struct Exit<'a>(&'a Local);
 
-impl Drop for Exit {
+impl Drop for Exit<'_> {
     #[inline(always)]
     fn drop(&mut self) {
-        let _ = LOCAL.try_with(|local| {
-            let depth = local.depth.get() - 1;
-            local.depth.set(depth);
-            if depth == 0
-                && let Some(record) = local.record.get()
-            {
-                // Release: the call's reads of the map happen before a
-                // closer that sees the record idle frees it.
-                record.call.store(IDLE, Ordering::Release);
-            }
-        });
+        let depth = self.0.depth.get() - 1;
+        self.0.depth.set(depth);
+        if depth == 0
+            && let Some(record) = self.0.record.get()
+        {
+            // Release: the call's reads of the map happen before a
+            // closer that sees the record idle frees it.
+            record.call.store(IDLE, Ordering::Release);
+        }
     }
 }
 
@@ -215,13 +230,11 @@ fn call_without_local<R>(f: impl FnOnce() -> R) -> R {
     struct Release(&'static Record);
     impl Drop for Release {
         fn drop(&mut self) {
-            self.0.call.store(IDLE, Ordering::Release);
-            self.0.taken.store(false, Ordering::Release);
+            self.0.release();
         }
     }
     let record = take_record();
-    record.call.store(1, Ordering::Relaxed);
-    fence(Ordering::SeqCst);
+    record.announce();
     let _release = Release(record);
     f()
 }
