@@ -171,7 +171,9 @@ fn errno<T>(r: &bpfmaps::Result<T>) -> i32 {
 
 /// Runs the operations `data` encodes on a `MapleTree` and a model (the
 /// ranges as a sorted vector), comparing every answer: stores that cut
-/// ranges, inserts, erases, loads, gap searches both ways and walks. An
+/// ranges, inserts, erases, loads, gap searches both ways and walks; with
+/// the opcode's top bit, writes in place (`exclusive`), `get_mut`,
+/// `for_each_mut` and `dup`. An
 /// index is one byte: below 0x80 a small index, else one near `u64::MAX`,
 /// so ranges collide and touch both ends of the space.
 pub fn run_maple(data: &[u8]) {
@@ -286,10 +288,32 @@ pub fn run_maple(data: &[u8]) {
                 };
                 assert_eq!(got.map(|e| (e.first, e.last, *e.value)), want);
             }
+            3 if in_place => {
+                // `get_mut`: the range holding `a`, its value set to `v`.
+                let want = model.iter().position(|r| r.0 <= a && a <= r.1);
+                let mut ex = tree.exclusive();
+                let got = ex.get_mut(a).map(|(r, value)| {
+                    let old = *value;
+                    *value = v;
+                    (*r.start(), *r.end(), old)
+                });
+                assert_eq!(got, want.map(|k| model[k]));
+                if let Some(k) = want {
+                    model[k].2 = v;
+                }
+            }
             3 => {
                 let want = model.iter().copied().find(|r| r.0 <= a && a <= r.1);
                 let got = tree.load(a, &guard).map(|e| (e.first, e.last, *e.value));
                 assert_eq!(got, want);
+            }
+            4 if in_place && v & 0x40 != 0 => {
+                // `dup`: the copy goes on in the original's place (the
+                // original dropped, under a reader's guard).
+                let copy = tree.dup();
+                let before: Vec<_> = tree.iter(&guard).map(|e| (e.first, e.last, *e.value)).collect();
+                tree = copy;
+                assert_eq!(before, model);
             }
             4 => {
                 let size = u64::from(v % 16) + 1;
@@ -301,6 +325,21 @@ pub fn run_maple(data: &[u8]) {
                         tree.empty_area(lo, hi, size, &guard)
                     };
                     assert_eq!(got.ok(), empty_area(&model, lo, hi, size, rev));
+                }
+            }
+            _ if in_place => {
+                // `for_each_mut`: every range in order, those meeting
+                // `lo..=hi` given `v` more.
+                let mut seen = Vec::new();
+                tree.exclusive().for_each_mut(|r, value| {
+                    seen.push((*r.start(), *r.end(), *value));
+                    if *r.end() >= lo && *r.start() <= hi {
+                        *value = value.wrapping_add(v);
+                    }
+                });
+                assert_eq!(seen, model);
+                for r in model.iter_mut().filter(|r| r.1 >= lo && r.0 <= hi) {
+                    r.2 = r.2.wrapping_add(v);
                 }
             }
             _ => {
