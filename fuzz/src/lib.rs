@@ -311,7 +311,10 @@ pub fn run_maple(data: &[u8]) {
                 // `dup`: the copy goes on in the original's place (the
                 // original dropped, under a reader's guard).
                 let copy = tree.dup();
-                let before: Vec<_> = tree.iter(&guard).map(|e| (e.first, e.last, *e.value)).collect();
+                let before: Vec<_> = tree
+                    .iter(&guard)
+                    .map(|e| (e.first, e.last, *e.value))
+                    .collect();
                 tree = copy;
                 assert_eq!(before, model);
             }
