@@ -308,15 +308,16 @@ pub fn run_maple(data: &[u8]) {
                 assert_eq!(got, want);
             }
             4 if in_place && v & 0x40 != 0 => {
-                // `dup`: the copy goes on in the original's place (the
-                // original dropped, under a reader's guard).
+                // `dup`: the copy holds the model's ranges, and goes on
+                // in the original's place (the original dropped, under a
+                // reader's guard).
                 let copy = tree.dup();
-                let before: Vec<_> = tree
+                let copied: Vec<_> = copy
                     .iter(&guard)
                     .map(|e| (e.first, e.last, *e.value))
                     .collect();
+                assert_eq!(copied, model);
                 tree = copy;
-                assert_eq!(before, model);
             }
             4 => {
                 let size = u64::from(v % 16) + 1;

@@ -46,9 +46,10 @@ use crate::core::reclaim::{Guard, drop_in_background, pin, synchronize};
 /// Rules one bucket holds before its table splits: 48, where the
 /// reference's default (`TM.Limit.Collide`) is 10. A bucket here is one
 /// flat array of narrow words, cheap to scan, so fewer and fuller tables
-/// win: on the ClassBench sets 1.1-1.7x faster lookups than with 10
-/// (ipc1_10k 249 to 145 ns, 31 tables to 16), Cilium's shapes as fast or
-/// faster, updates as cheap (docs/benchmarks.md, "Collision limit").
+/// win: on the ClassBench sets 1.0-1.7x faster lookups than with 10
+/// (ipc1_10k 249 to 145 ns, 31 tables to 16), Cilium's shapes and
+/// updates the same or faster within the runs' spread
+/// (docs/benchmarks.md, "Collision limit").
 pub const DEFAULT_COLLISION_LIMIT: usize = 48;
 
 /// The most rules a table may hold for a split during a
