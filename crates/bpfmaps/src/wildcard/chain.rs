@@ -109,26 +109,37 @@ impl Layout {
     }
 }
 
-/// One bucket's rules, in rule order ([`Layout`]). Immutable once
-/// published: a change publishes a new chain.
+/// One bucket's rules, in rule order ([`Layout`]), in one allocation: a
+/// short header, then the words. A probe's load of the bucket's pointer
+/// is followed by one miss, not two (a header pointing to words held
+/// elsewhere), and a chain of one 5-tuple rule fits a cache line.
+/// Immutable once published: a change publishes a new chain.
+///
+/// A dynamically sized type (its words are a slice's tail), allocated
+/// through crossbeam's [`Pointable`]: `Owned::<Chain>::init((entries,
+/// width))`. It owns one count of each entry's `Arc`, through the
+/// address in the entry's words.
+#[repr(C)]
 pub(super) struct Chain {
+    /// Rules it holds.
+    rules: u32,
+    /// Bytes per rule (its [`Layout::stride`] words).
+    stride: u16,
+    /// The byte in a rule where its entry's address starts.
+    addr: u16,
     /// The rules' words, in storage aligned for any width.
-    words: Box<[u128]>,
-    /// Owns the entries whose addresses `words` holds.
-    pub(super) entries: Box<[Arc<Entry>]>,
+    words: [u128],
 }
 
+/// The header's bytes before the words (`rules`, `stride`, `addr`,
+/// padded to the words' alignment).
+const HEAD: usize = 16;
+
 impl Chain {
-    /// A chain of `entries` (all of one schema and value size) in words
-    /// of `width`.
-    pub(super) fn new(entries: impl Into<Box<[Arc<Entry>]>>, width: Width) -> Self {
-        let entries = entries.into();
-        let words = match width {
-            Width::W32 => words_of::<u32>(&entries),
-            Width::W64 => words_of::<u64>(&entries),
-            Width::W128 => words_of::<u128>(&entries),
-        };
-        Chain { words, entries }
+    /// The allocation of a chain of `words` words.
+    fn alloc_layout(words: usize) -> std::alloc::Layout {
+        std::alloc::Layout::from_size_align(HEAD + words * size_of::<u128>(), align_of::<u128>())
+            .expect("a chain's size fits")
     }
 
     /// Each rule's words, in rule order. (Not `chunks_exact`: it divides
@@ -137,36 +148,156 @@ impl Chain {
     pub(super) fn rules<W: Word>(&self, layout: &Layout) -> impl Iterator<Item = &[W]> {
         let words: &[W] = bytemuck::cast_slice(&self.words);
         let stride = layout.stride;
-        (0..self.entries.len()).map(move |k| &words[k * stride..][..stride])
+        (0..self.rules as usize).map(move |k| &words[k * stride..][..stride])
+    }
+
+    /// Each rule's entry, in rule order.
+    fn entry_ptrs(&self) -> impl Iterator<Item = *const Entry> + '_ {
+        let bytes: &[u8] = bytemuck::cast_slice(&self.words);
+        (0..self.rules as usize).map(move |k| {
+            let at = k * usize::from(self.stride) + usize::from(self.addr);
+            let addr = usize::from_ne_bytes(
+                bytes[at..at + size_of::<usize>()]
+                    .try_into()
+                    .expect("an address's bytes"),
+            );
+            std::ptr::with_exposed_provenance::<Entry>(addr)
+        })
+    }
+
+    /// Its entries, in rule order (new counts of their `Arc`s).
+    pub(super) fn entries(&self) -> Vec<Arc<Entry>> {
+        self.entry_ptrs()
+            .map(|e| {
+                // SAFETY: the chain owns a count of each entry's `Arc`
+                // (`Pointable::init`), alive while it is.
+                unsafe {
+                    Arc::increment_strong_count(e);
+                    Arc::from_raw(e)
+                }
+            })
+            .collect()
+    }
+
+    /// Each entry, borrowed for as long as the chain.
+    pub(super) fn entry_refs(&self) -> impl Iterator<Item = &Entry> + '_ {
+        // SAFETY: as in `entries`.
+        self.entry_ptrs().map(|e| unsafe { &*e })
     }
 
     /// Bytes it holds.
     pub(super) fn bytes(&self) -> usize {
-        size_of::<Self>() + size_of_val(&*self.words) + size_of_val(&*self.entries)
+        HEAD + size_of_val(&self.words)
     }
 }
 
-fn words_of<W: Word>(entries: &[Arc<Entry>]) -> Box<[u128]> {
-    let Some(first) = entries.first() else {
-        return Box::new([]);
-    };
-    let layout = Layout::new::<W>(first.rule.bounds().len(), first.value.len());
-    let len = (entries.len() * layout.stride * size_of::<W>()).div_ceil(16);
-    let mut storage = vec![0u128; len].into_boxed_slice();
-    let words: &mut [W] = bytemuck::cast_slice_mut(&mut storage);
-    for (e, key) in entries.iter().zip(words.chunks_exact_mut(layout.stride)) {
+impl crossbeam_epoch::Pointable for Chain {
+    const ALIGN: usize = align_of::<u128>();
+
+    /// The entries (all of one schema and value size, at least one) in
+    /// rule order, and the width of the words.
+    type Init = (Vec<Arc<Entry>>, Width);
+
+    unsafe fn init((entries, width): Self::Init) -> usize {
+        let first = entries.first().expect("a chain holds a rule");
+        let (fields, value_size) = (first.rule.bounds().len(), first.value.len());
+        let (layout, w) = match width {
+            Width::W32 => (Layout::new::<u32>(fields, value_size), 4),
+            Width::W64 => (Layout::new::<u64>(fields, value_size), 8),
+            Width::W128 => (Layout::new::<u128>(fields, value_size), 16),
+        };
+        let words = (entries.len() * layout.stride * w).div_ceil(size_of::<u128>());
+        let alloc = Self::alloc_layout(words);
+        // SAFETY: the layout's size is not zero (HEAD).
+        let ptr = unsafe { std::alloc::alloc_zeroed(alloc) };
+        if ptr.is_null() {
+            std::alloc::handle_alloc_error(alloc);
+        }
+        // SAFETY: `ptr` is a fresh, zeroed allocation of `alloc`, whose
+        // tail holds `words` words; a zeroed chain is a valid one.
+        let chain = unsafe { &mut *Self::fat(ptr as usize, words).cast_mut() };
+        debug_assert_eq!(
+            size_of_val(chain),
+            alloc.size(),
+            "HEAD is the header's size"
+        );
+        chain.rules = u32::try_from(entries.len()).expect("a bucket's rules fit u32");
+        chain.stride = u16::try_from(layout.stride * w).expect("a rule's bytes fit u16");
+        chain.addr = u16::try_from(layout.addr * w).expect("within a rule");
+        match width {
+            Width::W32 => fill::<u32>(&mut chain.words, &layout, entries),
+            Width::W64 => fill::<u64>(&mut chain.words, &layout, entries),
+            Width::W128 => fill::<u128>(&mut chain.words, &layout, entries),
+        }
+        ptr as usize
+    }
+
+    unsafe fn deref<'a>(ptr: usize) -> &'a Self {
+        // SAFETY: the caller's: `ptr` is a live chain's.
+        unsafe { &*Self::fat(ptr, Self::words_at(ptr)) }
+    }
+
+    unsafe fn deref_mut<'a>(ptr: usize) -> &'a mut Self {
+        // SAFETY: the caller's: `ptr` is a live chain's, not shared.
+        unsafe { &mut *Self::fat(ptr, Self::words_at(ptr)).cast_mut() }
+    }
+
+    unsafe fn drop(ptr: usize) {
+        // SAFETY: the caller's: `ptr` is a live chain's, its last use.
+        let chain = unsafe { Self::deref(ptr) };
+        for e in chain.entry_ptrs() {
+            // SAFETY: the count `init` took from the `Arc`.
+            drop(unsafe { Arc::from_raw(e) });
+        }
+        let alloc = Self::alloc_layout(chain.words.len());
+        // SAFETY: allocated by `init` with this layout.
+        unsafe { std::alloc::dealloc(ptr as *mut u8, alloc) };
+    }
+}
+
+impl Chain {
+    /// The words a chain at `ptr` holds, from its header (rules times
+    /// the bytes of each, in whole `u128`s, as `init` allocated them).
+    ///
+    /// # Safety
+    /// `ptr` is a live chain's.
+    unsafe fn words_at(ptr: usize) -> usize {
+        // SAFETY: the caller's.
+        let (rules, stride) = unsafe {
+            let p = ptr as *const u8;
+            (
+                p.cast::<u32>().read() as usize,
+                p.add(4).cast::<u16>().read() as usize,
+            )
+        };
+        (rules * stride).div_ceil(size_of::<u128>())
+    }
+
+    /// A pointer to the chain at `ptr` holding `words` words.
+    fn fat(ptr: usize, words: usize) -> *const Chain {
+        std::ptr::slice_from_raw_parts(std::ptr::with_exposed_provenance::<u128>(ptr), words)
+            as *const Chain
+    }
+}
+
+/// Writes `entries`' words into `words`, taking their counts.
+fn fill<W: Word>(storage: &mut [u128], layout: &Layout, entries: Vec<Arc<Entry>>) {
+    let words: &mut [W] = bytemuck::cast_slice_mut(storage);
+    for (e, key) in entries
+        .into_iter()
+        .zip(words.chunks_exact_mut(layout.stride))
+    {
         key[0] = W::of(u128::from(e.rule.priority));
         for (i, &(lo, hi)) in e.rule.bounds().iter().enumerate() {
             key[1 + 2 * i] = W::of(lo);
             key[2 + 2 * i] = W::of(hi);
         }
-        let addr = Arc::as_ptr(e).expose_provenance().to_ne_bytes();
-        bytemuck::cast_slice_mut::<W, u8>(&mut key[layout.addr..layout.value])[..addr.len()]
-            .copy_from_slice(&addr);
         bytemuck::cast_slice_mut::<W, u8>(&mut key[layout.value..])[..e.value.len()]
             .copy_from_slice(&e.value);
+        let addr = Arc::into_raw(e).expose_provenance().to_ne_bytes();
+        bytemuck::cast_slice_mut::<W, u8>(&mut key[layout.addr..layout.value])[..addr.len()]
+            .copy_from_slice(&addr);
     }
-    storage
 }
 
 /// The entry of a rule's words.
@@ -191,4 +322,59 @@ pub(super) unsafe fn entry_of<'a, W: Word>(key: &'a [W], layout: &Layout) -> &'a
 #[inline]
 pub(super) fn value_of<'a, W: Word>(key: &'a [W], layout: &Layout, value_size: usize) -> &'a [u8] {
     &bytemuck::cast_slice::<W, u8>(&key[layout.value..])[..value_size]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::wildcard::Field;
+    use crossbeam_epoch::Owned;
+
+    /// A chain holds one count of each entry while it lives, hands out
+    /// the entries and their words in rule order, and gives the counts
+    /// back when it is dropped, at every width.
+    #[test]
+    fn a_chain_owns_its_entries_counts_and_returns_them() {
+        for (size, width) in [(4, Width::W32), (8, Width::W64), (16, Width::W128)] {
+            // Ranges are up to 8 bytes wide; a 16-byte field matches exactly.
+            let (a, hi) = match size {
+                16 => (Field::exact("a", size), 0),
+                _ => (Field::range("a", size), 5),
+            };
+            let schema = Schema::new(vec![a, Field::exact("b", 1)]).unwrap();
+            let entries: Vec<Arc<Entry>> = (0..3u32)
+                .map(|i| {
+                    let a = match hi {
+                        0 => format!("{}", 10 * i),
+                        _ => format!("{}-{}", 10 * i, 10 * i + hi),
+                    };
+                    let rule = schema.parse_rule(&format!("a {a}, b {i}"), i).unwrap();
+                    Entry::shared(&rule, &[i as u8; 3])
+                })
+                .collect();
+            let chain = Owned::<Chain>::init((entries.clone(), width));
+            assert!(entries.iter().all(|e| Arc::strong_count(e) == 2));
+            let got = chain.entries();
+            assert!(got.iter().zip(&entries).all(|(a, b)| Arc::ptr_eq(a, b)));
+            assert!(entries.iter().all(|e| Arc::strong_count(e) == 3));
+            drop(got);
+            let layout = Layout::new::<u64>(2, 3);
+            if width == Width::W64 {
+                for (i, key) in chain.rules::<u64>(&layout).enumerate() {
+                    assert_eq!(key[0], i as u64, "priority");
+                    assert_eq!((key[1], key[2]), (10 * i as u64, 10 * i as u64 + 5));
+                    assert_eq!(value_of(key, &layout, 3), [i as u8; 3]);
+                    // SAFETY: the chain is alive and owns the entry.
+                    let entry = unsafe { entry_of(key, &layout) };
+                    assert!(std::ptr::eq(entry, &*entries[i]));
+                }
+            }
+            assert_eq!(chain.entry_refs().count(), 3);
+            drop(chain);
+            assert!(
+                entries.iter().all(|e| Arc::strong_count(e) == 1),
+                "{width:?}"
+            );
+        }
+    }
 }

@@ -32,7 +32,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use crossbeam_epoch::{Atomic, Owned, Shared};
+use crossbeam_epoch::{Atomic, Owned, Pointer, Shared};
 use parking_lot::Mutex;
 
 use super::chain::{Chain, Entry, Layout, Width, Word, entry_of, value_of};
@@ -491,7 +491,8 @@ impl WildcardMap {
                 prefetch(s);
             }
             if let Some(next) = ahead[1] {
-                prefetch(next.load(Ordering::Relaxed, guard).as_raw());
+                let chain = next.load(Ordering::Relaxed, guard);
+                prefetch(std::ptr::without_provenance::<u8>(chain.into_usize()));
             }
             let slot = ahead[0].expect("the slot of table i");
             ahead = [ahead[1], after];
@@ -553,8 +554,7 @@ impl WildcardMap {
                 // SAFETY: as in `classify_counting`.
                 let chain = unsafe { chain.as_ref() }?;
                 chain
-                    .entries
-                    .iter()
+                    .entry_refs()
                     .find(|e| e.rule == *rule)
                     .map(|e| &*e.value)
             })
@@ -1205,7 +1205,7 @@ fn table_entries(table: &Table, guard: &Guard) -> Vec<Arc<Entry>> {
     for slot in table.slots.iter() {
         // SAFETY: under the guard (the writer's, or a reader's).
         if let Some(chain) = unsafe { slot.load(Ordering::Acquire, guard).as_ref() } {
-            all.extend(chain.entries.iter().cloned());
+            all.extend(chain.entries());
         }
     }
     all
@@ -1215,7 +1215,7 @@ fn table_entries(table: &Table, guard: &Guard) -> Vec<Arc<Entry>> {
 fn bucket_of(table: &Table, rule: &Rule, guard: &Guard) -> Vec<Arc<Entry>> {
     let chain = table.slot(&lows(rule)).load(Ordering::Acquire, guard);
     // SAFETY: under the guard (the writer's).
-    unsafe { chain.as_ref() }.map_or_else(Vec::new, |c| c.entries.to_vec())
+    unsafe { chain.as_ref() }.map_or_else(Vec::new, Chain::entries)
 }
 
 /// Publishes `entries` as the chain of `slot`, freeing the one it
@@ -1224,7 +1224,7 @@ fn publish_chain(slot: &Atomic<Chain>, entries: Vec<Arc<Entry>>, width: Width, g
     let new = if entries.is_empty() {
         Shared::null()
     } else {
-        Owned::new(Chain::new(entries, width)).into_shared(guard)
+        Owned::<Chain>::init((entries, width)).into_shared(guard)
     };
     let old = slot.swap(new, Ordering::AcqRel, guard);
     if !old.is_null() {
@@ -1236,8 +1236,7 @@ fn publish_chain(slot: &Atomic<Chain>, entries: Vec<Arc<Entry>>, width: Width, g
 /// The entries of `slot`'s chain.
 fn chain_entries(slot: &Atomic<Chain>, guard: &Guard) -> Vec<Arc<Entry>> {
     // SAFETY: under the writer's guard.
-    unsafe { slot.load(Ordering::Acquire, guard).as_ref() }
-        .map_or_else(Vec::new, |c| c.entries.to_vec())
+    unsafe { slot.load(Ordering::Acquire, guard).as_ref() }.map_or_else(Vec::new, Chain::entries)
 }
 
 /// Puts `entry` in place of the entry of the same rule in `table` (one
@@ -1298,7 +1297,7 @@ fn build_table(tuple: Tuple, schema: &Schema, slots: usize, entries: &[Arc<Entry
         if !chain.is_empty() {
             chain.sort_by(|a, b| a.rule.cmp(&b.rule));
             slot.store(
-                Owned::new(Chain::new(chain, table.width)),
+                Owned::<Chain>::init((chain, table.width)),
                 Ordering::Relaxed,
             );
         }
