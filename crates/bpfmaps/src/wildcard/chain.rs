@@ -121,7 +121,8 @@ impl Layout {
 /// One bucket's rules, in rule order ([`Layout`]), in one allocation: a
 /// short header, then the words. A probe's load of the bucket's pointer
 /// is followed by one miss, not two (a header pointing to words held
-/// elsewhere), and a chain of one 5-tuple rule fits a cache line.
+/// elsewhere); a chain of one rule of four 4-byte-or-narrower fields
+/// and a 4-byte value (Cilium's) takes 64 bytes.
 /// Immutable once published: a change publishes a new chain.
 ///
 /// A dynamically sized type (its words are a slice's tail), allocated
@@ -172,15 +173,8 @@ impl Chain {
     /// Each rule's entry, in rule order.
     fn entry_ptrs(&self) -> impl Iterator<Item = *const Entry> + '_ {
         let bytes: &[u8] = bytemuck::cast_slice(&self.words);
-        (0..self.rules as usize).map(move |k| {
-            let at = k * usize::from(self.stride) + usize::from(self.addr);
-            let addr = usize::from_ne_bytes(
-                bytes[at..at + size_of::<usize>()]
-                    .try_into()
-                    .expect("an address's bytes"),
-            );
-            std::ptr::with_exposed_provenance::<Entry>(addr)
-        })
+        (0..self.rules as usize)
+            .map(move |k| entry_at(&bytes[k * usize::from(self.stride) + usize::from(self.addr)..]))
     }
 
     /// Its entries, in rule order (new counts of their `Arc`s).
@@ -326,14 +320,19 @@ fn fill<W: Word>(storage: &mut [u128], layout: &Layout, entries: Vec<Arc<Entry>>
 /// and is freed only after the grace period of its replacement.
 #[inline]
 pub(super) unsafe fn entry_of<'a, W: Word>(key: &'a [W], layout: &Layout) -> &'a Entry {
-    let bytes: &[u8] = bytemuck::cast_slice(&key[layout.addr..]);
+    // SAFETY: the caller's; `fill` exposed the address.
+    unsafe { &*entry_at(bytemuck::cast_slice(&key[layout.addr..])) }
+}
+
+/// The entry whose address `bytes` starts with (as `fill` wrote it).
+#[inline]
+fn entry_at(bytes: &[u8]) -> *const Entry {
     let addr = usize::from_ne_bytes(
         bytes[..size_of::<usize>()]
             .try_into()
             .expect("an address's bytes"),
     );
-    // SAFETY: the caller's; `words_of` exposed the address.
-    unsafe { &*std::ptr::with_exposed_provenance::<Entry>(addr) }
+    std::ptr::with_exposed_provenance::<Entry>(addr)
 }
 
 /// The value bytes of a rule's words.
