@@ -306,6 +306,19 @@ pub fn run_maple(data: &[u8]) {
                 let want = model.iter().copied().find(|r| r.0 <= a && a <= r.1);
                 let got = tree.load(a, &guard).map(|e| (e.first, e.last, *e.value));
                 assert_eq!(got, want);
+                // A cursor's walk to `a` (straight down, its path not yet
+                // recorded), then a step off it: on a miss it stands on
+                // the last range starting below `a`.
+                let mut cursor = tree.cursor(&guard);
+                let got = cursor.load(a).map(|e| (e.first, e.last, *e.value));
+                assert_eq!(got, want);
+                let j = model.iter().take_while(|r| r.0 <= a).count();
+                let (got, want) = if v & 1 == 0 {
+                    (cursor.next(), model.get(j).copied())
+                } else {
+                    (cursor.prev(), j.checked_sub(2).map(|i| model[i]))
+                };
+                assert_eq!(got.map(|e| (e.first, e.last, *e.value)), want);
             }
             4 if in_place && v & 0x40 != 0 => {
                 // `dup`: the copy holds the model's ranges, and goes on

@@ -2,6 +2,13 @@
 //! built on it: it keeps its path from the root, so stepping to the next
 //! or previous range, or seeking an index near the last one, climbs only
 //! as far as it must instead of starting again from the root.
+//!
+//! A seek from the root goes straight down, as [`MapleTree::load`] does,
+//! and records only the root it started from: many walks (`mas_walk`)
+//! never leave their leaf, and one that records nothing its caller does
+//! not read compiles to `load`'s loads (docs/benchmarks.md, "the
+//! search's clamp"). The path is built from that root, the same version
+//! of the tree, when a step first leaves the leaf.
 
 use std::marker::PhantomData;
 use std::ops::{Bound, RangeBounds};
@@ -9,7 +16,7 @@ use std::ops::{Bound, RangeBounds};
 use smallvec::SmallVec;
 
 use super::node::{NodePtr, as_branch, as_leaf, count_le, header};
-use super::tree::{Entry, MapleTree};
+use super::tree::{Entry, MapleTree, entry_at};
 use crate::core::reclaim::Guard;
 
 /// One branch on the cursor's path: the child taken, and the indices the
@@ -45,13 +52,18 @@ struct Step {
 pub struct Cursor<'g, V: Clone + Send + Sync + 'static> {
     tree: &'g MapleTree<V>,
     guard: &'g Guard,
+    /// The branches from the root to the leaf, when recorded.
     path: SmallVec<[Step; 8]>,
+    /// The root the leaf was reached from while `path` is not recorded
+    /// (after a seek straight down from the root).
+    unrecorded_root: Option<NodePtr>,
     /// The leaf the cursor is in (`None`: not placed yet, or empty tree).
     leaf: Option<NodePtr>,
     /// Its slot in the leaf: -1 before the first range, `len` after the
     /// last (only at the tree's ends).
     slot: isize,
-    /// The indices the leaf is routed (as `Step`).
+    /// The indices the leaf is routed (as `Step`); while the path is not
+    /// recorded, those of its own ranges (which surely route to it).
     leaf_min: u64,
     leaf_max: u64,
     _values: PhantomData<&'g V>,
@@ -65,6 +77,7 @@ impl<V: Clone + Send + Sync + 'static> MapleTree<V> {
             tree: self,
             guard,
             path: SmallVec::new(),
+            unrecorded_root: None,
             leaf: None,
             slot: -1,
             leaf_min: 0,
@@ -136,8 +149,8 @@ impl<'g, V: Clone + Send + Sync + 'static> Cursor<'g, V> {
     }
 
     /// Climbs the path until the node routed `index`'s way is in it, then
-    /// descends to `index`'s leaf. From the root if the cursor is not
-    /// placed.
+    /// descends to `index`'s leaf. From the root (straight down) if the
+    /// cursor is not placed or no branch on its path holds `index`.
     fn descend_to(&mut self, index: u64) -> Option<usize> {
         let mut node = if self.leaf.is_some() && (self.leaf_min..=self.leaf_max).contains(&index) {
             self.leaf?
@@ -155,10 +168,7 @@ impl<'g, V: Clone + Send + Sync + 'static> Cursor<'g, V> {
                     // SAFETY: the cursor's nodes are live.
                     unsafe { as_branch(s.branch) }.child(s.child)
                 }
-                None => {
-                    (self.leaf_min, self.leaf_max) = (0, u64::MAX);
-                    self.tree.root(self.guard)?
-                }
+                None => return self.descend_from_root(index),
             }
         };
         // SAFETY: nodes reached from the root live while the guard is
@@ -175,6 +185,54 @@ impl<'g, V: Clone + Send + Sync + 'static> Cursor<'g, V> {
             self.leaf = Some(node);
             let leaf = as_leaf::<V>(node);
             Some(count_le(&leaf.first, leaf.len(), index))
+        }
+    }
+
+    /// A seek from the root, straight down to `index`'s leaf without
+    /// recording the path (see the module's doc); the leaf's bounds are
+    /// its own ranges' until the path is recorded.
+    #[inline(always)]
+    fn descend_from_root(&mut self, index: u64) -> Option<usize> {
+        self.path.clear();
+        let root = self.tree.root(self.guard)?;
+        // SAFETY: nodes reached from the root live while the guard is
+        // pinned.
+        unsafe {
+            let node = self.tree.leaf_below(root, index);
+            self.unrecorded_root = Some(root);
+            self.leaf = Some(node);
+            let leaf = as_leaf::<V>(node);
+            let len = leaf.len();
+            (self.leaf_min, self.leaf_max) = match len {
+                0 => (1, 0), // an empty root: no index is surely here
+                _ => (leaf.first[0], leaf.last(len - 1)),
+            };
+            Some(count_le(&leaf.first, len, index))
+        }
+    }
+
+    /// Records the path from the root the cursor's leaf was reached from
+    /// down to that leaf, if it is not recorded: its first index routes
+    /// there, in that version of the tree, which the guard keeps alive.
+    fn record_path(&mut self) {
+        let (Some(root), Some(leaf)) = (self.unrecorded_root.take(), self.leaf) else {
+            return;
+        };
+        (self.leaf_min, self.leaf_max) = (0, u64::MAX);
+        // SAFETY: the cursor's nodes are live.
+        unsafe {
+            let (leaf_len, first) = (header(leaf).len, as_leaf::<V>(leaf).first[0]);
+            let mut node = root;
+            while header(node).level > 0 {
+                debug_assert!(leaf_len > 0, "only a root leaf is empty");
+                let branch = as_branch(node);
+                let i = branch.route(first);
+                let step = self.step(node, i);
+                self.path.push(step);
+                (self.leaf_min, self.leaf_max) = (step.min, step.max);
+                node = branch.child(i);
+            }
+            debug_assert_eq!(node, leaf, "the leaf's first index routes to it");
         }
     }
 
@@ -197,10 +255,19 @@ impl<'g, V: Clone + Send + Sync + 'static> Cursor<'g, V> {
 
     /// Places the cursor on the range holding `index` and returns it
     /// (`mas_walk`); on a miss, it is left where `index` would be.
+    #[inline(always)]
     pub fn load(&mut self, index: u64) -> Option<Entry<'g, V>> {
-        let k = self.descend_to(index)?;
+        let k = match self.leaf {
+            // A fresh cursor: no path to climb (the walk inlined).
+            None => self.descend_from_root(index)?,
+            Some(_) => self.descend_to(index)?,
+        };
         self.slot = k as isize - 1;
-        self.entry().filter(|e| e.last >= index)
+        // From the leaf in hand, not `entry()`: re-reading the cursor's
+        // fields makes the walk wait on their stores (a nanosecond of 11).
+        // SAFETY: the cursor's nodes live while its guard is pinned.
+        let leaf = unsafe { as_leaf::<V>(self.leaf?) };
+        (k > 0 && leaf.last(k - 1) >= index).then(|| entry_at(leaf, k - 1))
     }
 
     /// Places the cursor on the first range that holds `index` or comes
@@ -264,6 +331,7 @@ impl<'g, V: Clone + Send + Sync + 'static> Cursor<'g, V> {
     /// branch with a child on that side, then down its edge. False, and
     /// the cursor unmoved, at the tree's end.
     fn sibling_leaf(&mut self, forward: bool) -> bool {
+        self.record_path();
         let Some(depth) = self.path.iter().rposition(|s| {
             // SAFETY: the cursor's nodes are live.
             let len = unsafe { as_branch(s.branch) }.len();

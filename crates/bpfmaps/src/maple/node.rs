@@ -92,7 +92,9 @@ pub struct Slot<V> {
 #[repr(C)]
 pub struct Branch {
     pub header: Header,
-    pub lo: [u64; BRANCH_SLOTS],
+    /// One more than the children: `lo[BRANCH_SLOTS]` is padding, so that
+    /// `lo[1..]` holds as many keys as a node search takes.
+    pub lo: [u64; BRANCH_SLOTS + 1],
     pub child: [Option<NodePtr>; BRANCH_SLOTS],
     pub hi: [u64; BRANCH_SLOTS],
     pub gap: [u64; BRANCH_SLOTS],
@@ -101,6 +103,11 @@ pub struct Branch {
 /// Index of the slot whose key is the last at or below `index`, among
 /// `len` sorted keys padded with `u64::MAX`: the count of keys `<=
 /// index`, which may be 0 (none is).
+///
+/// The padding is above every index but `u64::MAX`, which is at or above
+/// every key: that index takes its own answer, `len`, instead of a clamp
+/// of the count, which would add two steps to the chain of dependent
+/// loads a descent is (`docs/benchmarks.md`, "the search's clamp").
 ///
 /// Two steps of three independent compares, no branch: shorter than a
 /// binary search's four dependent steps, and far fewer instructions than
@@ -124,7 +131,8 @@ pub fn count_le<const N: usize>(keys: &[u64; N], len: usize, index: u64) -> usiz
     };
     // ... and as many of the group's first three keys (its fourth, a
     // pivot, is above `index`).
-    (base + le(base) + le(base + 1) + le(base + 2)).min(len)
+    let count = base + le(base) + le(base + 1) + le(base + 2);
+    if index == u64::MAX { len } else { count }
 }
 
 impl<V> Leaf<V> {
@@ -189,9 +197,18 @@ impl Branch {
 
     /// The child whose span is the last to start at or below `index`
     /// (the first child for an index below them all).
+    ///
+    /// The count of the children after the first that start at or below
+    /// `index`: the first child's start need not be compared, since an
+    /// index below it goes to that child too.
     #[inline(always)]
     pub fn route(&self, index: u64) -> usize {
-        count_le(&self.lo, self.len(), index).max(1) - 1
+        let after_first = self.lo[1..].first_chunk::<BRANCH_SLOTS>();
+        count_le(
+            after_first.expect("lo has a key more"),
+            self.len() - 1,
+            index,
+        )
     }
 
     #[inline(always)]
@@ -368,7 +385,7 @@ impl<V: Clone + Send + Sync + 'static> Nodes<V> {
                 level,
                 len: subs.len() as u8,
             },
-            lo: [u64::MAX; BRANCH_SLOTS],
+            lo: [u64::MAX; BRANCH_SLOTS + 1],
             hi: [u64::MAX; BRANCH_SLOTS],
             gap: [0; BRANCH_SLOTS],
             child: [None; BRANCH_SLOTS],

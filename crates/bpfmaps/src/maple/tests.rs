@@ -67,7 +67,7 @@ fn check<V: Clone + Send + Sync + 'static>(tree: &MapleTree<V>) -> Vec<(u64, u64
                     "the branch's record of child {i}"
                 );
             }
-            for i in branch.len()..BRANCH_SLOTS {
+            for i in branch.len()..=BRANCH_SLOTS {
                 assert_eq!(branch.lo[i], u64::MAX, "padding");
             }
             let s = branch.span();
@@ -307,6 +307,41 @@ fn sequential_and_reverse_stores_fill_nodes_and_walk_across_edges() {
                 cursor.seek_at_or_before(i * 10 + 6).map(|e| *e.value),
                 Some(i)
             );
+        }
+    }
+}
+
+/// A fresh cursor's `load` goes straight down and records its path only
+/// when a step leaves the leaf: from the root it loaded from, so it goes
+/// on reading that version of the tree after writes replace it, in both
+/// directions, and a fresh seek reads the new one.
+#[test]
+fn a_cursor_steps_on_through_the_version_it_loaded() {
+    let n = scaled(3000, 40) as u64;
+    let tree = MapleTree::new();
+    for i in 0..n {
+        tree.store_range(i * 10, i * 10 + 5, i).unwrap();
+    }
+    assert!(height(&tree) >= scaled(3, 2), "a tree of several levels");
+    for start in (0..n).step_by(scaled(37, 13)) {
+        let g = pin();
+        let mut forward = tree.cursor(&g);
+        let mut backward = tree.cursor(&g);
+        assert_eq!(forward.load(start * 10 + 2).map(|e| *e.value), Some(start));
+        assert_eq!(backward.load(start * 10 + 2).map(|e| *e.value), Some(start));
+        // Every other range replaced, after both cursors were placed.
+        for i in (0..n).step_by(2) {
+            tree.store_range(i * 10, i * 10 + 5, i + n).unwrap();
+        }
+        let ahead: Vec<u64> = std::iter::from_fn(|| forward.next().map(|e| *e.value)).collect();
+        assert_eq!(ahead, (start + 1..n).collect::<Vec<_>>());
+        let behind: Vec<u64> = std::iter::from_fn(|| backward.prev().map(|e| *e.value)).collect();
+        assert_eq!(behind, (0..start).rev().collect::<Vec<_>>());
+        let fresh = tree.cursor(&g).load(start * 10 + 2).map(|e| *e.value);
+        assert_eq!(fresh, Some(if start % 2 == 0 { start + n } else { start }));
+        drop(g);
+        for i in (0..n).step_by(2) {
+            tree.store_range(i * 10, i * 10 + 5, i).unwrap();
         }
     }
 }
@@ -762,7 +797,7 @@ fn writes_in_place_drop_values_once() {
 #[test]
 fn exclusive_access_reads_and_edits_in_place() {
     let mut tree = MapleTree::new();
-    let n = scaled(3000, 300) as u64;
+    let n = scaled(3000, 40) as u64;
     let mut ex = tree.exclusive();
     for i in 0..n {
         ex.store_range(i * 4, i * 4 + 2, i).unwrap();

@@ -182,7 +182,18 @@ impl<V: Clone + Send + Sync + 'static> MapleTree<V> {
     /// As [`load_in`](Self::load_in), for the nodes of the descent.
     #[inline(always)]
     pub(super) unsafe fn leaf_of(&self, index: u64) -> Option<NodePtr> {
-        let mut node = NonNull::new(self.root.load(Ordering::Acquire))?;
+        let root = NonNull::new(self.root.load(Ordering::Acquire))?;
+        // SAFETY: the caller's.
+        Some(unsafe { self.leaf_below(root, index) })
+    }
+
+    /// The leaf `index` routes to under `root`.
+    ///
+    /// # Safety
+    /// As [`leaf_of`](Self::leaf_of), for the nodes under `root`.
+    #[inline(always)]
+    pub(super) unsafe fn leaf_below(&self, root: NodePtr, index: u64) -> NodePtr {
+        let mut node = root;
         // A small tree's nodes are in cache: asking for their lines only
         // costs instructions (docs/benchmarks.md, "Prefetching by size").
         let far = self.far.load(Ordering::Relaxed);
@@ -198,7 +209,7 @@ impl<V: Clone + Send + Sync + 'static> MapleTree<V> {
                 }
             }
         }
-        Some(node)
+        node
     }
 
     /// The first range that holds an index in `from..=max`, if any
@@ -1097,7 +1108,7 @@ fn split_sizes(n: usize, cap: usize, fill: Fill) -> impl Iterator<Item = std::op
 
 /// The range in slot `k` of `leaf`, with its value.
 #[inline(always)]
-fn entry_at<V>(leaf: &Leaf<V>, k: usize) -> Entry<'_, V> {
+pub(super) fn entry_at<V>(leaf: &Leaf<V>, k: usize) -> Entry<'_, V> {
     Entry {
         first: leaf.first[k],
         last: leaf.last(k),
