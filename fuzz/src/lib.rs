@@ -307,16 +307,18 @@ pub fn run_maple(data: &[u8]) {
                 let got = tree.load(a, &guard).map(|e| (e.first, e.last, *e.value));
                 assert_eq!(got, want);
                 // A cursor's walk to `a` (straight down, its path not yet
-                // recorded), then a step off it: on a miss it stands on
-                // the last range starting below `a`.
+                // recorded), then a step off it: after a hit, to either
+                // side of the range; after a miss, to either side of the
+                // free run `a` is in.
                 let mut cursor = tree.cursor(&guard);
                 let got = cursor.load(a).map(|e| (e.first, e.last, *e.value));
                 assert_eq!(got, want);
-                let j = model.iter().take_while(|r| r.0 <= a).count();
+                let after = model.iter().position(|r| r.0 > a).unwrap_or(model.len());
+                let before = after - usize::from(want.is_some());
                 let (got, want) = if v & 1 == 0 {
-                    (cursor.next(), model.get(j).copied())
+                    (cursor.next(), model.get(after).copied())
                 } else {
-                    (cursor.prev(), j.checked_sub(2).map(|i| model[i]))
+                    (cursor.prev(), before.checked_sub(1).map(|i| model[i]))
                 };
                 assert_eq!(got.map(|e| (e.first, e.last, *e.value)), want);
             }

@@ -62,6 +62,10 @@ pub struct Cursor<'g, V: Clone + Send + Sync + 'static> {
     /// Its slot in the leaf: -1 before the first range, `len` after the
     /// last (only at the tree's ends).
     slot: isize,
+    /// After a `load` that missed: the cursor stands in the free run
+    /// after `slot`, on no range (as `mas_walk` leaves the kernel's state
+    /// on a gap's empty entry), so `prev` returns `slot`'s range.
+    in_gap: bool,
     /// The indices the leaf is routed (as `Step`); while the path is not
     /// recorded, those of its own ranges (which surely route to it).
     leaf_min: u64,
@@ -80,6 +84,7 @@ impl<V: Clone + Send + Sync + 'static> MapleTree<V> {
             unrecorded_root: None,
             leaf: None,
             slot: -1,
+            in_gap: false,
             leaf_min: 0,
             leaf_max: u64::MAX,
             _values: PhantomData,
@@ -122,9 +127,12 @@ impl<V: Clone + Send + Sync + 'static> MapleTree<V> {
 }
 
 impl<'g, V: Clone + Send + Sync + 'static> Cursor<'g, V> {
-    /// The range the cursor is on.
+    /// The range the cursor is on (`None` in a free run).
     #[inline]
     pub fn entry(&self) -> Option<Entry<'g, V>> {
+        if self.in_gap {
+            return None;
+        }
         let leaf = self.leaf?;
         // SAFETY: the cursor's nodes live while its guard is pinned.
         let leaf = unsafe { as_leaf::<V>(leaf) };
@@ -174,6 +182,22 @@ impl<'g, V: Clone + Send + Sync + 'static> Cursor<'g, V> {
         // SAFETY: nodes reached from the root live while the guard is
         // pinned.
         unsafe {
+            node = self.descend_recording(node, index);
+            self.leaf = Some(node);
+            let leaf = as_leaf::<V>(node);
+            Some(count_le(&leaf.first, leaf.len(), index))
+        }
+    }
+
+    /// From `node`, whose indices are `self.leaf_min..=self.leaf_max`,
+    /// down to the leaf `index` routes to, each branch passed pushed on
+    /// the path.
+    ///
+    /// # Safety
+    /// `node` is live while the guard is pinned.
+    unsafe fn descend_recording(&mut self, mut node: NodePtr, index: u64) -> NodePtr {
+        // SAFETY: the caller's; children of live branches are live.
+        unsafe {
             while header(node).level > 0 {
                 let branch = as_branch(node);
                 let i = branch.route(index);
@@ -182,10 +206,8 @@ impl<'g, V: Clone + Send + Sync + 'static> Cursor<'g, V> {
                 (self.leaf_min, self.leaf_max) = (step.min, step.max);
                 node = branch.child(i);
             }
-            self.leaf = Some(node);
-            let leaf = as_leaf::<V>(node);
-            Some(count_le(&leaf.first, leaf.len(), index))
         }
+        node
     }
 
     /// A seek from the root, straight down to `index`'s leaf without
@@ -219,19 +241,11 @@ impl<'g, V: Clone + Send + Sync + 'static> Cursor<'g, V> {
             return;
         };
         (self.leaf_min, self.leaf_max) = (0, u64::MAX);
-        // SAFETY: the cursor's nodes are live.
+        // SAFETY: the cursor's nodes are live. (An empty leaf is a root,
+        // so its padding key routes nowhere.)
         unsafe {
-            let (leaf_len, first) = (header(leaf).len, as_leaf::<V>(leaf).first[0]);
-            let mut node = root;
-            while header(node).level > 0 {
-                debug_assert!(leaf_len > 0, "only a root leaf is empty");
-                let branch = as_branch(node);
-                let i = branch.route(first);
-                let step = self.step(node, i);
-                self.path.push(step);
-                (self.leaf_min, self.leaf_max) = (step.min, step.max);
-                node = branch.child(i);
-            }
+            let first = as_leaf::<V>(leaf).first[0];
+            let node = self.descend_recording(root, first);
             debug_assert_eq!(node, leaf, "the leaf's first index routes to it");
         }
     }
@@ -254,9 +268,11 @@ impl<'g, V: Clone + Send + Sync + 'static> Cursor<'g, V> {
     }
 
     /// Places the cursor on the range holding `index` and returns it
-    /// (`mas_walk`); on a miss, it is left where `index` would be.
+    /// (`mas_walk`); on a miss, it is left in the free run `index` is in:
+    /// `next` returns the range after it and `prev` the one before.
     #[inline(always)]
     pub fn load(&mut self, index: u64) -> Option<Entry<'g, V>> {
+        self.in_gap = false;
         let k = match self.leaf {
             // A fresh cursor: no path to climb (the walk inlined).
             None => self.descend_from_root(index)?,
@@ -267,12 +283,15 @@ impl<'g, V: Clone + Send + Sync + 'static> Cursor<'g, V> {
         // fields makes the walk wait on their stores (a nanosecond of 11).
         // SAFETY: the cursor's nodes live while its guard is pinned.
         let leaf = unsafe { as_leaf::<V>(self.leaf?) };
-        (k > 0 && leaf.last(k - 1) >= index).then(|| entry_at(leaf, k - 1))
+        let hit = (k > 0 && leaf.last(k - 1) >= index).then(|| entry_at(leaf, k - 1));
+        self.in_gap = hit.is_none();
+        hit
     }
 
     /// Places the cursor on the first range that holds `index` or comes
     /// after it, and returns it (after the last range: `None`).
     pub fn seek_at_or_after(&mut self, index: u64) -> Option<Entry<'g, V>> {
+        self.in_gap = false;
         let k = self.descend_to(index)?;
         self.slot = k as isize - 1;
         match self.entry() {
@@ -284,6 +303,7 @@ impl<'g, V: Clone + Send + Sync + 'static> Cursor<'g, V> {
     /// Places the cursor on the last range that holds `index` or comes
     /// before it, and returns it (before the first range: `None`).
     pub fn seek_at_or_before(&mut self, index: u64) -> Option<Entry<'g, V>> {
+        self.in_gap = false;
         let k = self.descend_to(index)?;
         self.slot = k as isize;
         self.prev()
@@ -295,6 +315,7 @@ impl<'g, V: Clone + Send + Sync + 'static> Cursor<'g, V> {
     /// iterator.)
     #[allow(clippy::should_implement_trait)]
     pub fn next(&mut self) -> Option<Entry<'g, V>> {
+        self.in_gap = false;
         let leaf = self.leaf?;
         // SAFETY: the cursor's nodes are live.
         let len = unsafe { header(leaf) }.len as isize;
@@ -314,6 +335,9 @@ impl<'g, V: Clone + Send + Sync + 'static> Cursor<'g, V> {
     /// first one the cursor stays before it and returns `None`.
     pub fn prev(&mut self) -> Option<Entry<'g, V>> {
         self.leaf?;
+        if std::mem::take(&mut self.in_gap) {
+            return self.entry(); // the range before the free run
+        }
         if self.slot > 0 {
             self.slot -= 1;
             return self.entry();

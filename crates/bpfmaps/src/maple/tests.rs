@@ -298,6 +298,15 @@ fn sequential_and_reverse_stores_fill_nodes_and_walk_across_edges() {
         }
         for i in (0..n).step_by(7) {
             assert_eq!(cursor.load(i * 10 + 5).map(|e| *e.value), Some(i));
+            // A miss stands in the free run: on no range, between the
+            // one before and the one after.
+            assert!(cursor.load(i * 10 + 6).is_none() && cursor.entry().is_none());
+            assert_eq!(cursor.prev().map(|e| *e.value), Some(i));
+            assert!(cursor.load(i * 10 + 6).is_none());
+            assert_eq!(
+                cursor.next().map(|e| *e.value),
+                (i + 1 < n).then_some(i + 1)
+            );
             assert!(cursor.load(i * 10 + 6).is_none());
             assert_eq!(
                 cursor.seek_at_or_after(i * 10 + 6).map(|e| *e.value),
@@ -323,6 +332,12 @@ fn a_cursor_steps_on_through_the_version_it_loaded() {
         tree.store_range(i * 10, i * 10 + 5, i).unwrap();
     }
     assert!(height(&tree) >= scaled(3, 2), "a tree of several levels");
+    // Range `i` (every even one) given the value `i + plus`.
+    let store_evens = |plus: u64| {
+        for i in (0..n).step_by(2) {
+            tree.store_range(i * 10, i * 10 + 5, i + plus).unwrap();
+        }
+    };
     for start in (0..n).step_by(scaled(37, 13)) {
         let g = pin();
         let mut forward = tree.cursor(&g);
@@ -330,9 +345,7 @@ fn a_cursor_steps_on_through_the_version_it_loaded() {
         assert_eq!(forward.load(start * 10 + 2).map(|e| *e.value), Some(start));
         assert_eq!(backward.load(start * 10 + 2).map(|e| *e.value), Some(start));
         // Every other range replaced, after both cursors were placed.
-        for i in (0..n).step_by(2) {
-            tree.store_range(i * 10, i * 10 + 5, i + n).unwrap();
-        }
+        store_evens(n);
         let ahead: Vec<u64> = std::iter::from_fn(|| forward.next().map(|e| *e.value)).collect();
         assert_eq!(ahead, (start + 1..n).collect::<Vec<_>>());
         let behind: Vec<u64> = std::iter::from_fn(|| backward.prev().map(|e| *e.value)).collect();
@@ -340,9 +353,7 @@ fn a_cursor_steps_on_through_the_version_it_loaded() {
         let fresh = tree.cursor(&g).load(start * 10 + 2).map(|e| *e.value);
         assert_eq!(fresh, Some(if start % 2 == 0 { start + n } else { start }));
         drop(g);
-        for i in (0..n).step_by(2) {
-            tree.store_range(i * 10, i * 10 + 5, i).unwrap();
-        }
+        store_evens(0);
     }
 }
 
