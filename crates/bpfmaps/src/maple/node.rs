@@ -211,6 +211,33 @@ impl Branch {
         )
     }
 
+    /// [`route`](Self::route) for a branch of at most three children:
+    /// one step of compares where a fuller branch's search takes two.
+    /// The root of most trees is such a branch, and a descent pays each
+    /// step in its chain of dependent loads (docs/benchmarks.md, "A
+    /// small root").
+    #[inline(always)]
+    pub fn route_small(&self, index: u64) -> usize {
+        debug_assert!(self.len() <= 3);
+        let count = (self.lo[1] <= index) as usize + (self.lo[2] <= index) as usize;
+        if index == u64::MAX {
+            self.len() - 1
+        } else {
+            count
+        }
+    }
+
+    /// Routes by the search that fits the branch's size: for a descent's
+    /// first step, where one tree's root takes the same branch every time.
+    #[inline(always)]
+    pub fn route_root(&self, index: u64) -> usize {
+        if self.len() <= 3 {
+            self.route_small(index)
+        } else {
+            self.route(index)
+        }
+    }
+
     #[inline(always)]
     pub fn child(&self, i: usize) -> NodePtr {
         self.child[i].expect("a branch slot below len holds a child")

@@ -148,6 +148,43 @@ fn node_search_counts_the_keys_at_or_below_an_index() {
     }
 }
 
+/// A small branch's one-step search routes as the full one, at every
+/// key, its neighbours and both ends of `u64`.
+#[test]
+fn a_small_branch_routes_as_a_full_one() {
+    use super::node::{Branch, Header};
+    for len in 1..=3u8 {
+        for last_at_max in [false, true] {
+            let mut lo = [u64::MAX; BRANCH_SLOTS + 1];
+            for (k, key) in lo.iter_mut().take(len as usize).enumerate() {
+                *key = 10 * k as u64;
+            }
+            if last_at_max && len > 1 {
+                lo[len as usize - 1] = u64::MAX;
+            }
+            let branch = Branch {
+                header: Header { level: 1, len },
+                lo,
+                child: [None; BRANCH_SLOTS],
+                hi: [0; BRANCH_SLOTS],
+                gap: [0; BRANCH_SLOTS],
+            };
+            let probes = lo[..len as usize]
+                .iter()
+                .flat_map(|&k| [k.wrapping_sub(1), k, k.wrapping_add(1)])
+                .chain([0, 5, u64::MAX - 1, u64::MAX]);
+            for index in probes {
+                assert_eq!(
+                    branch.route_small(index),
+                    branch.route(index),
+                    "{len} children from {lo:?}, index {index}"
+                );
+                assert_eq!(branch.route_root(index), branch.route(index));
+            }
+        }
+    }
+}
+
 #[test]
 fn store_load_and_overwrite_cut_ranges_at_their_edges() {
     let tree = MapleTree::new();

@@ -200,16 +200,24 @@ impl<V: Clone + Send + Sync + 'static> MapleTree<V> {
         // SAFETY: the caller's; nodes never change once published (but
         // under `&mut`, when nobody reads them).
         unsafe {
-            while header(node).level > 0 {
-                let branch = as_branch(node);
+            if header(node).level == 0 {
+                return node;
+            }
+            let mut branch = as_branch(node);
+            let mut i = branch.route_root(index);
+            loop {
                 let level = branch.header.level;
-                node = branch.child(branch.route(index));
+                node = branch.child(i);
                 if far {
                     prefetch_lookup::<V>(node, level == 1);
                 }
+                if level == 1 {
+                    return node;
+                }
+                branch = as_branch(node);
+                i = branch.route(index);
             }
         }
-        node
     }
 
     /// The first range that holds an index in `from..=max`, if any
@@ -224,9 +232,7 @@ impl<V: Clone + Send + Sync + 'static> MapleTree<V> {
         // SAFETY: nodes reached from the root stay alive while `guard` is
         // pinned.
         unsafe {
-            while header(node).level > 0 {
-                let branch = as_branch(node);
-                let mut i = branch.route(from);
+            let step = |branch: &Branch, mut i: usize| {
                 if branch.hi[i] < from {
                     // Below the root a later child holds more (the parent
                     // came here because this branch ends at or after
@@ -236,7 +242,15 @@ impl<V: Clone + Send + Sync + 'static> MapleTree<V> {
                         return None;
                     }
                 }
-                node = branch.child(i);
+                Some(branch.child(i))
+            };
+            if header(node).level > 0 {
+                let root = as_branch(node);
+                node = step(root, root.route_root(from))?;
+                while header(node).level > 0 {
+                    let branch = as_branch(node);
+                    node = step(branch, branch.route(from))?;
+                }
             }
             let leaf = as_leaf::<V>(node);
             let k = leaf.at_or_after(from);
@@ -253,14 +267,17 @@ impl<V: Clone + Send + Sync + 'static> MapleTree<V> {
         // SAFETY: nodes reached from the root stay alive while `guard` is
         // pinned.
         unsafe {
-            while header(node).level > 0 {
-                let branch = as_branch(node);
-                let i = branch.route(from);
+            let step = |branch: &Branch, i: usize| {
                 // Only at the root can every child start above `from`.
-                if branch.lo[i] > from {
-                    return None;
+                (branch.lo[i] <= from).then(|| branch.child(i))
+            };
+            if header(node).level > 0 {
+                let root = as_branch(node);
+                node = step(root, root.route_root(from))?;
+                while header(node).level > 0 {
+                    let branch = as_branch(node);
+                    node = step(branch, branch.route(from))?;
                 }
-                node = branch.child(i);
             }
             let leaf = as_leaf::<V>(node);
             let k = count_le(&leaf.first, leaf.len(), from).checked_sub(1)?;
