@@ -1049,8 +1049,8 @@ impl Maple {
         Ok((*r.start(), *r.end(), v.clone_ref(py)))
     }
 
-    /// The first range at or after `start` that begins no later than
-    /// `max`, or None.
+    /// The first range holding an index in `[start, max]`, or None
+    /// (also when `start > max`).
     fn find(&self, py: Python<'_>, start: u64, max: u64) -> Found3 {
         let guard = bpfmaps::pin();
         self.tree.find(start, max, &guard).map(|e| entry(py, e))

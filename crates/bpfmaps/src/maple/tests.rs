@@ -537,6 +537,9 @@ fn find_and_find_rev_look_within_their_window() {
     let v = |e: Option<Entry<'_, u64>>| e.map(|e| *e.value);
     assert_eq!(v(tree.find(0, u64::MAX, &g)), Some(1));
     assert_eq!(v(tree.find(1050, 1050, &g)), Some(1));
+    // An empty window holds nothing, as the kernel's `mt_find` says.
+    assert_eq!(v(tree.find(1060, 1050, &g)), None);
+    assert_eq!(v(tree.find_rev(1050, 1060, &g)), None);
     assert_eq!(v(tree.find(1100, 1999, &g)), None);
     assert_eq!(v(tree.find(1100, 2000, &g)), Some(2));
     assert_eq!(v(tree.find(99_100, u64::MAX, &g)), None);
@@ -1001,6 +1004,9 @@ fn op() -> impl Strategy<Value = Op> {
         3 => index().prop_map(Op::Load),
         2 => range().prop_map(|(f, l)| Op::Find(f, l)),
         2 => range().prop_map(|(f, l)| Op::FindRev(l, f)),
+        // Windows either way round: an empty one finds nothing.
+        1 => (index(), index()).prop_map(|(a, b)| Op::Find(a, b)),
+        1 => (index(), index()).prop_map(|(a, b)| Op::FindRev(a, b)),
         2 => (range(), 1u64..20, any::<bool>()).prop_map(|((f, l), s, r)| Op::Gap(f, l, s, r)),
         2 => (range(), 1u64..20, any::<bool>()).prop_map(|((f, l), s, r)| Op::Alloc(f, l, s, r)),
         1 => (range(), any::<bool>()).prop_map(|((f, l), r)| Op::Walk(f, l, r)),
@@ -1103,11 +1109,18 @@ proptest! {
                 }
                 Op::Load(i) => prop_assert_eq!(entry(tree.load(i, &g)), model.load(i)),
                 Op::Find(from, max) => {
-                    let want = model.0.iter().copied().find(|r| r.1 >= from && r.0 <= max);
+                    let want = (from <= max)
+                        .then(|| model.0.iter().copied().find(|r| r.1 >= from && r.0 <= max))
+                        .flatten();
                     prop_assert_eq!(entry(tree.find(from, max, &g)), want);
                 }
                 Op::FindRev(from, min) => {
-                    let want = model.0.iter().rev().copied().find(|r| r.0 <= from && r.1 >= min);
+                    let want = (min <= from)
+                        .then(|| {
+                            let mut held = model.0.iter().rev().copied();
+                            held.find(|r| r.0 <= from && r.1 >= min)
+                        })
+                        .flatten();
                     prop_assert_eq!(entry(tree.find_rev(from, min, &g)), want);
                 }
                 Op::Gap(min, max, size, rev) => {

@@ -221,13 +221,16 @@ impl<V: Clone + Send + Sync + 'static> MapleTree<V> {
     }
 
     /// The first range that holds an index in `from..=max`, if any
-    /// (`mt_find`).
+    /// (`mt_find`; none when `from > max`, as there).
     ///
     /// One descent, never a step back: each branch records the last index
     /// its children hold, so the child to take is the one `from` routes
     /// to, or the next one if that one ends before `from`.
     #[inline]
     pub fn find<'g>(&'g self, from: u64, max: u64, _guard: &'g Guard) -> Option<Entry<'g, V>> {
+        if from > max {
+            return None;
+        }
         let mut node = NonNull::new(self.root.load(Ordering::Acquire))?;
         // SAFETY: nodes reached from the root stay alive while `guard` is
         // pinned.
@@ -259,10 +262,13 @@ impl<V: Clone + Send + Sync + 'static> MapleTree<V> {
     }
 
     /// The last range that holds an index in `min..=from`, if any
-    /// (`mt_find` backwards, as `mas_find_rev`): one descent, as
-    /// [`find`](Self::find).
+    /// (`mt_find` backwards, as `mas_find_rev`; none when `min > from`):
+    /// one descent, as [`find`](Self::find).
     #[inline]
     pub fn find_rev<'g>(&'g self, from: u64, min: u64, _guard: &'g Guard) -> Option<Entry<'g, V>> {
+        if min > from {
+            return None;
+        }
         let mut node = NonNull::new(self.root.load(Ordering::Acquire))?;
         // SAFETY: nodes reached from the root stay alive while `guard` is
         // pinned.
