@@ -326,6 +326,39 @@ pub unsafe fn as_leaf<'a, V>(node: NodePtr) -> &'a Leaf<V> {
     unsafe { node.cast::<Leaf<V>>().as_ref() }
 }
 
+/// A readers' descent from `root` to a leaf: `step` turns each branch
+/// and the slot its search routed to into the child to go on in, or ends
+/// the search (`None`). The root is routed by [`Branch::route_root`],
+/// the levels below it by [`Branch::route`].
+///
+/// # Safety
+/// The nodes under `root` are live for the descent.
+#[inline(always)]
+pub unsafe fn descend(
+    root: NodePtr,
+    index: u64,
+    mut step: impl FnMut(&Branch, usize) -> Option<NodePtr>,
+) -> Option<NodePtr> {
+    // SAFETY: the caller's; children of live branches are live.
+    unsafe {
+        if header(root).level == 0 {
+            return Some(root);
+        }
+        let mut branch = as_branch(root);
+        let mut i = branch.route_root(index);
+        // The parent's level says when a child is a leaf: the loop's exit
+        // does not wait on the child's header.
+        loop {
+            let node = step(branch, i)?;
+            if branch.header.level == 1 {
+                return Some(node);
+            }
+            branch = as_branch(node);
+            i = branch.route(index);
+        }
+    }
+}
+
 /// The node as a branch.
 ///
 /// # Safety

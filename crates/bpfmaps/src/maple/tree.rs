@@ -17,7 +17,7 @@ use smallvec::SmallVec;
 
 use super::node::{
     BRANCH_SLOTS, Branch, Header, Item, LEAF_SLOTS, Leaf, MIN_FILL, NodePtr, Nodes, Sub, as_branch,
-    as_leaf, count_le, header,
+    as_leaf, count_le, descend, header,
 };
 use crate::core::error::{Error, Result};
 use crate::core::prefetch::prefetch;
@@ -193,31 +193,19 @@ impl<V: Clone + Send + Sync + 'static> MapleTree<V> {
     /// As [`leaf_of`](Self::leaf_of), for the nodes under `root`.
     #[inline(always)]
     pub(super) unsafe fn leaf_below(&self, root: NodePtr, index: u64) -> NodePtr {
-        let mut node = root;
         // A small tree's nodes are in cache: asking for their lines only
         // costs instructions (docs/benchmarks.md, "Prefetching by size").
         let far = self.far.load(Ordering::Relaxed);
+        let step = |branch: &Branch, i: usize| {
+            let child = branch.child(i);
+            if far {
+                prefetch_lookup::<V>(child, branch.header.level == 1);
+            }
+            Some(child)
+        };
         // SAFETY: the caller's; nodes never change once published (but
         // under `&mut`, when nobody reads them).
-        unsafe {
-            if header(node).level == 0 {
-                return node;
-            }
-            let mut branch = as_branch(node);
-            let mut i = branch.route_root(index);
-            loop {
-                let level = branch.header.level;
-                node = branch.child(i);
-                if far {
-                    prefetch_lookup::<V>(node, level == 1);
-                }
-                if level == 1 {
-                    return node;
-                }
-                branch = as_branch(node);
-                i = branch.route(index);
-            }
-        }
+        unsafe { descend(root, index, step) }.expect("every index routes to a leaf")
     }
 
     /// The first range that holds an index in `from..=max`, if any
@@ -231,31 +219,23 @@ impl<V: Clone + Send + Sync + 'static> MapleTree<V> {
         if from > max {
             return None;
         }
-        let mut node = NonNull::new(self.root.load(Ordering::Acquire))?;
+        let root = NonNull::new(self.root.load(Ordering::Acquire))?;
+        let step = |branch: &Branch, mut i: usize| {
+            if branch.hi[i] < from {
+                // Below the root a later child holds more (the parent came
+                // here because this branch ends at or after `from`); at the
+                // root there may be none.
+                i += 1;
+                if i == branch.len() {
+                    return None;
+                }
+            }
+            Some(branch.child(i))
+        };
         // SAFETY: nodes reached from the root stay alive while `guard` is
         // pinned.
         unsafe {
-            let step = |branch: &Branch, mut i: usize| {
-                if branch.hi[i] < from {
-                    // Below the root a later child holds more (the parent
-                    // came here because this branch ends at or after
-                    // `from`); at the root there may be none.
-                    i += 1;
-                    if i == branch.len() {
-                        return None;
-                    }
-                }
-                Some(branch.child(i))
-            };
-            if header(node).level > 0 {
-                let root = as_branch(node);
-                node = step(root, root.route_root(from))?;
-                while header(node).level > 0 {
-                    let branch = as_branch(node);
-                    node = step(branch, branch.route(from))?;
-                }
-            }
-            let leaf = as_leaf::<V>(node);
+            let leaf = as_leaf::<V>(descend(root, from, step)?);
             let k = leaf.at_or_after(from);
             (k < leaf.len() && leaf.first[k] <= max).then(|| entry_at(leaf, k))
         }
@@ -269,23 +249,13 @@ impl<V: Clone + Send + Sync + 'static> MapleTree<V> {
         if min > from {
             return None;
         }
-        let mut node = NonNull::new(self.root.load(Ordering::Acquire))?;
+        let root = NonNull::new(self.root.load(Ordering::Acquire))?;
+        // Only at the root can every child start above `from`.
+        let step = |branch: &Branch, i: usize| (branch.lo[i] <= from).then(|| branch.child(i));
         // SAFETY: nodes reached from the root stay alive while `guard` is
         // pinned.
         unsafe {
-            let step = |branch: &Branch, i: usize| {
-                // Only at the root can every child start above `from`.
-                (branch.lo[i] <= from).then(|| branch.child(i))
-            };
-            if header(node).level > 0 {
-                let root = as_branch(node);
-                node = step(root, root.route_root(from))?;
-                while header(node).level > 0 {
-                    let branch = as_branch(node);
-                    node = step(branch, branch.route(from))?;
-                }
-            }
-            let leaf = as_leaf::<V>(node);
+            let leaf = as_leaf::<V>(descend(root, from, step)?);
             let k = count_le(&leaf.first, leaf.len(), from).checked_sub(1)?;
             (leaf.last(k) >= min).then(|| entry_at(leaf, k))
         }
