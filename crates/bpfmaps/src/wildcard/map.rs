@@ -95,6 +95,32 @@ fn scan<'g, W: Word, const N: usize>(
 /// Per field, the leading bits a table hashes.
 type Tuple = [u8; MAX_FIELDS];
 
+/// A probe of a map's tables: its best rule for a packet and the number
+/// of tables probed.
+type Probe = for<'g> fn(&WildcardMap, &Packet, &'g Guard) -> (Option<(&'g Rule, &'g [u8])>, usize);
+
+/// The probe for chains of `width` words and `fields` fields.
+fn probe_for(width: Width, fields: usize) -> Probe {
+    fn of<W: Word>(fields: usize) -> Probe {
+        match fields {
+            1 => WildcardMap::classify_in::<W, 1>,
+            2 => WildcardMap::classify_in::<W, 2>,
+            3 => WildcardMap::classify_in::<W, 3>,
+            4 => WildcardMap::classify_in::<W, 4>,
+            5 => WildcardMap::classify_in::<W, 5>,
+            6 => WildcardMap::classify_in::<W, 6>,
+            7 => WildcardMap::classify_in::<W, 7>,
+            8 => WildcardMap::classify_in::<W, 8>,
+            _ => WildcardMap::classify_in::<W, MAX_FIELDS>,
+        }
+    }
+    match width {
+        Width::W32 => of::<u32>(fields),
+        Width::W64 => of::<u64>(fields),
+        Width::W128 => of::<u128>(fields),
+    }
+}
+
 /// Who holds a rule, in the writer's index: the entry, ordered by its
 /// rule and looked up by it.
 pub(super) struct Placed(pub(super) Arc<Entry>);
@@ -280,8 +306,9 @@ pub struct WildcardMap {
     writer: Mutex<Writer>,
     view: Atomic<View>,
     len: AtomicUsize,
-    /// The word its chains use.
-    width: Width,
+    /// The tables' probe for its word and number of fields, chosen once
+    /// here: one call where a lookup would otherwise match on both.
+    probe: Probe,
     /// The engine of a schema of one prefix field, in place of the
     /// tables (`prefix.rs`).
     index: Option<PrefixIndex>,
@@ -323,7 +350,7 @@ impl WildcardMap {
             ));
         }
         Ok(WildcardMap {
-            width: Width::of(&schema),
+            probe: probe_for(Width::of(&schema), schema.fields().len()),
             schema,
             value_size,
             max_entries,
@@ -373,6 +400,7 @@ impl WildcardMap {
     }
 
     /// The best rule matching `packet`, with its value.
+    #[inline]
     pub fn classify<'g>(&self, packet: &Packet, guard: &'g Guard) -> Option<(&'g Rule, &'g [u8])> {
         self.classify_counting(packet, guard).0
     }
@@ -417,6 +445,7 @@ impl WildcardMap {
     }
 
     /// [`classify`](Self::classify), and how many tables it probed.
+    #[inline]
     pub fn classify_counting<'g>(
         &self,
         packet: &Packet,
@@ -425,46 +454,24 @@ impl WildcardMap {
         if let Some(index) = &self.index {
             return (index.classify(packet.values[0], guard), 1);
         }
-        match self.width {
-            Width::W32 => self.classify_fields::<u32>(packet, guard),
-            Width::W64 => self.classify_fields::<u64>(packet, guard),
-            Width::W128 => self.classify_fields::<u128>(packet, guard),
-        }
-    }
-
-    /// [`classify_in`](Self::classify_in) for the schema's number of
-    /// fields, known at compile time there: a rule's test is then a fixed
-    /// run of compares without a branch per field.
-    #[inline]
-    fn classify_fields<'g, W: Word>(
-        &self,
-        packet: &Packet,
-        guard: &'g Guard,
-    ) -> (Option<(&'g Rule, &'g [u8])>, usize) {
-        match self.schema.fields().len() {
-            1 => self.classify_in::<W, 1>(packet, guard),
-            2 => self.classify_in::<W, 2>(packet, guard),
-            3 => self.classify_in::<W, 3>(packet, guard),
-            4 => self.classify_in::<W, 4>(packet, guard),
-            5 => self.classify_in::<W, 5>(packet, guard),
-            6 => self.classify_in::<W, 6>(packet, guard),
-            7 => self.classify_in::<W, 7>(packet, guard),
-            8 => self.classify_in::<W, 8>(packet, guard),
-            _ => self.classify_in::<W, MAX_FIELDS>(packet, guard),
-        }
+        (self.probe)(self, packet, guard)
     }
 
     /// [`classify_counting`](Self::classify_counting) on chains of `W`
-    /// words, for a schema of `N` fields.
-    #[inline]
+    /// words, for a schema of `N` fields (known at compile time here: a
+    /// rule's test is then a fixed run of compares without a branch per
+    /// field).
     fn classify_in<'g, W: Word, const N: usize>(
         &self,
         packet: &Packet,
         guard: &'g Guard,
     ) -> (Option<(&'g Rule, &'g [u8])>, usize) {
         debug_assert_eq!(N, self.schema.fields().len());
-        if packet.values[..N].iter().any(|&v| v > W::MAX) {
-            return (None, 0); // wider than every field: matches no rule
+        // A value wider than every field matches no rule. (One test of
+        // all the values' bits: a compare of each `u128` is four
+        // instructions and a branch.)
+        if packet.values[..N].iter().fold(0, |all, &v| all | v) > W::MAX {
+            return (None, 0);
         }
         let values: [W; N] = std::array::from_fn(|i| W::of(packet.values[i]));
         let values = &values;

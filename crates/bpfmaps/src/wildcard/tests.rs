@@ -76,6 +76,36 @@ fn ranges_of_one_value_and_of_everything() {
 }
 
 #[test]
+fn a_packet_value_wider_than_its_field_matches_nothing() {
+    // `Packet::values` are public: a caller can hand in a value wider
+    // than the field, and wider than the word the map's chains hold
+    // (32 bits for these fields, 64 for an 8-byte one). Cut to the word,
+    // such a value would read as a small one and match.
+    for (size, word_bits) in [(2, 32), (8, 64)] {
+        let s = Schema::new(vec![Field::range("p", size), Field::exact("proto", 1)]).unwrap();
+        let m = WildcardMap::new(s.clone(), 4, 10).unwrap();
+        let everything = s.parse_rule("p *, proto 6", 1).unwrap();
+        let five = s.parse_rule("p 5, proto 6", 0).unwrap();
+        m.insert(&everything, &v(1), BPF_NOEXIST).unwrap();
+        m.insert(&five, &v(0), BPF_NOEXIST).unwrap();
+        let packet = |p: u128| {
+            let mut k = Packet::default();
+            k.values[..2].copy_from_slice(&[p, 6]);
+            k
+        };
+        assert_eq!(answer(&m, &packet(5)).unwrap().1, v(0));
+        assert_eq!(answer(&m, &packet(7)).unwrap().1, v(1));
+        for wide in [(1 << word_bits) + 5, u128::MAX - 250, 1 << (8 * size)] {
+            assert_eq!(
+                answer(&m, &packet(wide)),
+                None,
+                "{wide:#x}, {size}-byte field"
+            );
+        }
+    }
+}
+
+#[test]
 fn wildcard_match_zero_is_anything_and_match_needs_a_value() {
     let s = Schema::new(vec![Field::wildcard("id", 4), Field::exact("proto", 1)]).unwrap();
     let any_id = s.parse_rule("id 0, proto 6", 0).unwrap();
