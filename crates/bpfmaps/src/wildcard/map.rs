@@ -160,6 +160,14 @@ struct Table {
     slots: Box<[Atomic<Chain>]>,
 }
 
+/// The bucket among `slots` of a table's hash `h`: the high word of
+/// `h * slots`, which depends on `h`'s top bits (one multiply, where a
+/// mask of its low bits would need the hash finalized first).
+#[inline(always)]
+fn bucket_index(h: u64, slots: usize) -> usize {
+    ((u128::from(h) * slots as u128) >> 64) as usize
+}
+
 /// A table's hash multiplies each field's lane by its own odd constant
 /// (the fractional digits of pi, made odd).
 const LANE_MIX: [u64; MAX_FIELDS] = [
@@ -196,10 +204,12 @@ impl Table {
     /// of any width that holds them (the same hash in each: a narrow
     /// word's lane is the wide one's).
     ///
-    /// A sum of each field's masked lane times its own constant, then
-    /// murmur3's finalizer: the products are independent of each other
-    /// and the loop has no branch, where a chain of rotate, xor and
-    /// multiply waits on each field in turn.
+    /// A sum of each field's masked lane times its own odd constant: the
+    /// products are independent of each other and the loop has no
+    /// branch, where a chain of rotate, xor and multiply waits on each
+    /// field in turn. A product carries every bit of its lane upward, so
+    /// the sum's top bits pick the bucket ([`bucket_index`]), as in
+    /// Fibonacci hashing, and no finalizer is needed.
     #[inline(always)]
     fn hash<W: Word, const N: usize>(&self, values: &[W; N]) -> u64 {
         let mut h = 0u64;
@@ -207,15 +217,13 @@ impl Table {
             let lane = values[i].masked_lane(self.masks[i]);
             h = h.wrapping_add(lane.wrapping_mul(LANE_MIX[i]));
         }
-        h ^= h >> 33;
-        h = h.wrapping_mul(0xff51_afd7_ed55_8ccd);
-        h ^ (h >> 33)
+        h
     }
 
     /// The index of the bucket `values` hash to.
     #[inline(always)]
     fn slot_index<W: Word, const N: usize>(&self, values: &[W; N]) -> usize {
-        self.hash(values) as usize & (self.slots.len() - 1)
+        bucket_index(self.hash(values), self.slots.len())
     }
 
     /// The bucket `values` hash to.
@@ -1297,7 +1305,7 @@ fn build_table(tuple: Tuple, schema: &Schema, slots: usize, entries: &[Arc<Entry
     let table = Table::new(tuple, schema, slots);
     let mut chains: Vec<Vec<Arc<Entry>>> = vec![Vec::new(); slots];
     for e in entries {
-        let i = table.hash(&lows(&e.rule)) as usize & (slots - 1);
+        let i = bucket_index(table.hash(&lows(&e.rule)), slots);
         chains[i].push(Arc::clone(e));
     }
     for (slot, mut chain) in table.slots.iter().zip(chains) {
