@@ -3,10 +3,12 @@
 //! makes in a hash map to cover its wildcards.
 //!
 //! Varies: the rules' shapes (all exact, all wildcards, mixed) and their
-//! number. Holds fixed: the key (security identity u32, destination port
-//! u16, protocol u8, direction u8), the pools values are drawn from, the
-//! packets (each inside a random rule, its wildcards filled at random),
-//! one seed. Every packet must get the same rule from both.
+//! number; the traffic (packets inside random rules, their wildcards
+//! filled at random: what the policy allows; and uniform packets, mostly
+//! matching nothing: what it denies, where the six lookups all miss).
+//! Holds fixed: the key (security identity u32, destination port u16,
+//! protocol u8, direction u8), the pools values are drawn from, one
+//! seed. Every packet must get the same rule from both.
 
 use std::collections::HashSet;
 use std::time::Instant;
@@ -198,6 +200,24 @@ fn packet(p: &Policy, ids: &[u32], rng: &mut StdRng) -> (Packet, [u8; 8]) {
     (packet, key(id, port, proto, p.dir))
 }
 
+/// A packet of uniform traffic: identity from the pool, any port,
+/// protocol and direction, as traffic that mostly matches no rule (what a
+/// firewall denies) would be: as the map's packet and the emulation's key.
+fn uniform_packet(ids: &[u32], rng: &mut StdRng) -> (Packet, [u8; 8]) {
+    let id = ids[rng.random_range(0..ids.len())];
+    let port = rng.random_range(1..=65535);
+    let proto = PROTOS[rng.random_range(0..PROTOS.len())];
+    let dir = rng.random_range(0..2);
+    let mut packet = Packet::default();
+    packet.values[..4].copy_from_slice(&[
+        u128::from(id),
+        u128::from(port),
+        u128::from(proto),
+        u128::from(dir),
+    ]);
+    (packet, key(id, port, proto, dir))
+}
+
 /// Cilium's lookup: the six keys in order, the first hit wins.
 #[inline]
 fn six_lookups(h: &TypedHashMap<[u8; 8], u32>, k: &[u8; 8], guard: &Guard) -> Option<u32> {
@@ -257,8 +277,11 @@ fn one_case(ctx: &Ctx, shape: &str, n: usize, n_packets: usize) -> Vec<Record> {
     flush_deferred();
     let hash_bytes = probe.held();
 
-    let (packets, keys): (Vec<Packet>, Vec<[u8; 8]>) = (0..n_packets)
+    let inside: (Vec<Packet>, Vec<[u8; 8]>) = (0..n_packets)
         .map(|_| packet(&rules[rng.random_range(0..rules.len())], &ids, &mut rng))
+        .unzip();
+    let uniform: (Vec<Packet>, Vec<[u8; 8]>) = (0..n_packets)
+        .map(|_| uniform_packet(&ids, &mut rng))
         .unzip();
     let by_map = |p: &Packet, g: &Guard| {
         map.classify(p, g).map_or(u32::MAX, |(_, v)| {
@@ -266,7 +289,19 @@ fn one_case(ctx: &Ctx, shape: &str, n: usize, n_packets: usize) -> Vec<Record> {
         })
     };
     let by_hash = |k: &[u8; 8], g: &Guard| six_lookups(&hash, k, g).unwrap_or(u32::MAX);
-    let (wrong, probed) = {
+    let mut recs = Vec::new();
+    // Packets inside the rules (what the policy allows), then uniform
+    // traffic (mostly what it denies: the six lookups all miss).
+    for (traffic, (packets, keys)) in [("inside", inside), ("uniform", uniform)] {
+        let c = if traffic == "inside" {
+            c.clone()
+        } else {
+            case(&[
+                ("shape", &shape),
+                ("rules", &rules.len()),
+                ("packets", &traffic),
+            ])
+        };
         let guard = bpfmaps::pin();
         let wrong = packets
             .iter()
@@ -277,22 +312,42 @@ fn one_case(ctx: &Ctx, shape: &str, n: usize, n_packets: usize) -> Vec<Record> {
             .iter()
             .map(|p| map.classify_counting(p, &guard).1)
             .sum();
-        (wrong, probed)
-    };
-    let mut loops = vec![answer_loop(&packets, by_map), answer_loop(&keys, by_hash)];
-    let rates = rate_samples_interleaved(ctx.plan(), &mut loops);
-    drop(loops);
-
-    let mut recs = Vec::new();
-    for (name, samples) in [MAP, EMULATION].into_iter().zip(&rates) {
-        recs.push(Record::stats(
-            suite,
-            &c,
-            name,
-            &NS_PER_LOOKUP,
-            Stats::inverse_of(samples, 1e9),
-        ));
+        let matched = packets
+            .iter()
+            .filter(|p| by_map(p, &guard) != u32::MAX)
+            .count();
+        drop(guard);
+        let mut loops = vec![answer_loop(&packets, by_map), answer_loop(&keys, by_hash)];
+        let rates = rate_samples_interleaved(ctx.plan(), &mut loops);
+        drop(loops);
+        for (name, samples) in [MAP, EMULATION].into_iter().zip(&rates) {
+            recs.push(Record::stats(
+                suite,
+                &c,
+                name,
+                &NS_PER_LOOKUP,
+                Stats::inverse_of(samples, 1e9),
+            ));
+        }
+        recs.extend([
+            Record::single(
+                suite,
+                &c,
+                MAP,
+                &TABLES_PROBED,
+                probed as f64 / packets.len() as f64,
+            ),
+            Record::single(suite, &c, MAP, &WILDCARD_DISAGREEMENTS, wrong as f64),
+        ]);
+        if traffic == "uniform" {
+            ctx.note(&format!(
+                "wildcard-cilium {shape} {}: {:.1}% of the uniform packets matched a rule",
+                rules.len(),
+                100.0 * matched as f64 / packets.len() as f64
+            ));
+        }
     }
+
     let per_rule = |b: usize| b as f64 / rules.len() as f64;
     recs.extend([
         Record::single(suite, &c, MAP, &BUILD_MS, map_build.as_secs_f64() * 1e3),
@@ -312,14 +367,6 @@ fn one_case(ctx: &Ctx, shape: &str, n: usize, n_packets: usize) -> Vec<Record> {
             per_rule(hash_bytes),
         ),
         Record::single(suite, &c, MAP, &TABLES, map.tables() as f64),
-        Record::single(
-            suite,
-            &c,
-            MAP,
-            &TABLES_PROBED,
-            probed as f64 / packets.len() as f64,
-        ),
-        Record::single(suite, &c, MAP, &WILDCARD_DISAGREEMENTS, wrong as f64),
     ]);
     if rules.len() < n {
         ctx.note(&format!(
@@ -353,7 +400,9 @@ impl Suite for WildcardCilium {
          (id, *, *), (*, *, *), the first hit wins. Rules are drawn from pools (identities: one \
          per 8 rules, at least 16; ports 1-65535; protocols TCP, UDP, ICMP, SCTP) so that no two \
          rules' keys collide; packets lie inside a random rule with its wildcards filled from \
-         the pools. Both are timed in interleaved turns, a batch under one guard; every packet \
+         the pools (traffic the policy allows), and, in the cases marked `packets=uniform`, \
+         are uniform (an identity from the pool, any port, protocol and direction: mostly \
+         traffic it denies, where the six lookups all miss). Both are timed in interleaved turns, a batch under one guard; every packet \
          must get the same rule from both.";
     const BASELINE: &'static str = EMULATION;
 
@@ -395,16 +444,24 @@ impl Suite for WildcardCilium {
         .with_note(
             "Medians of ns per packet; `speed vs 6 lookups` above 1 means the wildcard map is \
              faster (the issue's targets: at least 3x with wildcard rules, at least 1x with \
-             exact ones); bytes per rule held after the build (the hash map's rules expand to \
-             one key per port of a range); `wrong`: packets the two answered differently.",
+             exact ones, on packets inside the rules); rows with `packets=uniform` time \
+             uniform traffic on the same maps; bytes per rule held after the build (the hash \
+             map's rules expand to one key per port of a range); `wrong`: packets the two \
+             answered differently.",
         );
         for c in cases(records) {
             let get = |i: &str, m: &str| find(records, c, i, m);
             let val = |i: &str, m: &str, prec: usize| cell(records, c, i, m, prec);
             t.push(vec![
-                crate::record::case_param(c, "shape")
-                    .unwrap_or("?")
-                    .to_string(),
+                match crate::record::case_param(c, "packets") {
+                    Some(traffic) => format!(
+                        "{} ({traffic})",
+                        crate::record::case_param(c, "shape").unwrap_or("?")
+                    ),
+                    None => crate::record::case_param(c, "shape")
+                        .unwrap_or("?")
+                        .to_string(),
+                },
                 crate::record::case_param(c, "rules")
                     .unwrap_or("?")
                     .to_string(),
@@ -449,13 +506,31 @@ mod tests {
                 }
             }
             let guard = bpfmaps::pin();
+            let classify = |p: &Packet| {
+                map.classify(p, &guard)
+                    .map(|(_, v)| u32::from_ne_bytes(v.try_into().unwrap()))
+            };
             for _ in 0..2000 {
                 let (p, k) = packet(&rules[rng.random_range(0..rules.len())], &ids, &mut rng);
-                let got = map
-                    .classify(&p, &guard)
-                    .map(|(_, v)| u32::from_ne_bytes(v.try_into().unwrap()));
+                let got = classify(&p);
                 assert_eq!(got, six_lookups(&hash, &k, &guard), "{shape}");
                 assert!(got.is_some());
+            }
+            // Uniform traffic: mostly no rule; the same answers.
+            let mut missed = 0;
+            for _ in 0..2000 {
+                let (p, k) = uniform_packet(&ids, &mut rng);
+                let got = classify(&p);
+                assert_eq!(got, six_lookups(&hash, &k, &guard), "{shape}, uniform");
+                missed += usize::from(got.is_none());
+            }
+            // (With wildcards, the rules that leave out identity, port and
+            // protocol match every packet of their direction.)
+            if shape == "exact" {
+                assert!(
+                    missed > 1900,
+                    "{shape}: {missed} of 2000 uniform packets missed"
+                );
             }
         }
     }
