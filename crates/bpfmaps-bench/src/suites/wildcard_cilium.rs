@@ -4,8 +4,9 @@
 //!
 //! Varies: the rules' shapes (all exact, all wildcards, mixed) and their
 //! number; the traffic (packets inside random rules, their wildcards
-//! filled at random: what the policy allows; and uniform packets, mostly
-//! matching nothing: what it denies, where the six lookups all miss).
+//! filled at random: what the policy allows; and uniform packets, which
+//! no exact rule matches: what such a policy denies, where the six
+//! lookups all miss).
 //! Holds fixed: the key (security identity u32, destination port u16,
 //! protocol u8, direction u8), the pools values are drawn from, one
 //! seed. Every packet must get the same rule from both.
@@ -190,24 +191,22 @@ fn packet(p: &Policy, ids: &[u32], rng: &mut StdRng) -> (Packet, [u8; 8]) {
     let proto = p
         .proto
         .unwrap_or_else(|| PROTOS[rng.random_range(0..PROTOS.len())]);
-    let mut packet = Packet::default();
-    packet.values[..4].copy_from_slice(&[
-        u128::from(id),
-        u128::from(port),
-        u128::from(proto),
-        u128::from(p.dir),
-    ]);
-    (packet, key(id, port, proto, p.dir))
+    packet_of(id, port, proto, p.dir)
 }
 
-/// A packet of uniform traffic: identity from the pool, any port,
-/// protocol and direction, as traffic that mostly matches no rule (what a
-/// firewall denies) would be: as the map's packet and the emulation's key.
+/// A packet of uniform traffic: an identity from the pool, any port,
+/// protocol and direction. No exact rule matches one (what a policy of
+/// exact rules denies); the rules that leave out identity, port and
+/// protocol match them all.
 fn uniform_packet(ids: &[u32], rng: &mut StdRng) -> (Packet, [u8; 8]) {
     let id = ids[rng.random_range(0..ids.len())];
     let port = rng.random_range(1..=65535);
     let proto = PROTOS[rng.random_range(0..PROTOS.len())];
-    let dir = rng.random_range(0..2);
+    packet_of(id, port, proto, rng.random_range(0..2))
+}
+
+/// The header's fields as the map's packet and as the emulation's key.
+fn packet_of(id: u32, port: u16, proto: u8, dir: u8) -> (Packet, [u8; 8]) {
     let mut packet = Packet::default();
     packet.values[..4].copy_from_slice(&[
         u128::from(id),
@@ -302,20 +301,14 @@ fn one_case(ctx: &Ctx, shape: &str, n: usize, n_packets: usize) -> Vec<Record> {
                 ("packets", &traffic),
             ])
         };
+        let (mut wrong, mut probed, mut matched) = (0, 0, 0);
         let guard = bpfmaps::pin();
-        let wrong = packets
-            .iter()
-            .zip(&keys)
-            .filter(|(p, k)| by_map(p, &guard) != by_hash(k, &guard))
-            .count();
-        let probed: usize = packets
-            .iter()
-            .map(|p| map.classify_counting(p, &guard).1)
-            .sum();
-        let matched = packets
-            .iter()
-            .filter(|p| by_map(p, &guard) != u32::MAX)
-            .count();
+        for (p, k) in packets.iter().zip(&keys) {
+            let answer = by_map(p, &guard);
+            wrong += usize::from(answer != by_hash(k, &guard));
+            matched += usize::from(answer != u32::MAX);
+            probed += map.classify_counting(p, &guard).1;
+        }
         drop(guard);
         let mut loops = vec![answer_loop(&packets, by_map), answer_loop(&keys, by_hash)];
         let rates = rate_samples_interleaved(ctx.plan(), &mut loops);
@@ -400,10 +393,12 @@ impl Suite for WildcardCilium {
          (id, *, *), (*, *, *), the first hit wins. Rules are drawn from pools (identities: one \
          per 8 rules, at least 16; ports 1-65535; protocols TCP, UDP, ICMP, SCTP) so that no two \
          rules' keys collide; packets lie inside a random rule with its wildcards filled from \
-         the pools (traffic the policy allows), and, in the cases marked `packets=uniform`, \
-         are uniform (an identity from the pool, any port, protocol and direction: mostly \
-         traffic it denies, where the six lookups all miss). Both are timed in interleaved turns, a batch under one guard; every packet \
-         must get the same rule from both.";
+         the pools (traffic the policy allows), and, in the cases marked \
+         `packets=uniform`, are uniform (an identity from the pool, any port, protocol and \
+         direction: no exact rule matches one, so with exact rules it is traffic the policy \
+         denies and the six lookups all miss; the rules that leave out identity, port and \
+         protocol match every one). Both are timed in interleaved turns, a batch under one \
+         guard; every packet must get the same rule from both.";
     const BASELINE: &'static str = EMULATION;
 
     fn run(&self, ctx: &Ctx, opts: Opts) -> Vec<Record> {
@@ -452,15 +447,11 @@ impl Suite for WildcardCilium {
         for c in cases(records) {
             let get = |i: &str, m: &str| find(records, c, i, m);
             let val = |i: &str, m: &str, prec: usize| cell(records, c, i, m, prec);
+            let shape = crate::record::case_param(c, "shape").unwrap_or("?");
             t.push(vec![
                 match crate::record::case_param(c, "packets") {
-                    Some(traffic) => format!(
-                        "{} ({traffic})",
-                        crate::record::case_param(c, "shape").unwrap_or("?")
-                    ),
-                    None => crate::record::case_param(c, "shape")
-                        .unwrap_or("?")
-                        .to_string(),
+                    Some(traffic) => format!("{shape} ({traffic})"),
+                    None => shape.to_string(),
                 },
                 crate::record::case_param(c, "rules")
                     .unwrap_or("?")
