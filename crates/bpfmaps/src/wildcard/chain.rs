@@ -3,11 +3,16 @@
 //! to back, in words as narrow as the schema's widest field allows (32
 //! bits for a 5-tuple). A probe that matches reads no other memory, and a
 //! bucket of ClassBench rules takes a quarter of the cache lines `u128`
-//! words would.
+//! words would. The writer changes a bucket by copying its words with
+//! the change made: a rule update reads the bucket's chain and the entry
+//! it changes, not every entry of the bucket.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, Ordering};
 
-use super::schema::{Rule, Schema};
+use crossbeam_epoch::{Owned, Pointer};
+
+use super::schema::{MAX_FIELDS, Rule, Schema};
 
 /// A rule and its value, shared by the chains that hold it.
 pub(super) struct Entry {
@@ -127,8 +132,9 @@ impl Layout {
 ///
 /// A dynamically sized type (its words are a slice's tail), allocated
 /// through crossbeam's [`Pointable`]: `Owned::<Chain>::init((entries,
-/// width))`. It owns one count of each entry's `Arc`, through the
-/// address in the entry's words.
+/// width))`, or as an edited copy of another ([`Chain::edited`]). It
+/// owns one count of each entry's `Arc`, through the address in the
+/// entry's words, until an edited copy takes them over.
 #[repr(C)]
 pub(super) struct Chain {
     /// Rules it holds.
@@ -137,13 +143,34 @@ pub(super) struct Chain {
     stride: u16,
     /// The byte in a rule where its entry's address starts.
     addr: u16,
+    /// Which entries' counts it owns: [`OWNS_ALL`] as made; once an
+    /// [edited](Chain::edited) copy replaces it, [`OWNS_NONE`] or the
+    /// index of the one rule the edit took out. Written by the writer
+    /// while readers may still read the chain (they never read this).
+    owned: AtomicU32,
     /// The rules' words, in storage aligned for any width.
     words: [u128],
 }
 
 /// The header's bytes before the words (`rules`, `stride`, `addr`,
-/// padded to the words' alignment).
+/// `owned`, padded to the words' alignment).
 const HEAD: usize = 16;
+
+/// A chain owns a count of every entry it holds.
+const OWNS_ALL: u32 = u32::MAX;
+/// A chain whose counts all passed to its edited copy.
+const OWNS_NONE: u32 = u32::MAX - 1;
+
+/// A change to one bucket's rules, made by [`Chain::edited`].
+pub(super) enum Edit {
+    /// A new rule (not held) goes in at its place in rule order.
+    Insert(Arc<Entry>),
+    /// The rule at this index leaves.
+    Remove(usize),
+    /// The rule at this index gets a new entry (the same rule, a new
+    /// value).
+    Replace(usize, Arc<Entry>),
+}
 
 impl Chain {
     /// The allocation of a chain of `words` words.
@@ -197,6 +224,11 @@ impl Chain {
         self.entry_ptrs().map(|e| unsafe { &*e })
     }
 
+    /// Rules it holds.
+    pub(super) fn len(&self) -> usize {
+        self.rules as usize
+    }
+
     /// Bytes it holds.
     pub(super) fn bytes(&self) -> usize {
         HEAD + size_of_val(&self.words)
@@ -218,30 +250,15 @@ impl crossbeam_epoch::Pointable for Chain {
             Width::W64 => (Layout::new::<u64>(fields, value_size), 8),
             Width::W128 => (Layout::new::<u128>(fields, value_size), 16),
         };
-        let words = (entries.len() * layout.stride * w).div_ceil(size_of::<u128>());
-        let alloc = Self::alloc_layout(words);
-        // SAFETY: the layout's size is not zero (HEAD).
-        let ptr = unsafe { std::alloc::alloc_zeroed(alloc) };
-        if ptr.is_null() {
-            std::alloc::handle_alloc_error(alloc);
-        }
-        // SAFETY: `ptr` is a fresh, zeroed allocation of `alloc`, whose
-        // tail holds `words` words; a zeroed chain is a valid one.
-        let chain = unsafe { &mut *Self::fat(ptr as usize, words).cast_mut() };
-        debug_assert_eq!(
-            size_of_val(chain),
-            alloc.size(),
-            "HEAD is the header's size"
-        );
-        chain.rules = u32::try_from(entries.len()).expect("a bucket's rules fit u32");
-        chain.stride = u16::try_from(layout.stride * w).expect("a rule's bytes fit u16");
-        chain.addr = u16::try_from(layout.addr * w).expect("within a rule");
+        let stride = u16::try_from(layout.stride * w).expect("a rule's bytes fit u16");
+        let addr = u16::try_from(layout.addr * w).expect("within a rule");
+        let (ptr, chain) = Self::alloc(entries.len(), stride, addr);
         match width {
             Width::W32 => fill::<u32>(&mut chain.words, &layout, entries),
             Width::W64 => fill::<u64>(&mut chain.words, &layout, entries),
             Width::W128 => fill::<u128>(&mut chain.words, &layout, entries),
         }
-        ptr as usize
+        ptr
     }
 
     unsafe fn deref<'a>(ptr: usize) -> &'a Self {
@@ -257,9 +274,13 @@ impl crossbeam_epoch::Pointable for Chain {
     unsafe fn drop(ptr: usize) {
         // SAFETY: the caller's: `ptr` is a live chain's, its last use.
         let chain = unsafe { Self::deref(ptr) };
-        for e in chain.entry_ptrs() {
-            // SAFETY: the count `init` took from the `Arc`.
-            drop(unsafe { Arc::from_raw(e) });
+        let owned = chain.owned.load(Ordering::Relaxed);
+        for (k, e) in chain.entry_ptrs().enumerate() {
+            if owned == OWNS_ALL || owned == k as u32 {
+                // SAFETY: a count the chain owns (`init`, or kept
+                // through `edited`).
+                drop(unsafe { Arc::from_raw(e) });
+            }
         }
         let alloc = Self::alloc_layout(chain.words.len());
         // SAFETY: allocated by `init` with this layout.
@@ -268,6 +289,110 @@ impl crossbeam_epoch::Pointable for Chain {
 }
 
 impl Chain {
+    /// A fresh, zeroed chain of `rules` rules of `stride` bytes, the
+    /// entry's address at byte `addr` of each, owning all its entries'
+    /// counts (once its caller writes them): its address and the chain.
+    fn alloc<'a>(rules: usize, stride: u16, addr: u16) -> (usize, &'a mut Chain) {
+        let words = (rules * usize::from(stride)).div_ceil(size_of::<u128>());
+        let alloc = Self::alloc_layout(words);
+        // SAFETY: the layout's size is not zero (HEAD).
+        let ptr = unsafe { std::alloc::alloc_zeroed(alloc) };
+        if ptr.is_null() {
+            std::alloc::handle_alloc_error(alloc);
+        }
+        // SAFETY: `ptr` is a fresh, zeroed allocation of `alloc`, whose
+        // tail holds `words` words; a zeroed chain is a valid one.
+        let chain = unsafe { &mut *Self::fat(ptr as usize, words).cast_mut() };
+        debug_assert_eq!(
+            size_of_val(chain),
+            alloc.size(),
+            "HEAD is the header's size"
+        );
+        chain.rules = u32::try_from(rules).expect("a bucket's rules fit u32");
+        chain.stride = stride;
+        chain.addr = addr;
+        chain.owned = AtomicU32::new(OWNS_ALL);
+        (ptr as usize, chain)
+    }
+
+    /// Its rules' bytes, each `stride` long, in rule order.
+    fn rule_bytes(&self) -> &[u8] {
+        &bytemuck::cast_slice(&self.words)[..self.rules as usize * usize::from(self.stride)]
+    }
+
+    /// The index of `rule` among its rules, found by their words (a
+    /// rule's identity, its priority and bounds, is its first words);
+    /// the entries are not read. Chains of `W` words.
+    pub(super) fn find<W: Word>(&self, rule: &Rule) -> Option<usize> {
+        let (key, n) = rule_words::<W>(rule);
+        self.word_rules::<W>().position(|r| r[..n] == key[..n])
+    }
+
+    /// How many of its rules come before `rule` in rule order (the
+    /// words of a rule order as the rule does). Chains of `W` words.
+    pub(super) fn rank<W: Word>(&self, rule: &Rule) -> usize {
+        let (key, n) = rule_words::<W>(rule);
+        self.word_rules::<W>()
+            .position(|r| r[..n] >= key[..n])
+            .unwrap_or(self.rules as usize)
+    }
+
+    /// Each rule's words, `W` words wide, from the header's stride.
+    fn word_rules<W: Word>(&self) -> impl Iterator<Item = &[W]> {
+        let stride = usize::from(self.stride) / size_of::<W>();
+        bytemuck::cast_slice::<u8, W>(self.rule_bytes()).chunks_exact(stride)
+    }
+
+    /// A copy of this chain with `edit` made (`None` if it leaves no
+    /// rule), its words copied as they are: the rules it keeps are not
+    /// read, and their entries not touched (a bucket's update then reads
+    /// the chain and the entry it changes, where a rebuild from the
+    /// entries missed the cache on every entry when the writer was
+    /// cold). Their counts pass to the copy; this chain keeps only the
+    /// count of the entry the edit takes out, which it drops when it is
+    /// freed, after the readers that may still reach it through this
+    /// chain. Chains of `W` words.
+    ///
+    /// The writer's, once per chain: the copy must replace this chain
+    /// in its bucket (and this one be retired) before anyone edits or
+    /// drops either.
+    pub(super) fn edited<W: Word>(&self, edit: Edit) -> Option<Owned<Chain>> {
+        let stride = usize::from(self.stride);
+        let old = self.rule_bytes();
+        let rules = self.rules as usize;
+        let (at, entry, gone, kept) = match edit {
+            Edit::Insert(e) => (self.rank::<W>(&e.rule), Some(e), 0, rules),
+            Edit::Remove(k) => (k, None, 1, rules - 1),
+            Edit::Replace(k, e) => (k, Some(e), 1, rules - 1),
+        };
+        assert!(at + gone <= rules, "an edit of a rule the chain holds");
+        let n = kept + usize::from(entry.is_some());
+        self.owned.store(
+            if gone == 1 { at as u32 } else { OWNS_NONE },
+            Ordering::Relaxed,
+        );
+        if n == 0 {
+            return None;
+        }
+        let (ptr, chain) = Self::alloc(n, self.stride, self.addr);
+        let new: &mut [u8] = &mut bytemuck::cast_slice_mut(&mut chain.words)[..n * stride];
+        let (before, rest) = new.split_at_mut(at * stride);
+        before.copy_from_slice(&old[..at * stride]);
+        let after = match entry {
+            Some(e) => {
+                let (mine, after) = rest.split_at_mut(stride);
+                let words: &mut [W] = bytemuck::cast_slice_mut(mine);
+                let layout = Layout::new::<W>(e.rule.bounds().len(), e.value.len());
+                write_rule(words, &layout, e);
+                after
+            }
+            None => rest,
+        };
+        after.copy_from_slice(&old[(at + gone) * stride..]);
+        // SAFETY: a chain `alloc` made, as `Pointable::init` makes them.
+        Some(unsafe { Owned::from_usize(ptr) })
+    }
+
     /// The words a chain at `ptr` holds, from its header (rules times
     /// the bytes of each, in whole `u128`s, as `init` allocated them).
     ///
@@ -299,17 +424,31 @@ fn fill<W: Word>(storage: &mut [u128], layout: &Layout, entries: Vec<Arc<Entry>>
         .into_iter()
         .zip(words.chunks_exact_mut(layout.stride))
     {
-        key[0] = W::of(u128::from(e.rule.priority));
-        for (i, &(lo, hi)) in e.rule.bounds().iter().enumerate() {
-            key[1 + 2 * i] = W::of(lo);
-            key[2 + 2 * i] = W::of(hi);
-        }
-        bytemuck::cast_slice_mut::<W, u8>(&mut key[layout.value..])[..e.value.len()]
-            .copy_from_slice(&e.value);
-        let addr = Arc::into_raw(e).expose_provenance().to_ne_bytes();
-        bytemuck::cast_slice_mut::<W, u8>(&mut key[layout.addr..])[..addr.len()]
-            .copy_from_slice(&addr);
+        write_rule(key, layout, e);
     }
+}
+
+/// Writes one rule's words (`layout.stride` of them, zeroed) for `e`,
+/// taking its count.
+fn write_rule<W: Word>(key: &mut [W], layout: &Layout, e: Arc<Entry>) {
+    let (words, n) = rule_words::<W>(&e.rule);
+    key[..n].copy_from_slice(&words[..n]);
+    bytemuck::cast_slice_mut::<W, u8>(&mut key[layout.value..])[..e.value.len()]
+        .copy_from_slice(&e.value);
+    let addr = Arc::into_raw(e).expose_provenance().to_ne_bytes();
+    bytemuck::cast_slice_mut::<W, u8>(&mut key[layout.addr..])[..addr.len()].copy_from_slice(&addr);
+}
+
+/// A rule's first words, as a chain holds them (its priority, then
+/// each field's bounds), and how many there are.
+fn rule_words<W: Word>(rule: &Rule) -> ([W; 1 + 2 * MAX_FIELDS], usize) {
+    let mut words = [W::of(0); 1 + 2 * MAX_FIELDS];
+    words[0] = W::of(u128::from(rule.priority));
+    for (i, &(lo, hi)) in rule.bounds().iter().enumerate() {
+        words[1 + 2 * i] = W::of(lo);
+        words[2 + 2 * i] = W::of(hi);
+    }
+    (words, 1 + 2 * rule.bounds().len())
 }
 
 /// The entry of a rule's words.
@@ -414,5 +553,75 @@ mod tests {
                 "{width:?}"
             );
         }
+    }
+
+    /// An edited copy holds the edited rules in rule order, found by
+    /// their words; it takes the kept entries' counts, and the chain it
+    /// replaces keeps (and drops) only the count of the entry taken out,
+    /// at every width.
+    #[test]
+    fn an_edited_copy_takes_the_counts_and_the_old_chain_keeps_the_one_taken_out() {
+        fn check<W: Word>(width: Width) {
+            let schema = Schema::new(vec![Field::exact("a", 4), Field::exact("b", 1)]).unwrap();
+            let entry = |p: u32, v: u8| {
+                let rule = schema.parse_rule(&format!("a {p}, b 1"), p).unwrap();
+                Entry::shared(&rule, &[v; 3])
+            };
+            let held: Vec<Arc<Entry>> = [0, 2, 4, 6].map(|p| entry(p, p as u8)).to_vec();
+            let fresh = entry(3, 3);
+            let counts =
+                |es: &[&Arc<Entry>]| es.iter().map(|e| Arc::strong_count(e)).collect::<Vec<_>>();
+            let order = |c: &Chain| c.entry_refs().map(|e| e.rule.priority).collect::<Vec<_>>();
+            let values = |c: &Chain| {
+                let layout = Layout::new::<W>(2, 3);
+                c.rules::<W>(&layout)
+                    .map(|k| value_of(k, &layout, 3)[0])
+                    .collect::<Vec<_>>()
+            };
+
+            let c0 = Owned::<Chain>::init((held.clone(), width));
+            assert_eq!(c0.rank::<W>(&fresh.rule), 2);
+            assert_eq!(c0.find::<W>(&fresh.rule), None);
+            let c1 = c0.edited::<W>(Edit::Insert(Arc::clone(&fresh))).unwrap();
+            assert_eq!(order(&c1), [0, 2, 3, 4, 6]);
+            assert_eq!(values(&c1), [0, 2, 3, 4, 6]);
+            drop(c0);
+            assert_eq!(
+                counts(&[&held[0], &held[1], &held[2], &held[3], &fresh]),
+                [2; 5]
+            );
+
+            assert_eq!(c1.find::<W>(&held[1].rule), Some(1));
+            let c2 = c1.edited::<W>(Edit::Remove(1)).unwrap();
+            assert_eq!(order(&c2), [0, 3, 4, 6]);
+            assert_eq!(counts(&[&held[1]]), [2], "the old chain still owns it");
+            drop(c1);
+            assert_eq!(
+                counts(&[&held[0], &held[1], &held[2], &held[3], &fresh]),
+                [2, 1, 2, 2, 2]
+            );
+
+            let again = entry(3, 9);
+            let at = c2.find::<W>(&again.rule).unwrap();
+            let c3 = c2
+                .edited::<W>(Edit::Replace(at, Arc::clone(&again)))
+                .unwrap();
+            assert_eq!(values(&c3), [0, 9, 4, 6]);
+            drop(c2);
+            assert_eq!(counts(&[&fresh, &again]), [1, 2]);
+
+            let one = Owned::<Chain>::init((vec![Arc::clone(&held[1])], width));
+            assert!(one.edited::<W>(Edit::Remove(0)).is_none());
+            drop(one);
+            drop(c3);
+            assert!(
+                held.iter()
+                    .chain([&fresh, &again])
+                    .all(|e| Arc::strong_count(e) == 1)
+            );
+        }
+        check::<u32>(Width::W32);
+        check::<u64>(Width::W64);
+        check::<u128>(Width::W128);
     }
 }

@@ -35,7 +35,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use crossbeam_epoch::{Atomic, Owned, Pointer, Shared};
 use parking_lot::Mutex;
 
-use super::chain::{Chain, Entry, Layout, Width, Word, entry_of, value_of};
+use super::chain::{Chain, Edit, Entry, Layout, Width, Word, entry_of, value_of};
 use super::prefix::PrefixIndex;
 use super::schema::{FieldKind, MAX_FIELDS, Packet, Rule, Schema};
 use crate::core::error::{Error, Result, check_len};
@@ -771,9 +771,9 @@ impl WildcardMap {
         }
         let mut w = self.writer.lock();
         let guard = &pin();
-        let id = w.placed.remove(rule).ok_or(Error::NotFound)?;
+        let (Placed(entry), id) = w.placed.remove_entry(rule).ok_or(Error::NotFound)?;
         let state = w.tables.get_mut(&id).expect("a placed rule's table");
-        let entry = chain_remove(&state.table, rule, guard).expect("a placed rule");
+        assert!(chain_remove(&state.table, rule, guard), "a placed rule");
         let before = state.best();
         count(&mut state.priorities, rule.priority, false);
         state.rules -= 1;
@@ -1254,44 +1254,79 @@ fn chain_entries(slot: &Atomic<Chain>, guard: &Guard) -> Vec<Arc<Entry>> {
     unsafe { slot.load(Ordering::Acquire, guard).as_ref() }.map_or_else(Vec::new, Chain::entries)
 }
 
+/// Changes `slot`'s bucket of `table`: its chain copied with the change
+/// ([`Chain::edited`]) and published in its place (a reader sees the
+/// bucket before or after), the old one freed after the grace period.
+/// `edit` names the change from the bucket's chain (`None`: nothing
+/// changes, and `None` is returned). Returns the bucket's new length.
+fn edit_bucket(
+    table: &Table,
+    slot: &Atomic<Chain>,
+    guard: &Guard,
+    edit: impl FnOnce(Option<&Chain>) -> Option<Edit>,
+) -> Option<usize> {
+    let old = slot.load(Ordering::Acquire, guard);
+    // SAFETY: under the writer's guard; only the writer replaces chains.
+    let chain = unsafe { old.as_ref() };
+    let edit = edit(chain)?;
+    let new = match chain {
+        None => match edit {
+            Edit::Insert(e) => Some(Owned::<Chain>::init((vec![e], table.width))),
+            _ => unreachable!("an edit of a rule held in an empty bucket"),
+        },
+        Some(c) => match table.width {
+            Width::W32 => c.edited::<u32>(edit),
+            Width::W64 => c.edited::<u64>(edit),
+            Width::W128 => c.edited::<u128>(edit),
+        },
+    };
+    let new = new.map_or(Shared::null(), |n| n.into_shared(guard));
+    // SAFETY: read under the guard; published just below.
+    let len = unsafe { new.as_ref() }.map_or(0, Chain::len);
+    slot.store(new, Ordering::Release);
+    if !old.is_null() {
+        // SAFETY: replaced: unreachable for new readers; it keeps the
+        // count of the entry the edit took out until then.
+        unsafe { guard.defer_destroy(old) };
+    }
+    Some(len)
+}
+
+/// The index of `rule` in `chain` (chains of `width` words).
+fn find_in(chain: &Chain, width: Width, rule: &Rule) -> Option<usize> {
+    match width {
+        Width::W32 => chain.find::<u32>(rule),
+        Width::W64 => chain.find::<u64>(rule),
+        Width::W128 => chain.find::<u128>(rule),
+    }
+}
+
 /// Puts `entry` in place of the entry of the same rule in `table` (one
 /// new chain, published: a reader sees the old value or the new).
 fn chain_replace(table: &Table, entry: Arc<Entry>, guard: &Guard) {
     let slot = table.slot(&lows(&entry.rule));
-    let entries = chain_entries(slot, guard)
-        .into_iter()
-        .map(|e| {
-            if e.rule == entry.rule {
-                Arc::clone(&entry)
-            } else {
-                e
-            }
-        })
-        .collect();
-    publish_chain(slot, entries, table.width, guard);
+    edit_bucket(table, slot, guard, |c| {
+        let at = find_in(c?, table.width, &entry.rule)?;
+        Some(Edit::Replace(at, entry))
+    })
+    .expect("a held rule");
 }
 
-/// Puts `entry` in its bucket of `table` (a new chain, published);
-/// returns the bucket's new length.
+/// Puts `entry` (a rule not held) in its bucket of `table` (a new
+/// chain, published); returns the bucket's new length.
 fn chain_insert(table: &Table, entry: Arc<Entry>, guard: &Guard) -> usize {
     let slot = table.slot(&lows(&entry.rule));
-    let mut entries = chain_entries(slot, guard);
-    let at = entries.partition_point(|e| e.rule < entry.rule);
-    entries.insert(at, entry);
-    let len = entries.len();
-    publish_chain(slot, entries, table.width, guard);
-    len
+    edit_bucket(table, slot, guard, |_| Some(Edit::Insert(entry))).expect("an insert")
 }
 
 /// Takes `rule` out of its bucket of `table` (a new chain, or none,
-/// published); returns its entry.
-fn chain_remove(table: &Table, rule: &Rule, guard: &Guard) -> Option<Arc<Entry>> {
+/// published); false if the bucket does not hold it.
+fn chain_remove(table: &Table, rule: &Rule, guard: &Guard) -> bool {
     let slot = table.slot(&lows(rule));
-    let mut entries = chain_entries(slot, guard);
-    let at = entries.iter().position(|e| e.rule == *rule)?;
-    let entry = entries.remove(at);
-    publish_chain(slot, entries, table.width, guard);
-    Some(entry)
+    edit_bucket(table, slot, guard, |c| {
+        find_in(c?, table.width, rule).map(Edit::Remove)
+    })
+    .is_some()
 }
 
 /// Buckets for a table of `rules`: one per rule, at least 8.
