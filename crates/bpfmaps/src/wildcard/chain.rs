@@ -1,6 +1,6 @@
 //! A bucket's rules as a probe reads them: one flat array of words per
-//! bucket, each rule's priority, intervals, entry address and value back
-//! to back, in words as narrow as the schema's widest field allows (32
+//! bucket, each rule's priority, lower bounds, upper bounds, value and
+//! entry address back to back, in words as narrow as the schema's widest field allows (32
 //! bits for a 5-tuple). A probe that matches reads no other memory, and a
 //! bucket of ClassBench rules takes a quarter of the cache lines `u128`
 //! words would. The writer changes a bucket by copying its words with
@@ -91,9 +91,12 @@ impl Width {
     }
 }
 
-/// Where a rule's parts sit among its words: the priority at 0, field
-/// `i`'s interval at `1 + 2i` and `2 + 2i`, the value's bytes from
+/// Where a rule's parts sit among its words: the priority at 0, the
+/// fields' lower bounds from 1 (field `i`'s at `1 + i`), their upper
+/// bounds after them (at `1 + fields + i`), the value's bytes from
 /// `value`, the entry's address from `addr`; `stride` words in all.
+/// Bounds of a kind side by side, so a probe tests every field with two
+/// vector compares of contiguous words and no shuffles.
 #[derive(Clone, Copy, Debug)]
 pub(super) struct Layout {
     pub(super) addr: usize,
@@ -328,12 +331,13 @@ impl Chain {
         self.word_rules::<W>().position(|r| r[..n] == key[..n])
     }
 
-    /// How many of its rules come before `rule` in rule order (the
-    /// words of a rule order as the rule does). Chains of `W` words.
+    /// How many of its rules come before `rule` in rule order (read
+    /// from their words). Chains of `W` words.
     pub(super) fn rank<W: Word>(&self, rule: &Rule) -> usize {
-        let (key, n) = rule_words::<W>(rule);
+        let (key, _) = rule_words::<W>(rule);
+        let n = rule.bounds().len();
         self.word_rules::<W>()
-            .position(|r| r[..n] >= key[..n])
+            .position(|r| rule_order(r, &key, n).is_ge())
             .unwrap_or(self.rules as usize)
     }
 
@@ -442,13 +446,27 @@ fn write_rule<W: Word>(key: &mut [W], layout: &Layout, e: Arc<Entry>) {
 /// A rule's first words, as a chain holds them (its priority, then
 /// each field's bounds), and how many there are.
 fn rule_words<W: Word>(rule: &Rule) -> ([W; 1 + 2 * MAX_FIELDS], usize) {
+    let n = rule.bounds().len();
     let mut words = [W::of(0); 1 + 2 * MAX_FIELDS];
     words[0] = W::of(u128::from(rule.priority));
     for (i, &(lo, hi)) in rule.bounds().iter().enumerate() {
-        words[1 + 2 * i] = W::of(lo);
-        words[2 + 2 * i] = W::of(hi);
+        words[1 + i] = W::of(lo);
+        words[1 + n + i] = W::of(hi);
     }
-    (words, 1 + 2 * rule.bounds().len())
+    (words, 1 + 2 * n)
+}
+
+/// How two rules' first words (as [`rule_words`] lays them out, `n`
+/// fields) order as their rules do: by priority, then by each field's
+/// interval in turn (lower bound, then upper).
+#[inline(always)]
+pub(super) fn rule_order<W: Word>(a: &[W], b: &[W], n: usize) -> std::cmp::Ordering {
+    a[0].cmp(&b[0]).then_with(|| {
+        (0..n)
+            .map(|i| (a[1 + i], a[1 + n + i]).cmp(&(b[1 + i], b[1 + n + i])))
+            .find(|o| o.is_ne())
+            .unwrap_or(std::cmp::Ordering::Equal)
+    })
 }
 
 /// The entry of a rule's words.
@@ -539,7 +557,8 @@ mod tests {
             if width == Width::W64 {
                 for (i, key) in chain.rules::<u64>(&layout).enumerate() {
                     assert_eq!(key[0], i as u64, "priority");
-                    assert_eq!((key[1], key[2]), (10 * i as u64, 10 * i as u64 + 5));
+                    assert_eq!((key[1], key[3]), (10 * i as u64, 10 * i as u64 + 5));
+                    assert_eq!((key[2], key[4]), (i as u64, i as u64));
                     assert_eq!(value_of(key, &layout, 3), [i as u8; 3]);
                     // SAFETY: the chain is alive and owns the entry.
                     let entry = unsafe { entry_of(key, &layout) };

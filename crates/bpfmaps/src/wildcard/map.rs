@@ -35,7 +35,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use crossbeam_epoch::{Atomic, Owned, Pointer, Shared};
 use parking_lot::Mutex;
 
-use super::chain::{Chain, Edit, Entry, Layout, Width, Word, entry_of, value_of};
+use super::chain::{Chain, Edit, Entry, Layout, Width, Word, entry_of, rule_order, value_of};
 use super::prefix::PrefixIndex;
 use super::schema::{FieldKind, MAX_FIELDS, Packet, Rule, Schema};
 use crate::core::error::{Error, Result, check_len};
@@ -72,18 +72,17 @@ fn scan<'g, W: Word, const N: usize>(
     best: Option<&'g [W]>,
 ) -> Option<&'g [W]> {
     for key in chain.rules::<W>(layout) {
-        let rule = &key[..1 + 2 * N];
         // A tie of priorities goes to the first in rule order: nothing
-        // from this rule on beats the best so far. A rule's words (its
-        // priority, then each field's bounds) order as the rule does, so
-        // this compares them in place, not the entries.
-        if best.is_some_and(|b| *rule >= b[..1 + 2 * N]) {
+        // from this rule on beats the best so far. Compared in the
+        // words, not the entries.
+        if best.is_some_and(|b| rule_order(key, b, N).is_ge()) {
             break;
         }
         // Every field's two compares, without a branch between them.
+        let (lows, highs) = (&key[1..1 + N], &key[1 + N..1 + 2 * N]);
         let mut hit = true;
-        for (i, &v) in values.iter().enumerate() {
-            hit &= (rule[1 + 2 * i] <= v) & (v <= rule[2 + 2 * i]);
+        for i in 0..N {
+            hit &= (lows[i] <= values[i]) & (values[i] <= highs[i]);
         }
         if hit {
             return Some(key);
