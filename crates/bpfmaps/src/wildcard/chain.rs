@@ -357,9 +357,8 @@ impl Chain {
     /// freed, after the readers that may still reach it through this
     /// chain. Chains of `W` words.
     ///
-    /// The writer's, once per chain: the copy must replace this chain
-    /// in its bucket (and this one be retired) before anyone edits or
-    /// drops either.
+    /// The writer's, once per chain (a second edit panics): the copy
+    /// replaces this chain in its bucket, and this one is retired.
     pub(super) fn edited<W: Word>(&self, edit: Edit) -> Option<Owned<Chain>> {
         let stride = usize::from(self.stride);
         let old = self.rule_bytes();
@@ -371,10 +370,12 @@ impl Chain {
         };
         assert!(at + gone <= rules, "an edit of a rule the chain holds");
         let n = kept + usize::from(entry.is_some());
-        self.owned.store(
-            if gone == 1 { at as u32 } else { OWNS_NONE },
-            Ordering::Relaxed,
-        );
+        // The counts pass once: a second copy of one chain would own them
+        // twice.
+        let kept_here = if gone == 1 { at as u32 } else { OWNS_NONE };
+        self.owned
+            .compare_exchange(OWNS_ALL, kept_here, Ordering::Relaxed, Ordering::Relaxed)
+            .expect("a chain is edited once");
         if n == 0 {
             return None;
         }
@@ -629,6 +630,14 @@ mod tests {
             drop(c2);
             assert_eq!(counts(&[&fresh, &again]), [1, 2]);
 
+            let twice = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                c3.edited::<W>(Edit::Remove(0))
+            }));
+            drop(twice.expect("a first edit").expect("rules left"));
+            let again_twice = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                c3.edited::<W>(Edit::Remove(0))
+            }));
+            assert!(again_twice.is_err(), "a chain's counts pass once");
             let one = Owned::<Chain>::init((vec![Arc::clone(&held[1])], width));
             assert!(one.edited::<W>(Edit::Remove(0)).is_none());
             drop(one);
