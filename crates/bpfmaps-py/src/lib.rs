@@ -1203,8 +1203,13 @@ impl Wildcard {
             let mut prios = vec![0u32; parsed.len()];
             let mut values = vec![0u64; parsed.len()];
             let mut found = vec![false; parsed.len()];
-            for (i, p) in parsed.iter().enumerate() {
-                if let Some((r, v)) = self.map.classify(p, &guard) {
+            // In bursts, where the map asks for their buckets ahead.
+            let mut answers = vec![None; parsed.len()];
+            self.map
+                .classify_many(&parsed, &guard, &mut answers)
+                .expect("room for each answer");
+            for (i, answer) in answers.iter().enumerate() {
+                if let Some((r, v)) = answer {
                     prios[i] = r.priority;
                     values[i] = u64_of(v);
                     found[i] = true;

@@ -98,19 +98,39 @@ type Tuple = [u8; MAX_FIELDS];
 /// of tables probed.
 type Probe = for<'g> fn(&WildcardMap, &Packet, &'g Guard) -> (Option<(&'g Rule, &'g [u8])>, usize);
 
-/// The probe for chains of `width` words and `fields` fields.
-fn probe_for(width: Width, fields: usize) -> Probe {
-    fn of<W: Word>(fields: usize) -> Probe {
+/// Asks for a burst's buckets in a table, and their chains
+/// ([`Table::prefetch_buckets`]).
+type Prefetch = fn(&Table, &[Packet], &Guard);
+
+/// A map's probe and prefetch, for its word and number of fields.
+#[derive(Clone, Copy)]
+struct Probes {
+    classify: Probe,
+    prefetch: Prefetch,
+}
+
+impl Probes {
+    fn of<W: Word, const N: usize>() -> Probes {
+        Probes {
+            classify: WildcardMap::classify_in::<W, N>,
+            prefetch: Table::prefetch_buckets::<W, N>,
+        }
+    }
+}
+
+/// The probes for chains of `width` words and `fields` fields.
+fn probes_for(width: Width, fields: usize) -> Probes {
+    fn of<W: Word>(fields: usize) -> Probes {
         match fields {
-            1 => WildcardMap::classify_in::<W, 1>,
-            2 => WildcardMap::classify_in::<W, 2>,
-            3 => WildcardMap::classify_in::<W, 3>,
-            4 => WildcardMap::classify_in::<W, 4>,
-            5 => WildcardMap::classify_in::<W, 5>,
-            6 => WildcardMap::classify_in::<W, 6>,
-            7 => WildcardMap::classify_in::<W, 7>,
-            8 => WildcardMap::classify_in::<W, 8>,
-            _ => WildcardMap::classify_in::<W, MAX_FIELDS>,
+            1 => Probes::of::<W, 1>(),
+            2 => Probes::of::<W, 2>(),
+            3 => Probes::of::<W, 3>(),
+            4 => Probes::of::<W, 4>(),
+            5 => Probes::of::<W, 5>(),
+            6 => Probes::of::<W, 6>(),
+            7 => Probes::of::<W, 7>(),
+            8 => Probes::of::<W, 8>(),
+            _ => Probes::of::<W, MAX_FIELDS>(),
         }
     }
     match width {
@@ -230,7 +250,40 @@ impl Table {
     fn slot<W: Word, const N: usize>(&self, values: &[W; N]) -> &Atomic<Chain> {
         &self.slots[self.slot_index(values)]
     }
+
+    /// Asks for each packet's bucket, then for the bucket's chain: the
+    /// misses of a burst overlap, where one packet at a time waits for
+    /// its own two in turn.
+    /// Chains of `W` words, `N` fields (a value wider than the word is
+    /// cut to it: its packet matches nothing, and the prefetch is only a
+    /// hint).
+    fn prefetch_buckets<W: Word, const N: usize>(&self, packets: &[Packet], guard: &Guard) {
+        let mut slots = [None; BURST];
+        for (s, p) in slots.iter_mut().zip(packets) {
+            let values: [W; N] = std::array::from_fn(|i| W::of(p.values[i]));
+            let slot = self.slot(&values);
+            prefetch(slot);
+            *s = Some(slot);
+        }
+        for slot in slots.iter().flatten() {
+            let chain = slot.load(Ordering::Relaxed, guard).into_usize();
+            if chain != 0 {
+                // A chain of one rule may straddle two lines.
+                prefetch(std::ptr::without_provenance::<u8>(chain));
+                prefetch(std::ptr::without_provenance::<u8>(chain + 64));
+            }
+        }
+    }
 }
+
+/// Packets [`WildcardMap::classify_many`] asks the buckets of at once.
+const BURST: usize = 16;
+
+/// The buckets a map's first table needs before `classify_many` asks
+/// for a burst's buckets ahead (2^14 buckets of 8 bytes, and their
+/// chains, outgrow a core's L2; below that the extra hashing costs more
+/// than the misses it overlaps).
+const BURST_TABLE_SLOTS: usize = 1 << 14;
 
 impl Drop for Table {
     fn drop(&mut self) {
@@ -313,9 +366,10 @@ pub struct WildcardMap {
     writer: Mutex<Writer>,
     view: Atomic<View>,
     len: AtomicUsize,
-    /// The tables' probe for its word and number of fields, chosen once
-    /// here: one call where a lookup would otherwise match on both.
-    probe: Probe,
+    /// The tables' probe (and burst prefetch) for its word and number of
+    /// fields, chosen once here: one call where a lookup would otherwise
+    /// match on both.
+    probes: Probes,
     /// The engine of a schema of one prefix field, in place of the
     /// tables (`prefix.rs`).
     index: Option<PrefixIndex>,
@@ -357,7 +411,7 @@ impl WildcardMap {
             ));
         }
         Ok(WildcardMap {
-            probe: probe_for(Width::of(&schema), schema.fields().len()),
+            probes: probes_for(Width::of(&schema), schema.fields().len()),
             schema,
             value_size,
             max_entries,
@@ -461,7 +515,7 @@ impl WildcardMap {
         if let Some(index) = &self.index {
             return (index.classify(packet.values[0], guard), 1);
         }
-        (self.probe)(self, packet, guard)
+        (self.probes.classify)(self, packet, guard)
     }
 
     /// [`classify_counting`](Self::classify_counting) on chains of `W`
@@ -532,6 +586,13 @@ impl WildcardMap {
 
     /// [`classify`](Self::classify) for each packet, into `out[i]`;
     /// `EINVAL` if `out` is shorter than `packets`.
+    ///
+    /// Where the first table outgrows a core's L2 (2^14 buckets or
+    /// more), the packets go in bursts of 16: each burst's buckets in that
+    /// table, and then their chains, are asked for before the first
+    /// packet is probed, so their misses overlap (a million exact rules:
+    /// about half the time a packet of one `classify` at a time,
+    /// docs/benchmarks.md).
     pub fn classify_many<'g>(
         &self,
         packets: &[Packet],
@@ -544,6 +605,21 @@ impl WildcardMap {
                 packets.len(),
                 out.len()
             )));
+        }
+        if self.index.is_none() {
+            // SAFETY: as in `classify_counting`.
+            let view = unsafe { self.view.load(Ordering::Acquire, guard).deref() };
+            if let Some((_, first)) = view.tables.first()
+                && first.slots.len() >= BURST_TABLE_SLOTS
+            {
+                for (burst, outs) in packets.chunks(BURST).zip(out.chunks_mut(BURST)) {
+                    (self.probes.prefetch)(first, burst, guard);
+                    for (p, o) in burst.iter().zip(outs) {
+                        *o = self.classify(p, guard);
+                    }
+                }
+                return Ok(());
+            }
         }
         for (p, o) in packets.iter().zip(out.iter_mut()) {
             *o = self.classify(p, guard);

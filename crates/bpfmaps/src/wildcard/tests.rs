@@ -376,6 +376,44 @@ fn classify_many_answers_each_packet_and_wants_room() {
     assert!(m.classify_many(&[tcp, udp], &guard, &mut out[..1]).is_err());
 }
 
+/// Past 2^14 buckets in its first table, `classify_many` asks for a
+/// burst's buckets ahead: its answers stay `classify`'s, for every packet
+/// of bursts that do not fill, hits and misses alike.
+#[test]
+#[cfg_attr(miri, ignore = "20,000 rules")]
+fn classify_many_in_bursts_answers_as_classify() {
+    let s = Schema::new(vec![Field::exact("id", 4), Field::exact("port", 2)]).unwrap();
+    let m = WildcardMap::new(s.clone(), 4, 20_000).unwrap();
+    let rule = |i: u32| {
+        s.rule(1)
+            .exact("id", u128::from(i))
+            .exact("port", u128::from(i % 7))
+            .build()
+            .unwrap()
+    };
+    m.load((0..20_000u32).map(|i| (rule(i), v(i))), BPF_NOEXIST)
+        .unwrap();
+    // One table of more than 16,384 buckets (one or more a rule).
+    assert_eq!(m.tables(), 1);
+    let packets: Vec<Packet> = (0..1_000u32)
+        .map(|k| {
+            let i = k.wrapping_mul(2_654_435_761) % 40_000;
+            let port = if k % 5 == 0 { 9 } else { i % 7 };
+            s.packet(&[u128::from(i), u128::from(port)]).unwrap()
+        })
+        .collect();
+    let guard = pin();
+    for n in [1, 15, 16, 17, 1_000] {
+        let mut out = vec![None; n];
+        m.classify_many(&packets[..n], &guard, &mut out).unwrap();
+        for (p, o) in packets.iter().zip(&out) {
+            assert_eq!(*o, m.classify(p, &guard));
+        }
+    }
+    let hits = packets.iter().filter(|p| m.classify(p, &guard).is_some());
+    assert!((300..700).contains(&hits.count()), "hits and misses both");
+}
+
 /// A small random schema: 1 to 4 fields of every kind, narrow enough that
 /// random rules overlap.
 fn arb_schema() -> impl Strategy<Value = Schema> {
