@@ -1,9 +1,9 @@
 //! A bucket's rules as a probe reads them: one flat array of words per
 //! bucket, each rule's priority, lower bounds, upper bounds, value and
-//! entry address back to back, in words as narrow as the schema's widest field allows (32
-//! bits for a 5-tuple). A probe that matches reads no other memory, and a
-//! bucket of ClassBench rules takes a quarter of the cache lines `u128`
-//! words would. The writer changes a bucket by copying its words with
+//! entry address back to back, in words as narrow as the schema's
+//! widest field allows (32 bits for a 5-tuple). A probe that matches
+//! reads no other memory, and a bucket of ClassBench rules takes a
+//! quarter of the cache lines `u128` words would. The writer changes a bucket by copying its words with
 //! the change made: a rule update reads the bucket's chain and the entry
 //! it changes, not every entry of the bucket.
 
@@ -188,8 +188,13 @@ impl Chain {
     /// stride off at a time measured slower.)
     #[inline]
     pub(super) fn rules<W: Word>(&self, layout: &Layout) -> impl Iterator<Item = &[W]> {
+        self.strided(layout.stride)
+    }
+
+    /// Each rule's words, `stride` of them a rule.
+    #[inline(always)]
+    fn strided<W: Word>(&self, stride: usize) -> impl Iterator<Item = &[W]> {
         let words: &[W] = bytemuck::cast_slice(&self.words);
-        let stride = layout.stride;
         let rules = self.rules as usize;
         assert!(
             rules * stride <= words.len(),
@@ -323,17 +328,25 @@ impl Chain {
         &bytemuck::cast_slice(&self.words)[..self.rules as usize * usize::from(self.stride)]
     }
 
-    /// The index of `rule` among its rules, found by their words (a
-    /// rule's identity, its priority and bounds, is its first words);
-    /// the entries are not read. Chains of `W` words.
-    pub(super) fn find<W: Word>(&self, rule: &Rule) -> Option<usize> {
+    /// The index of `rule` among its rules (a chain of `width` words),
+    /// found by their words (a rule's identity, its priority and bounds,
+    /// is its first words); the entries are not read.
+    pub(super) fn find(&self, width: Width, rule: &Rule) -> Option<usize> {
+        match width {
+            Width::W32 => self.find_as::<u32>(rule),
+            Width::W64 => self.find_as::<u64>(rule),
+            Width::W128 => self.find_as::<u128>(rule),
+        }
+    }
+
+    fn find_as<W: Word>(&self, rule: &Rule) -> Option<usize> {
         let (key, n) = rule_words::<W>(rule);
         self.word_rules::<W>().position(|r| r[..n] == key[..n])
     }
 
     /// How many of its rules come before `rule` in rule order (read
     /// from their words). Chains of `W` words.
-    pub(super) fn rank<W: Word>(&self, rule: &Rule) -> usize {
+    fn rank<W: Word>(&self, rule: &Rule) -> usize {
         let (key, _) = rule_words::<W>(rule);
         let n = rule.bounds().len();
         self.word_rules::<W>()
@@ -343,8 +356,7 @@ impl Chain {
 
     /// Each rule's words, `W` words wide, from the header's stride.
     fn word_rules<W: Word>(&self) -> impl Iterator<Item = &[W]> {
-        let stride = usize::from(self.stride) / size_of::<W>();
-        bytemuck::cast_slice::<u8, W>(self.rule_bytes()).chunks_exact(stride)
+        self.strided(usize::from(self.stride) / size_of::<W>())
     }
 
     /// A copy of this chain with `edit` made (`None` if it leaves no
@@ -359,7 +371,15 @@ impl Chain {
     ///
     /// The writer's, once per chain (a second edit panics): the copy
     /// replaces this chain in its bucket, and this one is retired.
-    pub(super) fn edited<W: Word>(&self, edit: Edit) -> Option<Owned<Chain>> {
+    pub(super) fn edited(&self, width: Width, edit: Edit) -> Option<Owned<Chain>> {
+        match width {
+            Width::W32 => self.edited_as::<u32>(edit),
+            Width::W64 => self.edited_as::<u64>(edit),
+            Width::W128 => self.edited_as::<u128>(edit),
+        }
+    }
+
+    fn edited_as<W: Word>(&self, edit: Edit) -> Option<Owned<Chain>> {
         let stride = usize::from(self.stride);
         let old = self.rule_bytes();
         let rules = self.rules as usize;
@@ -444,8 +464,9 @@ fn write_rule<W: Word>(key: &mut [W], layout: &Layout, e: Arc<Entry>) {
     bytemuck::cast_slice_mut::<W, u8>(&mut key[layout.addr..])[..addr.len()].copy_from_slice(&addr);
 }
 
-/// A rule's first words, as a chain holds them (its priority, then
-/// each field's bounds), and how many there are.
+/// A rule's first words, as a chain holds them (its priority, its
+/// fields' lower bounds, then their upper bounds), and how many there
+/// are.
 fn rule_words<W: Word>(rule: &Rule) -> ([W; 1 + 2 * MAX_FIELDS], usize) {
     let n = rule.bounds().len();
     let mut words = [W::of(0); 1 + 2 * MAX_FIELDS];
@@ -601,8 +622,8 @@ mod tests {
 
             let c0 = Owned::<Chain>::init((held.clone(), width));
             assert_eq!(c0.rank::<W>(&fresh.rule), 2);
-            assert_eq!(c0.find::<W>(&fresh.rule), None);
-            let c1 = c0.edited::<W>(Edit::Insert(Arc::clone(&fresh))).unwrap();
+            assert_eq!(c0.find(width, &fresh.rule), None);
+            let c1 = c0.edited(width, Edit::Insert(Arc::clone(&fresh))).unwrap();
             assert_eq!(order(&c1), [0, 2, 3, 4, 6]);
             assert_eq!(values(&c1), [0, 2, 3, 4, 6]);
             drop(c0);
@@ -611,8 +632,8 @@ mod tests {
                 [2; 5]
             );
 
-            assert_eq!(c1.find::<W>(&held[1].rule), Some(1));
-            let c2 = c1.edited::<W>(Edit::Remove(1)).unwrap();
+            assert_eq!(c1.find(width, &held[1].rule), Some(1));
+            let c2 = c1.edited(width, Edit::Remove(1)).unwrap();
             assert_eq!(order(&c2), [0, 3, 4, 6]);
             assert_eq!(counts(&[&held[1]]), [2], "the old chain still owns it");
             drop(c1);
@@ -622,24 +643,24 @@ mod tests {
             );
 
             let again = entry(3, 9);
-            let at = c2.find::<W>(&again.rule).unwrap();
+            let at = c2.find(width, &again.rule).unwrap();
             let c3 = c2
-                .edited::<W>(Edit::Replace(at, Arc::clone(&again)))
+                .edited(width, Edit::Replace(at, Arc::clone(&again)))
                 .unwrap();
             assert_eq!(values(&c3), [0, 9, 4, 6]);
             drop(c2);
             assert_eq!(counts(&[&fresh, &again]), [1, 2]);
 
             let twice = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                c3.edited::<W>(Edit::Remove(0))
+                c3.edited(width, Edit::Remove(0))
             }));
             drop(twice.expect("a first edit").expect("rules left"));
             let again_twice = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                c3.edited::<W>(Edit::Remove(0))
+                c3.edited(width, Edit::Remove(0))
             }));
             assert!(again_twice.is_err(), "a chain's counts pass once");
             let one = Owned::<Chain>::init((vec![Arc::clone(&held[1])], width));
-            assert!(one.edited::<W>(Edit::Remove(0)).is_none());
+            assert!(one.edited(width, Edit::Remove(0)).is_none());
             drop(one);
             drop(c3);
             assert!(

@@ -393,8 +393,8 @@ fn classify_many_in_bursts_answers_as_classify() {
     };
     m.load((0..20_000u32).map(|i| (rule(i), v(i))), BPF_NOEXIST)
         .unwrap();
-    // One table of more than 16,384 buckets (one or more a rule).
     assert_eq!(m.tables(), 1);
+    assert!(m.first_table_buckets() >= super::map::BURST_TABLE_SLOTS);
     let packets: Vec<Packet> = (0..1_000u32)
         .map(|k| {
             let i = k.wrapping_mul(2_654_435_761) % 40_000;
