@@ -292,7 +292,9 @@ impl Suite for WildcardClassbench {
          Packets: the set's own trace where it has one (CutSplit's `NAME_trace.gz`, cycled to the \
          packet count), else each field drawn uniformly inside a random rule's interval (one \
          seed). Classification is timed in interleaved turns, the brute force on a \
-         sample of the packets; every sampled packet must get the brute force's rule. Also: the \
+         sample of the packets, each answer read as the matched rule's value (its line number, \
+         as rte_acl answers with its rule's userdata); every sampled packet must get the brute \
+         force's rule. Also: the \
          build (one insert per rule), rule updates (every tenth rule removed and inserted again, \
          a pass per repetition: the median pass, and the spread with the first, cold one), \
          the tables TupleMerge made and the mean number it probed per packet. Beside DPDK 22.11's \
@@ -351,8 +353,13 @@ impl Suite for WildcardClassbench {
                 None => classbench::generate_trace(&schema, &set.rules, n_packets, 1.0, SEED),
             };
             let sample = &packets[..opts.brute_packets.min(packets.len()).max(1)];
+            // The rule's value (its priority), as rte_acl answers with its
+            // rule's userdata: read from the chain's words, where the
+            // rule's own priority is behind its entry, one more miss.
             let answer = |p: &Packet, guard: &Guard| {
-                map.classify(p, guard).map_or(u32::MAX, |(r, _)| r.priority)
+                map.classify(p, guard).map_or(u32::MAX, |(_, v)| {
+                    u32::from_ne_bytes(v.try_into().expect("4 bytes"))
+                })
             };
             let by_brute =
                 |p: &Packet, _: &Guard| brute.classify(p).map_or(u32::MAX, |(r, _)| r.priority);
