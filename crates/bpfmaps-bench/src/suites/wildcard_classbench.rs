@@ -32,11 +32,13 @@ use clap::Args;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
+use crate::alloc::MemProbe;
+use crate::lpm_tables::flush_deferred;
 use crate::measure::{answer_loop, rate_samples_interleaved};
 use crate::native::dpdk_acl;
 use crate::record::{
-    BUILD_MS, NS_PER_LOOKUP, RULE_UPDATES_PER_SEC, Record, TABLES, TABLES_PROBED,
-    WILDCARD_DISAGREEMENTS, case, cases, cell, find, ratio,
+    BUILD_MS, MEM_BYTES_PER_KEY, NS_PER_LOOKUP, RULE_UPDATES_PER_SEC, Record, TABLES,
+    TABLES_PROBED, WILDCARD_DISAGREEMENTS, case, cases, cell, find, ratio,
 };
 use crate::stats::Stats;
 use crate::suite::{Ctx, Suite};
@@ -235,6 +237,17 @@ fn rte_acl(
             b.as_secs_f64() * 1e3,
         ));
     }
+    // Its runtime tables, as `rte_acl_build` logs them (not the rules'
+    // copy it keeps to rebuild from, nor its build's temporary memory).
+    if let Some(b) = t.runtime_bytes {
+        recs.push(Record::single(
+            suite,
+            c,
+            RTE_ACL,
+            &MEM_BYTES_PER_KEY,
+            b as f64 / set.rules.len() as f64,
+        ));
+    }
     let checked = match acl.classify(&set.rules, sample, t.alg) {
         Ok(got) => {
             let wrong = sample
@@ -295,14 +308,15 @@ impl Suite for WildcardClassbench {
          sample of the packets, each answer read as the matched rule's value (its line number, \
          as rte_acl answers with its rule's userdata); every sampled packet must get the brute \
          force's rule. Also: the \
-         build (one insert per rule), rule updates (every tenth rule removed and inserted again, \
+         build (one `load` of the set) and the bytes the map then holds a rule (the allocator's \
+         count), rule updates (every tenth rule removed and inserted again, \
          a pass per repetition: the median pass, and the spread with the first, cold one), \
          the tables TupleMerge made and the mean number it probed per packet. Beside DPDK 22.11's \
          `rte_acl` where Debian's `dpdk-dev` is installed: its `dpdk-test-acl` program, run as a \
          separate process on the same rules (in priority order, first line best; no ties) and the \
          same packets, `--alg=avx2` (scalar where AVX2 is refused), 256 packets per \
          `rte_acl_classify` call, three passes timed by the tool (one observation, their mean); \
-         its build (a full `rte_acl_build`, what any rule change costs) and, from a second untimed \
+         the bytes of its runtime tables a rule, as its build logs them; its build (a full `rte_acl_build`, what any rule change costs) and, from a second untimed \
          run, which rule it gave each packet of the brute force's sample. Without the program, a \
          note says so and its columns are empty. Not yet beside the reference TupleMerge (not \
          packaged).";
@@ -337,6 +351,8 @@ impl Suite for WildcardClassbench {
             for r in &set.rules {
                 brute.insert(r.clone(), &r.priority.to_ne_bytes());
             }
+            flush_deferred();
+            let probe = MemProbe::start();
             let started = Instant::now();
             let map = WildcardMap::new(schema.clone(), 4, set.rules.len() as u32)
                 .expect("a map of the set's size");
@@ -347,6 +363,11 @@ impl Suite for WildcardClassbench {
             )
             .expect("distinct rules, room for each");
             let build = started.elapsed();
+            // What the map holds once the tables it replaced are freed:
+            // the allocator's count, tables, chains, entries and the
+            // writer's index alike.
+            flush_deferred();
+            let bytes = probe.held();
             let packets = match &set.trace {
                 // The set's own trace, cycled to the packet count.
                 Some(trace) => trace.iter().copied().cycle().take(n_packets).collect(),
@@ -408,6 +429,13 @@ impl Suite for WildcardClassbench {
             }
             recs.extend([
                 Record::single(Self::NAME, &c, MAP, &BUILD_MS, build.as_secs_f64() * 1e3),
+                Record::single(
+                    Self::NAME,
+                    &c,
+                    MAP,
+                    &MEM_BYTES_PER_KEY,
+                    bytes as f64 / set.rules.len() as f64,
+                ),
                 Record::stats(
                     Self::NAME,
                     &c,
@@ -446,6 +474,8 @@ impl Suite for WildcardClassbench {
                 "speed vs brute",
                 "rte_acl ns/packet",
                 "speed vs rte_acl",
+                "B/rule",
+                "rte_acl B/rule",
                 "build ms",
                 "updates/s",
                 "rte_acl build ms",
@@ -458,7 +488,8 @@ impl Suite for WildcardClassbench {
         .with_note("Medians; `probed` is the mean number of tables a packet probed, `wrong` the sampled packets classified unlike the brute force. \
             rte_acl: DPDK 22.11's `dpdk-test-acl` on the same rules and packets (256 a call, mean of 3 passes, one run; `-` where it is not installed); \
             `speed vs rte_acl` is rte_acl's ns/packet over bpfmaps', above 1 when bpfmaps is faster; \
-            `rte_acl build ms` is a full `rte_acl_build` (rules read and compiled), what each rule change costs it, beside bpfmaps' `updates/s`.");
+            `rte_acl build ms` is a full `rte_acl_build` (rules read and compiled), what each rule change costs it, beside bpfmaps' `updates/s`; \
+            `B/rule`: the map's bytes held (the allocator's count after the build) a rule, `rte_acl B/rule` its runtime tables as `rte_acl_build` logs them.");
         for c in cases(records) {
             let get = |i: &str, m: &str| find(records, c, i, m);
             let val = |i: &str, m: &str, prec: usize| cell(records, c, i, m, prec);
@@ -480,6 +511,8 @@ impl Suite for WildcardClassbench {
                     get(RTE_ACL, NS_PER_LOOKUP.name),
                     get(MAP, NS_PER_LOOKUP.name),
                 )),
+                val(MAP, MEM_BYTES_PER_KEY.name, 0),
+                val(RTE_ACL, MEM_BYTES_PER_KEY.name, 0),
                 val(MAP, BUILD_MS.name, 1),
                 val(MAP, RULE_UPDATES_PER_SEC.name, 0),
                 val(RTE_ACL, BUILD_MS.name, 1),
