@@ -66,12 +66,11 @@ const LOAD_SEED: u64 = 0x7475_706c_654d_7267;
 /// (a chain's rules are in rule order, so its first match is its best).
 #[inline(always)]
 fn scan<'g, W: Word, const N: usize>(
-    chain: &'g Chain,
-    layout: &Layout,
+    rules: impl Iterator<Item = &'g [W]>,
     values: &[W; N],
     best: Option<&'g [W]>,
 ) -> Option<&'g [W]> {
-    for key in chain.rules::<W>(layout) {
+    for key in rules {
         // A tie of priorities goes to the first in rule order: nothing
         // from this rule on beats the best so far. Compared in the
         // words, not the entries.
@@ -575,11 +574,13 @@ impl WildcardMap {
             let slot = ahead[0].expect("the slot of table i");
             ahead = [ahead[1], after];
             probed += 1;
-            let chain = slot.load(Ordering::Acquire, guard);
-            // SAFETY: as the view: chains are freed after the grace
-            // period of their replacement.
-            if let Some(chain) = unsafe { chain.as_ref() } {
-                best = scan(chain, &layout, values, best);
+            let chain = slot.load(Ordering::Acquire, guard).into_usize();
+            if chain != 0 {
+                // SAFETY: as the view: chains are freed after the grace
+                // period of their replacement; a chain of this map's
+                // rules, untagged, of the layout's stride.
+                let rules = unsafe { Chain::rules_at::<W>(chain, layout.stride) };
+                best = scan(rules, values, best);
             }
         }
         (best.map(|b| self.answer(b, &layout)), probed)
