@@ -305,8 +305,9 @@ fn pinned_visit<F: Family, T: SharedLpm<F>>(
     }
 }
 
+/// A map's 4-byte value as the `u32` the suites store in it.
 #[inline]
-fn value_u32(v: &[u8]) -> u32 {
+pub fn value_u32(v: &[u8]) -> u32 {
     u32::from_ne_bytes(v.try_into().expect("4-byte values"))
 }
 

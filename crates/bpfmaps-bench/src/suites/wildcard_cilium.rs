@@ -22,7 +22,7 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
 use crate::alloc::MemProbe;
-use crate::lpm_tables::flush_deferred;
+use crate::lpm_tables::{flush_deferred, value_u32};
 use crate::measure::{answer_loop, rate_samples_interleaved};
 use crate::record::{
     BUILD_MS, MEM_BYTES_PER_KEY, NS_PER_LOOKUP, Record, TABLES, TABLES_PROBED,
@@ -250,9 +250,7 @@ fn burst_loop<'a>(map: &'a WildcardMap, packets: &'a [Packet]) -> Box<dyn FnMut(
 /// The rule index a map's answer holds (its 4-byte value), `u32::MAX`
 /// for none, as the six lookups answer.
 fn answer_of(answer: Option<(&Rule, &[u8])>) -> u32 {
-    answer.map_or(u32::MAX, |(_, v)| {
-        u32::from_ne_bytes(v.try_into().expect("4 bytes"))
-    })
+    answer.map_or(u32::MAX, |(_, v)| value_u32(v))
 }
 
 /// Cilium's lookup: the six keys in order, the first hit wins.
@@ -554,10 +552,7 @@ mod tests {
                 }
             }
             let guard = bpfmaps::pin();
-            let classify = |p: &Packet| {
-                map.classify(p, &guard)
-                    .map(|(_, v)| u32::from_ne_bytes(v.try_into().unwrap()))
-            };
+            let classify = |p: &Packet| map.classify(p, &guard).map(|(_, v)| value_u32(v));
             for _ in 0..2000 {
                 let (p, k) = packet(&rules[rng.random_range(0..rules.len())], &ids, &mut rng);
                 let got = classify(&p);

@@ -33,7 +33,7 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
 use crate::alloc::MemProbe;
-use crate::lpm_tables::flush_deferred;
+use crate::lpm_tables::{flush_deferred, value_u32};
 use crate::measure::{answer_loop, rate_samples_interleaved};
 use crate::native::dpdk_acl;
 use crate::record::{
@@ -316,7 +316,8 @@ impl Suite for WildcardClassbench {
          separate process on the same rules (in priority order, first line best; no ties) and the \
          same packets, `--alg=avx2` (scalar where AVX2 is refused), 256 packets per \
          `rte_acl_classify` call, three passes timed by the tool (one observation, their mean); \
-         the bytes of its runtime tables a rule, as its build logs them; its build (a full `rte_acl_build`, what any rule change costs) and, from a second untimed \
+         the bytes of its runtime tables a rule, as its build logs them; its build (a full \
+         `rte_acl_build`, what any rule change costs) and, from a second untimed \
          run, which rule it gave each packet of the brute force's sample. Without the program, a \
          note says so and its columns are empty. Not yet beside the reference TupleMerge (not \
          packaged).";
@@ -378,9 +379,8 @@ impl Suite for WildcardClassbench {
             // rule's userdata: read from the chain's words, where the
             // rule's own priority is behind its entry, one more miss.
             let answer = |p: &Packet, guard: &Guard| {
-                map.classify(p, guard).map_or(u32::MAX, |(_, v)| {
-                    u32::from_ne_bytes(v.try_into().expect("4 bytes"))
-                })
+                map.classify(p, guard)
+                    .map_or(u32::MAX, |(_, v)| value_u32(v))
             };
             let by_brute =
                 |p: &Packet, _: &Guard| brute.classify(p).map_or(u32::MAX, |(r, _)| r.priority);

@@ -18,7 +18,7 @@ use bpfmaps::wildcard::{DEFAULT_COLLISION_LIMIT, Field, Packet, Schema, Wildcard
 use bpfmaps::{BPF_ANY, Guard};
 use clap::Args;
 
-use crate::lpm_tables::{Answers, AnyLpm, Built, LpmTable, build, check_agreement};
+use crate::lpm_tables::{Answers, AnyLpm, Built, LpmTable, build, check_agreement, value_u32};
 use crate::measure::rate_samples_interleaved;
 use crate::prefixes::{Family, IPV4_TABLE, IPV6_TABLE, Prefix, V4, V6, addrs_inside, generate};
 use crate::record::{
@@ -75,9 +75,7 @@ impl<F: Family, const TUPLES: bool, const RULE: bool> WildcardLpm<F, TUPLES, RUL
         let mut packet = Packet::default();
         packet.values[0] = be(a.as_ref());
         if RULE {
-            self.map
-                .classify(&packet, guard)
-                .map(|(_, v)| u32::from_ne_bytes(v.try_into().expect("4-byte values")))
+            self.map.classify(&packet, guard).map(|(_, v)| value_u32(v))
         } else {
             self.map.classify_as(&packet, guard)
         }

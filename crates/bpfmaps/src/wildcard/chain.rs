@@ -3,9 +3,10 @@
 //! entry address back to back, in words as narrow as the schema's
 //! widest field allows (32 bits for a 5-tuple). A probe that matches
 //! reads no other memory, and a bucket of ClassBench rules takes a
-//! quarter of the cache lines `u128` words would. The writer changes a bucket by copying its words with
-//! the change made: a rule update reads the bucket's chain and the entry
-//! it changes, not every entry of the bucket.
+//! quarter of the cache lines `u128` words would. The writer changes a
+//! bucket by copying its words with the change made: a rule update
+//! reads the bucket's chain and the entry it changes, not every entry
+//! of the bucket.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
