@@ -114,7 +114,8 @@ fn height<V: Clone + Send + Sync + 'static>(tree: &MapleTree<V>) -> usize {
 }
 
 /// The node search against a count of the keys, for every fill, every
-/// key and its neighbours, and keys at both ends of `u64`.
+/// key and its neighbours, and keys at both ends of `u64`. (Safe code:
+/// under Miri three rounds, each kind of round once.)
 #[test]
 fn node_search_counts_the_keys_at_or_below_an_index() {
     use super::node::count_le;
@@ -125,7 +126,7 @@ fn node_search_counts_the_keys_at_or_below_an_index() {
         rng ^= rng << 17;
         rng
     };
-    for round in 0..scaled(200, 20) {
+    for round in 0..scaled(200, 3) {
         for len in 0..=LEAF_SLOTS {
             let mut keys = [u64::MAX; LEAF_SLOTS];
             let mut at = if round % 2 == 0 { 0 } else { next() % 1000 };
