@@ -10,7 +10,7 @@
 //! the first table it fits; when none does, a table is made for it with
 //! its prefix lengths *relaxed* (a few bits shorter), so that later rules
 //! close to it fit too. Too many rules in one bucket (more than the
-//! collision limit, 48 by default where the reference's is 10) split
+//! collision limit, 64 by default where the reference's is 10) split
 //! the table: the colliding rules' tuples say which field to hash on
 //! more bits, and a table with that tuple takes every rule that fits it.
 //!
@@ -43,14 +43,18 @@ use crate::core::flags::UpdateFlag;
 use crate::core::prefetch::prefetch;
 use crate::core::reclaim::{Guard, drop_in_background, pin, synchronize};
 
-/// Rules one bucket holds before its table splits: 48, where the
+/// Rules one bucket holds before its table splits: 64, where the
 /// reference's default (`TM.Limit.Collide`) is 10. A bucket here is one
 /// flat array of narrow words, cheap to scan, so fewer and fuller tables
-/// win: on the ClassBench sets 1.0-1.7x faster lookups than with 10
-/// (ipc1_10k 249 to 145 ns, 31 tables to 16), Cilium's shapes and
-/// updates the same or faster within the runs' spread
-/// (docs/benchmarks.md, "Collision limit").
-pub const DEFAULT_COLLISION_LIMIT: usize = 48;
+/// win: on the ClassBench sets 1.0-1.7x faster lookups with 48 than with
+/// 10 (ipc1_10k 249 to 145 ns, 31 tables to 16), and with 64 than 48
+/// 8-13 % less time a packet on the sets whose tables it merges
+/// (ipc1_10k 16 tables to 14, 6.2 probed to 4.7; the seeds' acl3, acl4
+/// and ipc1 sets), the same on the rest (acl1's up to 10 % slower on
+/// short traces), acl1's updates up to a fifth slower from the longer
+/// chains they copy; 96 and 128 merged no more on ipc1
+/// (docs/benchmarks.md, "Collision limit: 64").
+pub const DEFAULT_COLLISION_LIMIT: usize = 64;
 
 /// The most rules a table may hold for a split during a
 /// [`WildcardMap::load`] to move every rule of it that fits the new
