@@ -48,7 +48,7 @@ use crate::core::reclaim::{Guard, drop_in_background, pin, synchronize};
 /// flat array of narrow words, cheap to scan, so fewer and fuller tables
 /// win: on the ClassBench sets 1.0-1.7x faster lookups with 48 than with
 /// 10 (ipc1_10k 249 to 145 ns, 31 tables to 16), and with 64 than 48
-/// 8-13 % less time a packet on the sets whose tables it merges
+/// 4-11 % less time a packet on the sets whose tables it merges
 /// (ipc1_10k 16 tables to 14, 6.2 probed to 4.7; the seeds' acl3, acl4
 /// and ipc1 sets), the same on the rest (acl1's up to 10 % slower on
 /// short traces), acl1's updates up to a fifth slower from the longer
