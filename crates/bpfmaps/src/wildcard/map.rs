@@ -46,14 +46,11 @@ use crate::core::reclaim::{Guard, drop_in_background, pin, synchronize};
 /// Rules one bucket holds before its table splits: 64, where the
 /// reference's default (`TM.Limit.Collide`) is 10. A bucket here is one
 /// flat array of narrow words, cheap to scan, so fewer and fuller tables
-/// win: on the ClassBench sets 1.0-1.7x faster lookups with 48 than with
-/// 10 (ipc1_10k 249 to 145 ns, 31 tables to 16), and with 64 than 48
-/// 4-11 % less time a packet on the sets whose tables it merges
-/// (ipc1_10k 16 tables to 14, 6.2 probed to 4.7; the seeds' acl3, acl4
-/// and ipc1 sets), the same on the rest (acl1's up to 10 % slower on
-/// short traces), acl1's updates up to a fifth slower from the longer
-/// chains they copy; 96 and 128 merged no more on ipc1
-/// (docs/benchmarks.md, "Collision limit: 64").
+/// win until the longer chains cost more than the probes saved: 48 made
+/// lookups 1.0-1.7x faster than 10 on the ClassBench sets, 64 took 4-11 %
+/// more off those it merges (ipc1's), at some update cost on acl1's;
+/// 96 and 128 merged no more on ipc1 and acl1 (docs/benchmarks.md,
+/// "Collision limit" and "Collision limit: 64").
 pub const DEFAULT_COLLISION_LIMIT: usize = 64;
 
 /// The most rules a table may hold for a split during a
