@@ -251,18 +251,18 @@ impl PrefixIndex {
         Ok(!held)
     }
 
-    /// Stores every rule of `given` with its value under `flag`, all or
-    /// nothing ([`count_fresh`]); readers see them appear one prefix at
-    /// a time. Returns how many were new.
+    /// Stores every entry of `given` (in rule order, a rule once) under
+    /// `flag`, all or nothing ([`count_fresh`]); readers see them appear
+    /// one prefix at a time. Returns how many were new.
     pub(super) fn load(
         &self,
-        given: BTreeMap<Rule, Box<[u8]>>,
+        given: Vec<Arc<Entry>>,
         flag: UpdateFlag,
         max_entries: usize,
     ) -> Result<usize> {
         let mut w = self.writer.lock();
         let fresh = count_fresh(
-            given.keys(),
+            given.iter().map(|e| &e.rule),
             flag,
             |r| w.placed.contains(r),
             w.placed.len(),
@@ -270,9 +270,8 @@ impl PrefixIndex {
         )?;
         let mut retired = Retired::default();
         let mut touched = BTreeSet::new();
-        for (rule, value) in given {
-            let key = self.key_of(&rule);
-            let entry = Arc::new(Entry { rule, value });
+        for entry in given {
+            let key = self.key_of(&entry.rule);
             w.put(key, entry, &mut retired);
             touched.insert(key);
         }

@@ -924,6 +924,26 @@ proptest! {
         prop_assert_eq!(schema.packet_from_match_key(&schema.match_key(&p)).unwrap(), p);
         prop_assert_eq!(schema.rule_from_key(&schema.match_key(&p)).unwrap_err().errno(), 22);
     }
+
+    /// The order a load sorts its rules in (the priority, then the bounds
+    /// packed into one number, `map::pack`) is rule order; rules it ties
+    /// are the same rule when their packing is whole (at most 128 bits).
+    #[test]
+    fn packed_bounds_order_as_rules(
+        schema in arb_schema(),
+        a in prop::collection::vec(any::<u64>(), 4),
+        b in prop::collection::vec(any::<u64>(), 4),
+        pa in 0u32..2,
+        pb in 0u32..2,
+    ) {
+        let (x, y) = (rule_from(&schema, pa, &a), rule_from(&schema, pb, &b));
+        let key = |r: &Rule| (r.priority, map::pack(schema.fields(), r));
+        let whole = schema.fields().iter().map(|f| 2 * f.bits()).sum::<u32>() <= 128;
+        match key(&x).cmp(&key(&y)) {
+            std::cmp::Ordering::Equal => prop_assert!(!whole || x == y, "{x:?} and {y:?} tie"),
+            order => prop_assert_eq!(x.cmp(&y), order),
+        }
+    }
 }
 
 /// A 5-tuple wildcard map built through `create()`.
