@@ -25,9 +25,10 @@
 //!
 //! ## Adding a suite
 //! Write `src/suites/NAME.rs` with a unit struct implementing [`Suite`]
-//! (options as a `clap::Args` struct, read with [`Ctx::options`]), then add
-//! `mod NAME;` and `&NAME::Struct` to [`suites::ALL`]. The CLI subcommand,
-//! `--json`, the report section and the plots follow from the trait.
+//! (options as a `clap::Args` struct, its [`Suite::Opts`], handed to
+//! `run`), then add `mod NAME;` and `&NAME::Struct` to [`suites::ALL`].
+//! The CLI subcommand, `--json`, the report section and the plots
+//! follow from the trait.
 //!
 //! ## Method
 //! Rates are measured with [`std::time::Instant`] over batches of

@@ -30,7 +30,7 @@
 //! real set has such keys (`strmap-real` prints how many).
 //!
 //! Adding a structure: an impl of [`StrTable`] and one line in
-//! [`visit_all`].
+//! `visit_all`.
 
 use std::collections::{BTreeMap, HashMap};
 use std::hint::black_box;

@@ -14,7 +14,7 @@
 //!
 //! The declarations below are written by hand from `Judy.h` (JudyHS and
 //! JudySL sections); [`JudyHs`] and [`JudySl`] each own one array
-//! ([`Array`]), freed when dropped, with a count of its keys, as Judy has
+//! (`Array`), freed when dropped, with a count of its keys, as Judy has
 //! none.
 //!
 //! Memory: libJudy allocates through four functions a program may replace

@@ -13,7 +13,7 @@
 //! - [`MapleMap`]: its byte contract, through the registry as
 //!   [`MapType::MAPLE_TREE`](crate::MapType::MAPLE_TREE).
 //!
-//! Why not the kernel's node format: see [`node`]'s docs (a range takes
+//! Why not the kernel's node format: see `maple/node.rs` (a range takes
 //! one slot, not two, when it has free space beside it), and
 //! docs/design.md ("Range maps") for the node sizes.
 

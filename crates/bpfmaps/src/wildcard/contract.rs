@@ -173,7 +173,7 @@ impl Schema {
                 .sum::<usize>()
     }
 
-    /// `rule` as a rule key ([module docs](self)).
+    /// `rule` as a rule key (laid out as `wildcard/contract.rs` shows).
     ///
     /// ```
     /// use bpfmaps::wildcard::{Field, Schema};
