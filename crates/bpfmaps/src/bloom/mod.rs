@@ -50,8 +50,8 @@
 //! kernel's guarantee too (it uses plain `set_bit`/`test_bit`).
 //!
 //! # Differences from the kernel
-//! - [`Map::len`](crate::Map::len) counts pushes (duplicates included); the kernel has no
-//!   notion of length.
+//! - [`Map::len`](crate::Map::len) counts pushes (duplicates included);
+//!   the kernel has no notion of length.
 //! - Hashing: the default is [`BloomHash::Xxh3`] (one xxh3_128, double
 //!   hashing), which the `bloom` benchmark measured faster than the kernel's
 //!   `k` jhash calls at every size; [`BloomHash::Jhash`] (or a spec with

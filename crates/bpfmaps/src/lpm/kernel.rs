@@ -103,9 +103,9 @@
 //!   `BPF_F_NO_PREALLOC`; the kernel insists on `BPF_F_NO_PREALLOC`.
 //! - Allocation failure aborts (as `Box` does) instead of `ENOMEM`; the
 //!   lock cannot fail (6.15's `rqspinlock` may return `EDEADLK`/`ETIMEDOUT`).
-//! - [`Map::memory_usage`](crate::Map::memory_usage) is the sum of the live node allocations
-//!   (intermediate nodes included); the kernel's `trie_mem_usage` is
-//!   `n_entries * (24 + data_size + value_size)`, see
+//! - [`Map::memory_usage`](crate::Map::memory_usage) is the sum of the
+//!   live node allocations (intermediate nodes included); the kernel's
+//!   `trie_mem_usage` is `n_entries * (24 + data_size + value_size)`, see
 //!   [`KernelLpmTrie::kernel_mem_usage`].
 //!
 //! # Example
@@ -516,8 +516,8 @@ impl KernelLpmTrie {
     }
 
     /// Stores `value` under `data/prefixlen` without the byte-key encoding
-    /// (`flags` as for [`Map::update`](crate::Map::update)). Host bits are stored but never
-    /// matched.
+    /// (`flags` as for [`Map::update`](crate::Map::update)). Host bits are
+    /// stored but never matched.
     pub fn insert_data(&self, data: &[u8], prefixlen: u32, value: &[u8], flags: u64) -> Result<()> {
         let flags = UpdateFlag::from_bits(flags)?;
         self.check_data(data, prefixlen)?;

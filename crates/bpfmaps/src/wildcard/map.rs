@@ -1260,19 +1260,17 @@ pub(super) fn last_of_each(
             .cmp(&(b.0, b.1))
             .then_with(|| a.2.rule.cmp(&b.2.rule))
     });
-    let mut last: Vec<(u32, u128, Arc<Entry>)> = Vec::with_capacity(keyed.len());
-    for k in keyed {
-        match last.last_mut() {
-            Some(l) if (l.0, l.1) == (k.0, k.1) && l.2.rule == k.2.rule => {
-                if flag == UpdateFlag::NoExist {
-                    return Err(Error::Exists);
-                }
-                *l = k;
-            }
-            _ => last.push(k),
+    let same = |a: &(u32, u128, Arc<Entry>), b: &(u32, u128, Arc<Entry>)| {
+        (a.0, a.1) == (b.0, b.1) && a.2.rule == b.2.rule
+    };
+    let mut last = Vec::with_capacity(keyed.len());
+    for run in keyed.chunk_by(same) {
+        if run.len() > 1 && flag == UpdateFlag::NoExist {
+            return Err(Error::Exists);
         }
+        last.push(Arc::clone(&run[run.len() - 1].2));
     }
-    Ok(last.into_iter().map(|(_, _, e)| e).collect())
+    Ok(last)
 }
 
 /// A rule's bounds as one number that orders as they do (given its
