@@ -551,22 +551,26 @@ impl WildcardMap {
         // of its replacement, and the guard is pinned.
         let view = unsafe { self.view.load(Ordering::Acquire, guard).deref() };
         let tables = &view.tables;
+        // The better of `best` and the first match in a bucket's chain.
+        let scan_slot = |slot: &Atomic<Chain>, best: Option<&'g [W]>| {
+            let chain = slot.load(Ordering::Acquire, guard).into_usize();
+            if chain != 0 {
+                // SAFETY: as the view: chains are freed after the grace
+                // period of their replacement; a chain of this map's
+                // rules, untagged, of the layout's stride.
+                let rules = unsafe { Chain::rules_at::<W>(chain, layout.stride) };
+                scan(rules, values, best)
+            } else {
+                best
+            }
+        };
         // A view of one table (a policy of one shape of rule, as Cilium's
         // exact rules) is probed without the pipeline below: a third of
         // the instructions of a classification, and the shorter path
         // lets the misses of a caller's consecutive lookups overlap
         // (docs/benchmarks.md, "One table, probed alone").
         if let [(_, table)] = &tables[..] {
-            let slot = table.slot(values);
-            let chain = slot.load(Ordering::Acquire, guard).into_usize();
-            if chain == 0 {
-                return (None, 1);
-            }
-            // SAFETY: as the view: chains are freed after the grace period
-            // of their replacement; a chain of this map's rules, untagged,
-            // of the layout's stride.
-            let rules = unsafe { Chain::rules_at::<W>(chain, layout.stride) };
-            let best = scan(rules, values, None);
+            let best = scan_slot(table.slot(values), None);
             return (best.map(|b| self.answer(b, &layout)), 1);
         }
         // The best match's words in its chain.
@@ -593,12 +597,7 @@ impl WildcardMap {
             let slot = ahead[0].expect("the slot of table i");
             ahead = [ahead[1], after];
             probed += 1;
-            let chain = slot.load(Ordering::Acquire, guard).into_usize();
-            if chain != 0 {
-                // SAFETY: as in the one-table probe above.
-                let rules = unsafe { Chain::rules_at::<W>(chain, layout.stride) };
-                best = scan(rules, values, best);
-            }
+            best = scan_slot(slot, best);
         }
         (best.map(|b| self.answer(b, &layout)), probed)
     }
@@ -1279,12 +1278,17 @@ pub(super) fn last_of_each(
     let same = |a: &(u32, u128, Arc<Entry>), b: &(u32, u128, Arc<Entry>)| {
         (a.0, a.1) == (b.0, b.1) && a.2.rule == b.2.rule
     };
+    // The last of each run of the same rule, moved out (no count taken).
     let mut last = Vec::with_capacity(keyed.len());
-    for run in keyed.chunk_by(same) {
-        if run.len() > 1 && flag == UpdateFlag::NoExist {
-            return Err(Error::Exists);
+    let mut sorted = keyed.into_iter().peekable();
+    while let Some(k) = sorted.next() {
+        if sorted.peek().is_some_and(|next| same(&k, next)) {
+            if flag == UpdateFlag::NoExist {
+                return Err(Error::Exists);
+            }
+            continue;
         }
-        last.push(Arc::clone(&run[run.len() - 1].2));
+        last.push(k.2);
     }
     Ok(last)
 }

@@ -1,0 +1,91 @@
+//! A fixed classification workload for instruction counts: callgrind on
+//! the benchmark suites counts loops that run for a time, so their
+//! packet mix, and the instructions a packet, vary from run to run.
+//! This classifies each packet once:
+//! - `exact`: 1,000 exact rules of Cilium's key (one table), each
+//!   packet a rule's key;
+//! - a ClassBench rule file (`.gz`): the set loaded, then 20,000 packets
+//!   drawn inside its rules (`classbench::generate_trace`, seed 7).
+//!
+//! `cargo build --release -p bpfmaps-bench --example wildcard_probe_once`,
+//! then `valgrind --tool=callgrind
+//! --toggle-collect='bpfmaps::wildcard::map::WildcardMap::classify_in*'
+//! target/release/examples/wildcard_probe_once exact` (or
+//! `../shared/data/classbench/acl1_10k.gz`): the total over the
+//! packets (docs/benchmarks.md, "One table, probed alone").
+
+use std::io::Read;
+
+use bpfmaps::wildcard::{Field, Packet, Rule, Schema, WildcardMap, classbench};
+use bpfmaps::{BPF_ANY, BPF_NOEXIST};
+
+/// 1,000 exact rules of Cilium's key and a packet matching each.
+fn exact() -> (WildcardMap, Vec<Packet>) {
+    let schema = Schema::new(vec![
+        Field::exact("id", 4),
+        Field::range("dport", 2),
+        Field::exact("proto", 1),
+        Field::exact("dir", 1),
+    ])
+    .expect("a schema");
+    let map = WildcardMap::new(schema.clone(), 4, 1000).expect("a map");
+    let mut packets = Vec::new();
+    for i in 0..1000u32 {
+        let values = [
+            u128::from(i * 7919 % 100_000),
+            u128::from(i % 1000),
+            6,
+            u128::from(i % 2),
+        ];
+        let rule = schema
+            .rule(0)
+            .exact("id", values[0])
+            .range("dport", values[1], values[1])
+            .exact("proto", values[2])
+            .exact("dir", values[3])
+            .build()
+            .expect("a rule");
+        map.insert(&rule, &i.to_ne_bytes(), BPF_ANY)
+            .expect("room for the rule");
+        let mut packet = Packet::default();
+        packet.values[..4].copy_from_slice(&values);
+        packets.push(packet);
+    }
+    (map, packets)
+}
+
+/// The ClassBench set at `path` and 20,000 packets inside its rules.
+fn classbench_set(path: &str) -> (WildcardMap, Vec<Packet>) {
+    let schema = classbench::schema();
+    let mut text = String::new();
+    let file = std::fs::File::open(path).unwrap_or_else(|e| panic!("{path}: {e}"));
+    flate2::read::GzDecoder::new(file)
+        .read_to_string(&mut text)
+        .unwrap_or_else(|e| panic!("{path}: {e}"));
+    let rules: Vec<Rule> = classbench::parse_rules(&schema, &text).expect("a rule file");
+    let map = WildcardMap::new(schema.clone(), 4, rules.len() as u32).expect("a map");
+    map.load(
+        rules.iter().map(|r| (r, r.priority.to_ne_bytes())),
+        BPF_NOEXIST,
+    )
+    .expect("distinct rules");
+    let packets = classbench::generate_trace(&schema, &rules, 20_000, 1.0, 7);
+    (map, packets)
+}
+
+fn main() {
+    let what = std::env::args()
+        .nth(1)
+        .expect("`exact` or a ClassBench rule file");
+    let (map, packets) = if what == "exact" {
+        exact()
+    } else {
+        classbench_set(&what)
+    };
+    let guard = bpfmaps::pin();
+    let matched = packets
+        .iter()
+        .filter(|p| map.classify(p, &guard).is_some())
+        .count();
+    println!("{matched} of {} packets matched", packets.len());
+}
