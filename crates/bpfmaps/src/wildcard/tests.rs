@@ -361,6 +361,62 @@ fn overflowing_buckets_split_tables_and_answers_stay_right() {
 }
 
 #[test]
+fn load_merges_a_table_into_a_coarser_one_its_rules_fit() {
+    // Exact ports, then aligned blocks of 16: inserted in that order, the
+    // first rule's table hashes all 16 bits of the port and the blocks,
+    // which fix 12, need a table of their own; loaded, the exact ports'
+    // table merges into the blocks' (its rules fit it, and its buckets
+    // stay short).
+    let s = Schema::new(vec![Field::range("dport", 2), Field::exact("proto", 1)]).unwrap();
+    let rule = |i: u32| {
+        let (lo, hi) = if i.is_multiple_of(2) {
+            (i * 64, i * 64)
+        } else {
+            (i * 64, i * 64 + 15)
+        };
+        s.rule(i % 3)
+            .range("dport", u128::from(lo), u128::from(hi))
+            .exact("proto", 6)
+            .build()
+            .unwrap()
+    };
+    let rules: Vec<Rule> = (0..200).map(rule).collect();
+    let inserted = WildcardMap::new(s.clone(), 4, 1000).unwrap();
+    for (i, r) in rules.iter().enumerate() {
+        inserted.insert(r, &v(i as u32), BPF_NOEXIST).unwrap();
+    }
+    assert_eq!(inserted.tables(), 2);
+    let loaded = WildcardMap::new(s.clone(), 4, 1000).unwrap();
+    loaded
+        .load(
+            rules.iter().enumerate().map(|(i, r)| (r, v(i as u32))),
+            BPF_NOEXIST,
+        )
+        .unwrap();
+    loaded.check_structure();
+    assert_eq!(loaded.tables(), 1);
+    assert_eq!(loaded.rules(), inserted.rules());
+    let guard = pin();
+    for port in 0..200 * 64 + 20 {
+        let p = s.packet(&[port, 6]).unwrap();
+        assert_eq!(answer(&loaded, &p), answer(&inserted, &p), "port {port}");
+        assert_eq!(loaded.classify_counting(&p, &guard).1, 1);
+    }
+    // Rules that would crowd one bucket stay apart: a block of 4,096
+    // ports fixes 4 bits, and a table hashing those holds every exact
+    // rule below it in one bucket.
+    let wide = s
+        .rule(9)
+        .range("dport", 0, 4095)
+        .exact("proto", 6)
+        .build()
+        .unwrap();
+    loaded.load([(&wide, v(9))], BPF_NOEXIST).unwrap();
+    loaded.check_structure();
+    assert_eq!(loaded.tables(), 2);
+}
+
+#[test]
 fn classify_many_answers_each_packet_and_wants_room() {
     let s = five_tuple();
     let m = WildcardMap::new(s.clone(), 4, 10).unwrap();
