@@ -14,9 +14,11 @@
 //! the table: the colliding rules' tuples say which field to hash on
 //! more bits, and a table with that tuple takes every rule that fits it.
 //! A [`load`](WildcardMap::load) of many rules at once ends by merging
-//! each table into a coarser one whose tuple its rules fit, where the
-//! merged buckets stay short: which tables were made depends on the
-//! order the rules came in, and fewer tables are fewer probes.
+//! each table into a coarser one whose tuple its rules fit, and by
+//! moving rules of a priority two tables share into one, where buckets
+//! stay short: which tables were made depends on the order the rules
+//! came in, and fewer tables, and fewer ties between them, are fewer
+//! probes.
 //!
 //! Classification probes the tables in order of their best priority and
 //! stops as soon as the next table's best cannot beat the match in hand;
@@ -480,6 +482,14 @@ impl WildcardMap {
         }
     }
 
+    /// The moves a load ends with ([`absorb`](Self::absorb)), over every
+    /// table, for tests that shape the tables by inserts first.
+    #[cfg(test)]
+    pub(super) fn absorb_all(&self) {
+        let mut w = self.writer.lock();
+        self.absorb(&mut w, 0, &pin());
+    }
+
     /// Buckets in the first table probed (0 without one).
     #[cfg(test)]
     pub(super) fn first_table_buckets(&self) -> usize {
@@ -815,9 +825,10 @@ impl WildcardMap {
     /// reference's loader (which shuffles the rules) does. On the
     /// ClassBench sets that is about half the tables and half the probes
     /// a packet makes (docs/benchmarks.md, "Loading a rule set"). Then
-    /// each table the load made merges into a coarser one its rules fit,
-    /// where the merged buckets stay short (Cilium's wildcard policies of
-    /// 1,000 rules: 8 tables to 4, 4.7 probes a packet to 1.7;
+    /// tables merge into coarser ones their rules fit, and rules of a
+    /// priority two tables share move into one, where buckets stay short
+    /// (Cilium's wildcard policies of 1,000 rules: 8 tables to 4, 4.7
+    /// probes a packet to 1.7; its mixed ones of 100K: 2.1 to 1.3;
     /// docs/benchmarks.md, "Tables merged after a load").
     ///
     /// Readers see the rules appear one by one, each whole. It returns
@@ -1125,70 +1136,123 @@ impl WildcardMap {
         true
     }
 
-    /// Merges each table whose rules all fit another table's tuple into
-    /// that table, while no bucket then holds more than the collision
-    /// limit and the bucket a rule sits in holds at most
-    /// [`ABSORB_MEAN`] rules on average; publishes the result once. At
-    /// least one of the two is a table made by this load (its id
-    /// `first_new` or later), so that a small load into a large map does
-    /// not count its old tables' buckets again.
+    /// Moves rules between tables once a load is in, two ways:
+    /// - a table whose rules all fit another table's tuple merges into
+    ///   it: one probe fewer for the packets that reach both;
+    /// - of two tables with the same best priority, the rules of that
+    ///   priority in one move to the other, if they all fit its tuple:
+    ///   the first table's best rises past the second's, and a packet
+    ///   matched at that priority no longer probes both (a tie sends the
+    ///   probe on; a table whose best is worse ends it).
+    ///
+    /// Either only while the receiving table keeps every bucket within
+    /// the collision limit and the bucket a rule sits in holds at most
+    /// [`ABSORB_MEAN`] rules on average. A packet probes every table
+    /// whose best priority is at or below its answer's; neither move adds
+    /// to those tables at any priority, so no packet probes more. At
+    /// least one of the two tables is one this load made (its id
+    /// `first_new` or later), so a small load into a large map does not
+    /// count its old tables again. Publishes the result once.
     ///
     /// Why: rules arrive in any order, so a table made for the first
     /// rule of a shape may be finer than the table its later kin needed
     /// (Cilium's exact ports, then port blocks of 16: one table hashing
-    /// 16 bits of the port and one hashing 12). Each extra table is one
-    /// more probe for every packet that gets that far; once the whole
-    /// set is in, which tables can merge and how long the merged
-    /// buckets get is known.
+    /// 16 bits of the port and one hashing 12), and rules of one priority
+    /// spread over the tables that existed as they came (Cilium's exact
+    /// rules among the identity rules' table and the ports'). Once the
+    /// whole set is in, which moves keep buckets short is known.
     fn absorb(&self, w: &mut Writer, first_new: u64, guard: &Guard) {
-        // Pairs (from, into) found to make long chains: unchanged tables
-        // are not counted again.
+        // Pairs (from, into) refused: unchanged tables are not counted
+        // again.
         let mut refused = std::collections::HashSet::new();
-        let mut merged = false;
+        let mut changed = false;
         loop {
             // The smallest tables first: the cheapest to move.
             let mut ids: Vec<u64> = w.tables.keys().copied().collect();
             ids.sort_by_key(|id| (w.tables[id].rules, *id));
-            let tables = &w.tables;
-            let fitting = ids.iter().flat_map(|&from| {
-                let tuple = tables[&from].table.tuple;
-                ids.iter()
-                    .filter(move |&&into| into != from && from.max(into) >= first_new)
-                    .filter(move |into| fits(&tuple, &tables[into].table.tuple))
-                    .map(move |&into| (from, into))
-            });
-            let mut pair = None;
-            for (from, into) in fitting {
-                if refused.contains(&(from, into)) {
-                    continue;
+            let mut found = None;
+            'search: for &from in &ids {
+                for &into in &ids {
+                    if into == from || from.max(into) < first_new || refused.contains(&(from, into))
+                    {
+                        continue;
+                    }
+                    let (source, target) = (&w.tables[&from], &w.tables[&into]);
+                    let tuple = target.table.tuple;
+                    let moving = if fits(&source.table.tuple, &tuple) {
+                        table_entries(&source.table, guard)
+                    } else if source.best() == target.best() {
+                        let tied: Vec<Arc<Entry>> = table_entries(&source.table, guard)
+                            .into_iter()
+                            .filter(|e| e.rule.priority == source.best())
+                            .collect();
+                        let all_fit = tied
+                            .iter()
+                            .all(|e| fits(&e.rule.prefix_lengths(&self.schema), &tuple));
+                        if all_fit { tied } else { Vec::new() }
+                    } else {
+                        continue;
+                    };
+                    if !moving.is_empty()
+                        && stays_short(&moving, target, self.collision_limit, guard)
+                    {
+                        found = Some((from, into, moving));
+                        break 'search;
+                    }
+                    refused.insert((from, into));
                 }
-                if stays_short(&tables[&from], &tables[&into], self.collision_limit, guard) {
-                    pair = Some((from, into));
-                    break;
-                }
-                refused.insert((from, into));
             }
-            let Some((from, into)) = pair else { break };
-            refused.retain(|&(a, b)| a != into && b != into);
-            let source = w.tables.remove(&from).expect("the source");
-            let moving = table_entries(&source.table, guard);
-            let target = w.tables.get_mut(&into).expect("the target");
-            let slots = merged_slots(&source, target);
-            let mut all = table_entries(&target.table, guard);
-            all.extend(moving.iter().cloned());
-            target.table = Arc::new(build_table(target.table.tuple, &self.schema, slots, &all));
-            for (&priority, &n) in &source.priorities {
-                *target.priorities.entry(priority).or_default() += n;
-            }
-            target.rules += source.rules;
-            for e in &moving {
-                *w.placed.get_mut(&e.rule).expect("a placed rule") = into;
-            }
-            merged = true;
+            let Some((from, into, moving)) = found else {
+                break;
+            };
+            refused.retain(|&(a, b)| ![a, b].iter().any(|t| *t == from || *t == into));
+            self.move_rules(w, from, into, &moving, guard);
+            changed = true;
         }
-        if merged {
+        if changed {
             self.publish(w, guard);
         }
+    }
+
+    /// Moves `moving` (rules of table `from` that fit table `into`) into
+    /// `into`: both tables rebuilt unpublished (`from` dropped if
+    /// emptied), the books updated; the caller publishes.
+    fn move_rules(
+        &self,
+        w: &mut Writer,
+        from: u64,
+        into: u64,
+        moving: &[Arc<Entry>],
+        guard: &Guard,
+    ) {
+        let moved: std::collections::HashSet<*const Entry> =
+            moving.iter().map(Arc::as_ptr).collect();
+        let source = w.tables.get_mut(&from).expect("the source");
+        let staying: Vec<Arc<Entry>> = table_entries(&source.table, guard)
+            .into_iter()
+            .filter(|e| !moved.contains(&Arc::as_ptr(e)))
+            .collect();
+        for e in moving {
+            count(&mut source.priorities, e.rule.priority, false);
+        }
+        source.rules -= moving.len();
+        if staying.is_empty() {
+            w.tables.remove(&from);
+        } else {
+            let tuple = source.table.tuple;
+            let slots = slots_for(staying.len());
+            source.table = Arc::new(build_table(tuple, &self.schema, slots, &staying));
+        }
+        let target = w.tables.get_mut(&into).expect("the target");
+        let slots = merged_slots(moving.len(), target);
+        let mut all = table_entries(&target.table, guard);
+        all.extend(moving.iter().cloned());
+        target.table = Arc::new(build_table(target.table.tuple, &self.schema, slots, &all));
+        for e in moving {
+            count(&mut target.priorities, e.rule.priority, true);
+            *w.placed.get_mut(&e.rule).expect("a placed rule") = into;
+        }
+        target.rules += moving.len();
     }
 
     /// Panics unless the writer's books agree with the tables: each
@@ -1558,22 +1622,23 @@ fn chain_remove(table: &Table, rule: &Rule, guard: &Guard) -> bool {
     .is_some()
 }
 
-/// Whether `source`'s rules and `target`'s (whose tuple the former
-/// fit), in one table of `target`'s tuple and buckets enough for both,
-/// would keep chains short: no bucket over `limit` (the collision
-/// limit) and the bucket a rule sits in holding at most
-/// [`ABSORB_MEAN`] rules on average.
-fn stays_short(source: &TableState, target: &TableState, limit: usize, guard: &Guard) -> bool {
-    let slots = merged_slots(source, target);
+/// Whether `moving` (rules that fit `target`'s tuple) and `target`'s
+/// own rules, in one table of `target`'s tuple and buckets enough for
+/// both, would keep chains short: no bucket over `limit` (the collision
+/// limit) and the bucket a rule sits in holding at most [`ABSORB_MEAN`]
+/// rules on average.
+fn stays_short(moving: &[Arc<Entry>], target: &TableState, limit: usize, guard: &Guard) -> bool {
+    let slots = merged_slots(moving.len(), target);
     let probe = Table::new_like(&target.table, slots);
     let mut held = vec![0usize; slots];
-    for s in [source, target] {
-        for slot in s.table.slots.iter() {
-            // SAFETY: under the writer's guard.
-            if let Some(chain) = unsafe { slot.load(Ordering::Acquire, guard).as_ref() } {
-                for e in chain.entry_refs() {
-                    held[probe.slot_index(&lows(&e.rule))] += 1;
-                }
+    for e in moving {
+        held[probe.slot_index(&lows(&e.rule))] += 1;
+    }
+    for slot in target.table.slots.iter() {
+        // SAFETY: under the writer's guard.
+        if let Some(chain) = unsafe { slot.load(Ordering::Acquire, guard).as_ref() } {
+            for e in chain.entry_refs() {
+                held[probe.slot_index(&lows(&e.rule))] += 1;
             }
         }
     }
@@ -1582,9 +1647,9 @@ fn stays_short(source: &TableState, target: &TableState, limit: usize, guard: &G
     held.iter().all(|&n| n <= limit) && squares <= ABSORB_MEAN * rules
 }
 
-/// Buckets of a table holding both tables' rules.
-fn merged_slots(source: &TableState, target: &TableState) -> usize {
-    slots_for(source.rules + target.rules).max(target.table.slots.len())
+/// Buckets of a table holding `target`'s rules and `adding` more.
+fn merged_slots(adding: usize, target: &TableState) -> usize {
+    slots_for(adding + target.rules).max(target.table.slots.len())
 }
 
 /// Buckets for a table of `rules`: one per rule, at least 8.

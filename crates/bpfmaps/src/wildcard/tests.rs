@@ -380,7 +380,8 @@ fn load_merges_a_table_into_a_coarser_one_its_rules_fit() {
             .build()
             .unwrap()
     };
-    let rules: Vec<Rule> = (0..200).map(rule).collect();
+    let n = crate::scaled(200, 24) as u32;
+    let rules: Vec<Rule> = (0..n).map(rule).collect();
     let inserted = WildcardMap::new(s.clone(), 4, 1000).unwrap();
     for (i, r) in rules.iter().enumerate() {
         inserted.insert(r, &v(i as u32), BPF_NOEXIST).unwrap();
@@ -397,7 +398,7 @@ fn load_merges_a_table_into_a_coarser_one_its_rules_fit() {
     assert_eq!(loaded.tables(), 1);
     assert_eq!(loaded.rules(), inserted.rules());
     let guard = pin();
-    for port in 0..200 * 64 + 20 {
+    for port in (0..u128::from(n) * 64 + 20).step_by(crate::scaled(1, 5)) {
         let p = s.packet(&[port, 6]).unwrap();
         assert_eq!(answer(&loaded, &p), answer(&inserted, &p), "port {port}");
         assert_eq!(loaded.classify_counting(&p, &guard).1, 1);
@@ -414,6 +415,66 @@ fn load_merges_a_table_into_a_coarser_one_its_rules_fit() {
     loaded.load([(&wide, v(9))], BPF_NOEXIST).unwrap();
     loaded.check_structure();
     assert_eq!(loaded.tables(), 2);
+}
+
+#[test]
+fn rules_of_a_priority_two_tables_share_move_into_one() {
+    // Two tables whose best rules share priority 0: a packet matched at 0
+    // in the first probes the second too (a tie goes on to the next
+    // table). The first one's rules of priority 0 all fit the second's
+    // tuple, so they move there, and such a packet probes one table.
+    let s = Schema::new(vec![Field::wildcard("id", 1), Field::range("port", 2)]).unwrap();
+    let m = WildcardMap::new(s.clone(), 4, 1000).unwrap();
+    let n = crate::scaled(100, 12) as u32;
+    let mut o = BruteForce::new();
+    let mut add = |r: Rule| {
+        let value = v(o.len() as u32);
+        m.insert(&r, &value, BPF_NOEXIST).unwrap();
+        o.insert(r, &value);
+    };
+    // By identity (priority 1), then by port (priority 2): two tables.
+    for i in 1..=n {
+        add(s.rule(1).exact("id", i.into()).any("port").build().unwrap());
+    }
+    for i in 1..=n {
+        add(s
+            .rule(2)
+            .range("port", (1000 + i).into(), (1000 + i).into())
+            .build()
+            .unwrap());
+    }
+    // Exact rules of priority 0 fit both and go to the first in order,
+    // the identity table; a rule of priority 0 by port alone fits the
+    // port table only.
+    for i in 1..=n {
+        let port = u128::from(5000 + i);
+        add(s
+            .rule(0)
+            .exact("id", i.into())
+            .range("port", port, port)
+            .build()
+            .unwrap());
+    }
+    add(s.rule(0).range("port", 999, 999).build().unwrap());
+    assert_eq!(m.tables(), 2);
+    let guard = pin();
+    let exact = |i: u128| s.packet(&[i, 5000 + i]).unwrap();
+    assert_eq!(m.classify_counting(&exact(7), &guard).1, 2);
+    m.absorb_all();
+    m.check_structure();
+    assert_eq!(m.tables(), 2);
+    for i in 1..=u128::from(n) {
+        assert_eq!(
+            answer(&m, &exact(i)),
+            oracle_answer(&o, &exact(i)),
+            "id {i}"
+        );
+        assert_eq!(m.classify_counting(&exact(i), &guard).1, 1, "id {i}");
+    }
+    for (id, port) in [(3, 1003), (3, 999), (0, 999), (4, 7), (0, 1050)] {
+        let p = s.packet(&[id, port]).unwrap();
+        assert_eq!(answer(&m, &p), oracle_answer(&o, &p), "{id} {port}");
+    }
 }
 
 #[test]
