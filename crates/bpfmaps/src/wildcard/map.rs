@@ -66,8 +66,9 @@ pub const DEFAULT_COLLISION_LIMIT: usize = 64;
 const WHOLE_SPLIT_MAX: usize = 1 << 16;
 
 /// The most rules, on average over the rules, of the bucket a rule sits
-/// in after [`WildcardMap::load`] merges a table into another (a few
-/// narrow rules scanned cost less than one more table probed).
+/// in after [`WildcardMap::load`] moves rules into a table (a merge, or
+/// rules of a tied priority): a few narrow rules scanned cost less than
+/// one more table probed.
 const ABSORB_MEAN: usize = 4;
 
 /// The seed of the order [`WildcardMap::load`] inserts in: fixed, so a
