@@ -230,16 +230,6 @@ impl Table {
         }
     }
 
-    /// An empty table of `like`'s tuple with `slots` buckets.
-    fn new_like(like: &Table, slots: usize) -> Self {
-        Table {
-            tuple: like.tuple,
-            masks: like.masks,
-            width: like.width,
-            slots: (0..slots).map(|_| Atomic::null()).collect(),
-        }
-    }
-
     /// The hash of the leading bits this table keys on, from the first
     /// `N` fields' values (any fields after those hash as zeros) in words
     /// of any width that holds them (the same hash in each: a narrow
@@ -980,14 +970,8 @@ impl WildcardMap {
         // published below with a new view.
         let grown = state.rules > state.table.slots.len();
         if grown {
-            let entries = table_entries(&state.table, guard);
             let slots = 2 * state.table.slots.len();
-            state.table = Arc::new(build_table(
-                state.table.tuple,
-                &self.schema,
-                slots,
-                &entries,
-            ));
+            state.table = rebuilt(&state.table, &self.schema, slots, &[], guard);
         }
         let after = state.best();
         w.placed.insert(Placed(Arc::clone(&placed)), id);
@@ -1081,14 +1065,8 @@ impl WildcardMap {
             Some(t) => {
                 let state = w.tables.get_mut(&t).expect("target");
                 if state.rules + moving.len() > state.table.slots.len() {
-                    let mut all = table_entries(&state.table, guard);
-                    all.extend(moving.iter().cloned());
-                    state.table = Arc::new(build_table(
-                        target,
-                        &self.schema,
-                        slots_for(all.len()),
-                        &all,
-                    ));
+                    let slots = slots_for(state.rules + moving.len());
+                    state.table = rebuilt(&state.table, &self.schema, slots, &moving, guard);
                 } else {
                     for e in &moving {
                         chain_insert(&state.table, Arc::clone(e), guard);
@@ -1180,34 +1158,30 @@ impl WildcardMap {
                     }
                     let (source, target) = (&w.tables[&from], &w.tables[&into]);
                     let tuple = target.table.tuple;
-                    let moving = if fits(&source.table.tuple, &tuple) {
-                        table_entries(&source.table, guard)
-                    } else if source.best() == target.best() {
-                        let tied: Vec<Arc<Entry>> = table_entries(&source.table, guard)
-                            .into_iter()
-                            .filter(|e| e.rule.priority == source.best())
-                            .collect();
-                        let all_fit = tied
+                    let whole = fits(&source.table.tuple, &tuple);
+                    if !whole && source.best() != target.best() {
+                        continue;
+                    }
+                    // The whole table, or its rules of the tied priority.
+                    let (moving, staying): (Vec<_>, Vec<_>) = table_entries(&source.table, guard)
+                        .into_iter()
+                        .partition(|e| whole || e.rule.priority == source.best());
+                    let all_fit = whole
+                        || moving
                             .iter()
                             .all(|e| fits(&e.rule.prefix_lengths(&self.schema), &tuple));
-                        if all_fit { tied } else { Vec::new() }
-                    } else {
-                        continue;
-                    };
-                    if !moving.is_empty()
-                        && stays_short(&moving, target, self.collision_limit, guard)
-                    {
-                        found = Some((from, into, moving));
+                    if all_fit && stays_short(&moving, target, self.collision_limit, guard) {
+                        found = Some((from, into, moving, staying));
                         break 'search;
                     }
                     refused.insert((from, into));
                 }
             }
-            let Some((from, into, moving)) = found else {
+            let Some((from, into, moving, staying)) = found else {
                 break;
             };
             refused.retain(|&(a, b)| ![a, b].iter().any(|t| *t == from || *t == into));
-            self.move_rules(w, from, into, &moving, guard);
+            self.move_rules(w, (from, staying), (into, &moving), guard);
             changed = true;
         }
         if changed {
@@ -1216,23 +1190,17 @@ impl WildcardMap {
     }
 
     /// Moves `moving` (rules of table `from` that fit table `into`) into
-    /// `into`: both tables rebuilt unpublished (`from` dropped if
-    /// emptied), the books updated; the caller publishes.
+    /// `into`, `from` keeping `staying` (the rest of its rules): both
+    /// tables rebuilt unpublished (`from` dropped if emptied), the books
+    /// updated; the caller publishes.
     fn move_rules(
         &self,
         w: &mut Writer,
-        from: u64,
-        into: u64,
-        moving: &[Arc<Entry>],
+        (from, staying): (u64, Vec<Arc<Entry>>),
+        (into, moving): (u64, &[Arc<Entry>]),
         guard: &Guard,
     ) {
-        let moved: std::collections::HashSet<*const Entry> =
-            moving.iter().map(Arc::as_ptr).collect();
         let source = w.tables.get_mut(&from).expect("the source");
-        let staying: Vec<Arc<Entry>> = table_entries(&source.table, guard)
-            .into_iter()
-            .filter(|e| !moved.contains(&Arc::as_ptr(e)))
-            .collect();
         for e in moving {
             count(&mut source.priorities, e.rule.priority, false);
         }
@@ -1246,9 +1214,7 @@ impl WildcardMap {
         }
         let target = w.tables.get_mut(&into).expect("the target");
         let slots = merged_slots(moving.len(), target);
-        let mut all = table_entries(&target.table, guard);
-        all.extend(moving.iter().cloned());
-        target.table = Arc::new(build_table(target.table.tuple, &self.schema, slots, &all));
+        target.table = rebuilt(&target.table, &self.schema, slots, moving, guard);
         for e in moving {
             count(&mut target.priorities, e.rule.priority, true);
             *w.placed.get_mut(&e.rule).expect("a placed rule") = into;
@@ -1630,17 +1596,14 @@ fn chain_remove(table: &Table, rule: &Rule, guard: &Guard) -> bool {
 /// rules on average.
 fn stays_short(moving: &[Arc<Entry>], target: &TableState, limit: usize, guard: &Guard) -> bool {
     let slots = merged_slots(moving.len(), target);
-    let probe = Table::new_like(&target.table, slots);
+    let table = &target.table;
     let mut held = vec![0usize; slots];
-    for e in moving {
-        held[probe.slot_index(&lows(&e.rule))] += 1;
-    }
-    for slot in target.table.slots.iter() {
+    let mut add = |rule: &Rule| held[bucket_index(table.hash(&lows(rule)), slots)] += 1;
+    moving.iter().for_each(|e| add(&e.rule));
+    for slot in table.slots.iter() {
         // SAFETY: under the writer's guard.
         if let Some(chain) = unsafe { slot.load(Ordering::Acquire, guard).as_ref() } {
-            for e in chain.entry_refs() {
-                held[probe.slot_index(&lows(&e.rule))] += 1;
-            }
+            chain.entry_refs().for_each(|e| add(&e.rule));
         }
     }
     let rules: usize = held.iter().sum();
@@ -1656,6 +1619,20 @@ fn merged_slots(adding: usize, target: &TableState) -> usize {
 /// Buckets for a table of `rules`: one per rule, at least 8.
 fn slots_for(rules: usize) -> usize {
     rules.next_power_of_two().max(8)
+}
+
+/// A fresh, unpublished table like `table` (its tuple) with `slots`
+/// buckets, holding `table`'s entries and `more`.
+fn rebuilt(
+    table: &Table,
+    schema: &Schema,
+    slots: usize,
+    more: &[Arc<Entry>],
+    guard: &Guard,
+) -> Arc<Table> {
+    let mut all = table_entries(table, guard);
+    all.extend(more.iter().cloned());
+    Arc::new(build_table(table.tuple, schema, slots, &all))
 }
 
 /// A fresh, unpublished table of `tuple` with `slots` buckets holding
