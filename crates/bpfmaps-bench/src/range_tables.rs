@@ -27,6 +27,17 @@ pub trait RangeTable: Send + Sync + 'static {
     fn load(&self, index: u64) -> Option<u64>;
     /// The lowest `start >= min` with `start..start + size` free.
     fn empty_area(&self, min: u64, size: u64) -> Option<u64>;
+    /// The value of the first range that ends at or after `from`: the one
+    /// holding it, or the next (`mt_find` to the end; `find_vma`'s search).
+    fn find(&self, from: u64) -> Option<u64>;
+    /// [`find`](Self::find) from each of `froms`, the values summed (none
+    /// adds 0): the timed loop's batch.
+    fn find_sum(&self, froms: &[u64]) -> u64 {
+        froms
+            .iter()
+            .map(|&i| self.find(i).unwrap_or(0))
+            .fold(0, u64::wrapping_add)
+    }
     /// The values of the ranges holding `indices`, summed (a miss adds
     /// 0): the timed loop's batch.
     fn load_sum(&self, indices: &[u64]) -> u64 {
@@ -58,6 +69,17 @@ impl RangeTable for MapleTree<u64> {
     }
     fn empty_area(&self, min: u64, size: u64) -> Option<u64> {
         self.empty_area(min, u64::MAX, size, &bpfmaps::pin()).ok()
+    }
+    fn find(&self, from: u64) -> Option<u64> {
+        self.find(from, u64::MAX, &bpfmaps::pin()).map(|e| *e.value)
+    }
+    /// One guard per batch, as [`load_sum`](RangeTable::load_sum).
+    fn find_sum(&self, froms: &[u64]) -> u64 {
+        let guard = bpfmaps::pin();
+        froms
+            .iter()
+            .map(|&i| self.find(i, u64::MAX, &guard).map_or(0, |e| *e.value))
+            .fold(0, u64::wrapping_add)
     }
     /// One guard per batch, as a BPF program's loads share one RCU read
     /// section.
@@ -125,6 +147,12 @@ impl RangeTable for BTreeRanges {
         }
         (u64::MAX - start >= size - 1).then_some(start)
     }
+    fn find(&self, from: u64) -> Option<u64> {
+        match self.0.range(..=from).next_back() {
+            Some((_, &(last, value))) if last >= from => Some(value),
+            _ => self.0.range(from..).next().map(|(_, &(_, value))| value),
+        }
+    }
 }
 
 /// `rangemap::RangeInclusiveMap` (a `BTreeMap` of ranges underneath,
@@ -154,6 +182,12 @@ impl RangeTable for RangeMap {
             .gaps(&(min..=u64::MAX))
             .find(|g| g.end() - g.start() >= size - 1)
             .map(|g| *g.start())
+    }
+    fn find(&self, from: u64) -> Option<u64> {
+        self.0
+            .overlapping(&(from..=u64::MAX))
+            .next()
+            .map(|(_, &value)| value)
     }
 }
 
@@ -185,6 +219,12 @@ impl RangeTable for Nodit {
             .gaps_trimmed(&ii(min, u64::MAX))
             .find(|g| g.end() - g.start() >= size - 1)
             .map(|g| *g.start())
+    }
+    fn find(&self, from: u64) -> Option<u64> {
+        self.0
+            .overlapping(&ii(from, u64::MAX))
+            .next()
+            .map(|(_, &value)| value)
     }
 }
 

@@ -90,12 +90,16 @@ struct Kept {
 /// The timed operations of a kept map.
 trait Probe {
     fn load_sum(&self, indices: &[u64]) -> u64;
+    fn find_sum(&self, froms: &[u64]) -> u64;
     fn area_sum(&self, mins: &[u64], size: u64) -> u64;
 }
 
 impl<T: RangeTable> Probe for T {
     fn load_sum(&self, indices: &[u64]) -> u64 {
         RangeTable::load_sum(self, indices)
+    }
+    fn find_sum(&self, froms: &[u64]) -> u64 {
+        RangeTable::find_sum(self, froms)
     }
     fn area_sum(&self, mins: &[u64], size: u64) -> u64 {
         mins.iter()
@@ -136,6 +140,12 @@ impl Scale<'_> {
                 "{}: loads disagree with the maple tree's",
                 k.name
             );
+            assert_eq!(
+                k.table.find_sum(&self.loads),
+                kept[0].table.find_sum(&self.loads),
+                "{}: finds disagree with the maple tree's",
+                k.name
+            );
             for size in AREA_SIZES {
                 assert_eq!(
                     k.table.area_sum(&self.area_mins, size),
@@ -148,7 +158,8 @@ impl Scale<'_> {
         settle_reaper();
         let s = self.ctx.suite();
         let mut recs = Vec::new();
-        let load_rates = {
+        // Each map's rate of `op` over the probes, in batches, in turns.
+        let rates = |op: fn(&dyn Probe, &[u64]) -> u64| {
             let mut loops: Vec<_> = kept
                 .iter()
                 .map(|k| {
@@ -156,13 +167,14 @@ impl Scale<'_> {
                     move || {
                         let batch = &self.loads[at..at + BATCH];
                         at = (at + BATCH) % self.loads.len();
-                        black_box(k.table.load_sum(batch));
+                        black_box(op(&*k.table, batch));
                         BATCH as u64
                     }
                 })
                 .collect();
             rate_samples_interleaved(self.ctx.plan(), &mut loops)
         };
+        let load_rates = rates(|t, batch| t.load_sum(batch));
         let c = case(&[("n", &n), ("order", &order)]);
         for (k, samples) in kept.iter().zip(load_rates) {
             recs.push(Record::stats(
@@ -188,9 +200,19 @@ impl Scale<'_> {
             ));
         }
         self.ctx.step();
-        // Free-area searches: only once per N (the layout is the same in
-        // both orders).
+        // Finds and free-area searches: only once per N (the layout is the
+        // same in both orders).
         if order == "ascending" {
+            let c = case(&[("n", &n), ("op", &"find")]);
+            for (k, samples) in kept.iter().zip(rates(|t, batch| t.find_sum(batch))) {
+                recs.push(Record::stats(
+                    s,
+                    &c,
+                    k.name,
+                    &NS_PER_OP,
+                    Stats::inverse_of(&samples, 1e9),
+                ));
+            }
             for size in AREA_SIZES {
                 let per = 16usize;
                 let rates = {
@@ -229,8 +251,7 @@ impl Scale<'_> {
 impl Suite for MapleScale {
     type Opts = Opts;
     const NAME: &'static str = "maple-scale";
-    const ABOUT: &'static str =
-        "range-map load ns, free-area search ns and bytes per range vs ranges stored (100 to 1M)";
+    const ABOUT: &'static str = "range-map load and find ns, free-area search ns and bytes per range vs ranges stored (100 to 1M)";
     const DESCRIBE: &'static str = "N disjoint ranges of 1 to 8 indices with 8 to 15 free indices \
          between neighbours and, after one range in 1024, 4096 more (a generated \
          layout, the same for every map: an address space's mappings and holes in \
@@ -238,7 +259,9 @@ impl Suite for MapleScale {
          values. Loads: 2^20 indices drawn uniformly over the layout's span (about a \
          third land in a range), shared by every map, in batches of 256 (one guard \
          per batch for the maple tree); every map's summed answers must match the \
-         maple tree's. `empty_area` (`op=empty_area`): the lowest free run of `size` \
+         maple tree's. `find` (`op=find`): the first range ending at or after each \
+         of the same indices (`mt_find` to the end, the search of the kernel's \
+         `find_vma`), in the same batches. `empty_area` (`op=empty_area`): the lowest free run of `size` \
          indices at or above a random index (4,096 of them), `size` 12 (most gaps \
          fit) or 2048 (only the wide ones); a `BTreeMap` or `rangemap` user walks the \
          ranges from there, the maple tree descends by its branches' largest-gap \
@@ -319,6 +342,34 @@ impl Suite for MapleScale {
             }));
             loads.push(row);
         }
+        let mut find_cases: Vec<&str> = records
+            .iter()
+            .map(|r| r.case.as_str())
+            .filter(|c| case_param(c, "op") == Some("find"))
+            .collect();
+        find_cases.dedup();
+        let mut cols: Vec<String> = vec!["ranges".into()];
+        cols.extend(RANGE_TABLES.iter().map(|i| format!("{i} ns")));
+        cols.extend(RANGE_TABLES[1..].iter().map(|i| format!("bpfmaps/{i}")));
+        let mut finds = Table::new(
+            "maple-scale: find ns (the first range ending at or after a random index), and the maple tree's speed vs each peer (ascending build)",
+            &cols.iter().map(String::as_str).collect::<Vec<_>>(),
+        );
+        for c in find_cases {
+            let ns = |imp: &str| find(records, c, imp, NS_PER_OP.name);
+            let mut row = vec![p(c, "n")];
+            row.extend(
+                RANGE_TABLES
+                    .iter()
+                    .map(|i| ns(i).map_or("-".into(), |r| format!("{:.1}", r.value))),
+            );
+            row.extend(
+                RANGE_TABLES[1..]
+                    .iter()
+                    .map(|i| fmt_ratio(ratio(ns(i), ns("bpfmaps")))),
+            );
+            finds.push(row);
+        }
         let mut area_cases: Vec<&str> = records
             .iter()
             .map(|r| r.case.as_str())
@@ -348,7 +399,7 @@ impl Suite for MapleScale {
             });
             areas.push(row);
         }
-        vec![loads, areas]
+        vec![loads, finds, areas]
     }
 
     fn plots(&self, records: &[Record]) -> Vec<LinePlot> {
@@ -399,7 +450,7 @@ mod tests {
         let args = ["--ranges", "50,3000", "--loads", "512"];
         let records = crate::suites::run_quick("maple-scale", &args, no_data);
         let suite = crate::suites::by_name("maple-scale").unwrap();
-        assert_eq!(suite.summaries(&records).len(), 2);
+        assert_eq!(suite.summaries(&records).len(), 3);
         assert!(!suite.plots(&records).is_empty());
         for imp in RANGE_TABLES {
             let ns = find(&records, "n=3000,order=shuffled", imp, NS_PER_LOOKUP.name);

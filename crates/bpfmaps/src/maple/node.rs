@@ -30,6 +30,7 @@
 //! are retired to the arena after a grace period.
 
 use std::alloc::Layout;
+use std::hint::select_unpredictable;
 use std::mem::MaybeUninit;
 use std::ptr::NonNull;
 use std::sync::Arc;
@@ -116,23 +117,72 @@ pub struct Branch {
 /// (7 keys take one such step, 31 three.)
 #[inline(always)]
 pub fn count_le<const N: usize>(keys: &[u64; N], len: usize, index: u64) -> usize {
+    search_by::<N>(|k| keys[k], len, index).0
+}
+
+/// [`count_le`] over `N` keys read by `key` (`0..N`; keys that need not
+/// be side by side, as a leaf's last indices beside their values), and
+/// the first key above `index` (`u64::MAX` if none is).
+///
+/// That key is picked from the keys the search compared, by selects a
+/// random index cannot mispredict, rather than loaded at the count: a
+/// caller that goes on from it (a forward walk, from the end of the
+/// range it found) waits on one load fewer. A search that does not use
+/// it costs nothing: the selects are dropped.
+#[inline(always)]
+pub fn search_by<const N: usize>(
+    key: impl Fn(usize) -> u64,
+    len: usize,
+    index: u64,
+) -> (usize, u64) {
     const { assert!(N == 7 || N == 15 || N == 31, "7, 15 or 31 keys") };
-    let le = |k: usize| (keys[k] <= index) as usize;
+    let le = |k: u64| k <= index;
     // Keys 3, 7 and 11 split the node in four groups: the answer is in
-    // group `g`, past its `4g` keys ...
-    let base = match N {
-        7 => 4 * le(3),
-        15 => 4 * (le(3) + le(7) + le(11)),
+    // group `g`, past its `4g` keys (and below the group's fourth key, a
+    // pivot, or the end) ...
+    let (base, pivot) = match N {
+        7 => {
+            let p = key(3);
+            (4 * le(p) as usize, select_unpredictable(le(p), u64::MAX, p))
+        }
+        15 => {
+            let (p0, p1, p2) = (key(3), key(7), key(11));
+            let groups = le(p0) as usize + le(p1) as usize + le(p2) as usize;
+            (4 * groups, first_above([p0, p1, p2, u64::MAX], index))
+        }
         // (31: four groups of eight, then a group's halves)
         _ => {
-            let base = 8 * (le(7) + le(15) + le(23));
-            base + 4 * le(base + 3)
+            let base = 8 * (le(key(7)) as usize + le(key(15)) as usize + le(key(23)) as usize);
+            let base = base + 4 * le(key(base + 3)) as usize;
+            (
+                base,
+                if base + 3 < N {
+                    key(base + 3)
+                } else {
+                    u64::MAX
+                },
+            )
         }
     };
-    // ... and as many of the group's first three keys (its fourth, a
-    // pivot, is above `index`).
-    let count = base + le(base) + le(base + 1) + le(base + 2);
-    if index == u64::MAX { len } else { count }
+    // ... and as many of the group's first three keys.
+    let (a, b, c) = (key(base), key(base + 1), key(base + 2));
+    if index == u64::MAX {
+        return (len, u64::MAX);
+    }
+    let count = base + le(a) as usize + le(b) as usize + le(c) as usize;
+    (count, first_above([a, b, c, pivot], index))
+}
+
+/// The first of four sorted keys above `index` (the last if none of the
+/// first three is): two levels of selects, no branch.
+#[inline(always)]
+fn first_above(keys: [u64; 4], index: u64) -> u64 {
+    let pick = |key: u64, otherwise: u64| select_unpredictable(key > index, key, otherwise);
+    select_unpredictable(
+        keys[1] > index,
+        pick(keys[0], keys[1]),
+        pick(keys[2], keys[3]),
+    )
 }
 
 impl<V> Leaf<V> {
@@ -162,16 +212,23 @@ impl<V> Leaf<V> {
         (k > 0 && self.last(k - 1) >= index).then(|| k - 1)
     }
 
-    /// The slot of the first range that ends at or after `index`: the one
-    /// holding it, or the next (`len` if none does).
+    /// The slot `k` of the first range that ends at or after `index` (the
+    /// one holding it, or the next; `len` if none does), and that range's
+    /// last index (`u64::MAX` past the ranges).
+    ///
+    /// The count of ranges ending before `index`: a search of the last
+    /// indices alone (unused slots end at `u64::MAX`), where a search of
+    /// the first indices leaves a look at the range before, and a branch
+    /// on it that random indices cannot predict. The last index comes
+    /// from the search's keys ([`search_by`]): a forward walk's next index
+    /// is that last index plus one (docs/benchmarks.md, "Forward searches
+    /// on last indices").
     #[inline(always)]
-    pub fn at_or_after(&self, index: u64) -> usize {
-        let k = count_le(&self.first, self.len(), index);
-        if k > 0 && self.last(k - 1) >= index {
-            k - 1
-        } else {
-            k
+    pub fn at_or_after(&self, index: u64) -> (usize, u64) {
+        if index == 0 {
+            return (0, self.last(0));
         }
+        search_by::<LEAF_SLOTS>(|k| self.slot[k].last, self.len(), index - 1)
     }
 
     /// What the parent records of this leaf.
@@ -235,6 +292,29 @@ impl Branch {
             self.route_small(index)
         } else {
             self.route(index)
+        }
+    }
+
+    /// The first child whose span ends at or after `from` (`len` if none
+    /// does): where a forward search from `from` goes on, found from `hi`
+    /// alone, so no second look at the child's end waits on the search.
+    /// `small`: the branch has at most three children (one step of
+    /// compares, as [`route_small`](Self::route_small)).
+    #[inline(always)]
+    pub fn ending_from(&self, from: u64, small: bool) -> usize {
+        if from == 0 {
+            return 0;
+        }
+        // Children ending before `from` are those ending at or below
+        // `from - 1`; unused slots of `hi` hold `u64::MAX`, above it.
+        let below = from - 1;
+        if small {
+            debug_assert!(self.len() <= 3);
+            (self.hi[0] <= below) as usize
+                + (self.hi[1] <= below) as usize
+                + (self.hi[2] <= below) as usize
+        } else {
+            count_le(&self.hi, self.len(), below)
         }
     }
 
@@ -355,6 +435,39 @@ pub unsafe fn descend(
             }
             branch = as_branch(node);
             i = branch.route(index);
+        }
+    }
+}
+
+/// A forward search's descent from `root`: to the leaf holding the first
+/// range that ends at or after `from`, or `None` if no range does. Each
+/// branch is searched on its children's last indices
+/// ([`Branch::ending_from`]); the root's size picks its search once, as
+/// in [`descend`].
+///
+/// # Safety
+/// The nodes under `root` are live for the descent.
+#[inline(always)]
+pub unsafe fn descend_from(root: NodePtr, from: u64) -> Option<NodePtr> {
+    // SAFETY: the caller's; children of live branches are live.
+    unsafe {
+        if header(root).level == 0 {
+            return Some(root);
+        }
+        let mut branch = as_branch(root);
+        let mut i = branch.ending_from(from, branch.len() <= 3);
+        // Below the root, the parent only comes down to a child that
+        // ends at or after `from`: only the root can have none.
+        if i == branch.len() {
+            return None;
+        }
+        loop {
+            let node = branch.child(i);
+            if branch.header.level == 1 {
+                return Some(node);
+            }
+            branch = as_branch(node);
+            i = branch.ending_from(from, false);
         }
     }
 }

@@ -51,6 +51,7 @@ fn check<V: Clone + Send + Sync + 'static>(tree: &MapleTree<V>) -> Vec<(u64, u64
                 }
                 for k in leaf.len()..LEAF_SLOTS {
                     assert_eq!(leaf.first[k], u64::MAX, "padding");
+                    assert_eq!(leaf.last(k), u64::MAX, "padding");
                 }
                 let s = leaf.span();
                 return (s.lo, s.hi, s.gap);
@@ -69,6 +70,9 @@ fn check<V: Clone + Send + Sync + 'static>(tree: &MapleTree<V>) -> Vec<(u64, u64
             }
             for i in branch.len()..=BRANCH_SLOTS {
                 assert_eq!(branch.lo[i], u64::MAX, "padding");
+            }
+            for i in branch.len()..BRANCH_SLOTS {
+                assert_eq!(branch.hi[i], u64::MAX, "padding");
             }
             let s = branch.span();
             (s.lo, s.hi, s.gap)
@@ -526,6 +530,57 @@ fn dup_copies_every_node_once() {
     assert_eq!(check(&tree).len(), n as usize - 1);
     assert_eq!(check(&copy).len(), 1 + (n - n / 3 - 1) as usize);
     assert!(MapleTree::<u8>::new().dup().is_empty());
+}
+
+/// `find` from every edge of every range (and of every gap), in trees
+/// of one leaf to three levels, against the ranges in order: its search
+/// of last indices at each level and in the leaf, at each slot.
+#[test]
+fn find_from_every_edge_agrees_with_the_ranges_in_order() {
+    // (Under Miri the trees of one and two levels: the larger ones'
+    // builds take minutes there.)
+    for n in [1u64, 7, 15, 16, 100, 3_000].into_iter().take(scaled(6, 4)) {
+        let tree = MapleTree::new();
+        // Ranges of 1 to 3 indices, gaps of 0 to 2 (touching ranges too),
+        // the first at 0 for odd `n` and the last at `u64::MAX` for even.
+        let mut ranges = Vec::new();
+        let mut at = if n % 2 == 1 { 0 } else { 5 };
+        for i in 0..n {
+            let last = at + i % 3;
+            ranges.push((at, last));
+            at = last + 1 + (i * 7) % 3;
+        }
+        if n % 2 == 0 {
+            let (first, _) = ranges.pop().expect("n > 0");
+            ranges.push((first, u64::MAX));
+        }
+        for (i, &(first, last)) in ranges.iter().enumerate() {
+            tree.store_range(first, last, i).unwrap();
+        }
+        let g = pin();
+        let edges = ranges.iter().flat_map(|&(f, l)| {
+            [
+                f.wrapping_sub(1),
+                f,
+                f.saturating_add(1),
+                l.wrapping_sub(1),
+                l,
+                l.wrapping_add(1),
+            ]
+        });
+        for from in edges.chain([0, u64::MAX]) {
+            let want = ranges.iter().position(|&(_, l)| l >= from);
+            let got = tree.find(from, u64::MAX, &g);
+            assert_eq!(got.as_ref().map(|e| *e.value), want, "n {n}, from {from}");
+            if let (Some(e), Some(i)) = (got, want) {
+                assert_eq!((e.first, e.last), ranges[i], "n {n}, from {from}");
+            }
+        }
+        check(&tree);
+        if n == 3_000 {
+            assert!(height(&tree) >= 3, "a root, branches and leaves");
+        }
+    }
 }
 
 #[test]

@@ -17,7 +17,7 @@ use smallvec::SmallVec;
 
 use super::node::{
     BRANCH_SLOTS, Branch, Header, Item, LEAF_SLOTS, Leaf, MIN_FILL, NodePtr, Nodes, Sub, as_branch,
-    as_leaf, count_le, descend, header,
+    as_leaf, count_le, descend, descend_from, header,
 };
 use crate::core::error::{Error, Result};
 use crate::core::prefetch::prefetch;
@@ -212,32 +212,25 @@ impl<V: Clone + Send + Sync + 'static> MapleTree<V> {
     /// (`mt_find`; none when `from > max`, as there).
     ///
     /// One descent, never a step back: each branch records the last index
-    /// its children hold, so the child to take is the one `from` routes
-    /// to, or the next one if that one ends before `from`.
+    /// its children hold, so the child to take is the first that ends at
+    /// or after `from`, found by one search of those last indices
+    /// ([`descend_from`]).
     #[inline]
     pub fn find<'g>(&'g self, from: u64, max: u64, _guard: &'g Guard) -> Option<Entry<'g, V>> {
         if from > max {
             return None;
         }
         let root = NonNull::new(self.root.load(Ordering::Acquire))?;
-        let step = |branch: &Branch, mut i: usize| {
-            if branch.hi[i] < from {
-                // Below the root a later child holds more (the parent came
-                // here because this branch ends at or after `from`); at the
-                // root there may be none.
-                i += 1;
-                if i == branch.len() {
-                    return None;
-                }
-            }
-            Some(branch.child(i))
-        };
         // SAFETY: nodes reached from the root stay alive while `guard` is
         // pinned.
         unsafe {
-            let leaf = as_leaf::<V>(descend(root, from, step)?);
-            let k = leaf.at_or_after(from);
-            (k < leaf.len() && leaf.first[k] <= max).then(|| entry_at(leaf, k))
+            let leaf = as_leaf::<V>(descend_from(root, from)?);
+            let (k, last) = leaf.at_or_after(from);
+            (k < leaf.len() && leaf.first[k] <= max).then(|| Entry {
+                first: leaf.first[k],
+                last,
+                value: leaf.value(k),
+            })
         }
     }
 
@@ -595,7 +588,7 @@ impl LeafWrite {
         let n = leaf.len();
         // From the first range to end at or after `first` to past the
         // last to start at or below `last`.
-        let a = leaf.at_or_after(first);
+        let (a, _) = leaf.at_or_after(first);
         let mut b = a;
         while b < n && leaf.first[b] <= last {
             b += 1;
