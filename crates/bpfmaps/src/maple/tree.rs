@@ -213,8 +213,8 @@ impl<V: Clone + Send + Sync + 'static> MapleTree<V> {
     ///
     /// One descent, never a step back: each branch records the last index
     /// its children hold, so the child to take is the first that ends at
-    /// or after `from`, found by one search of those last indices
-    /// ([`descend_from`]).
+    /// or after `from`, found by one search of those last indices (and
+    /// in the leaf, of its ranges' last indices).
     #[inline]
     pub fn find<'g>(&'g self, from: u64, max: u64, _guard: &'g Guard) -> Option<Entry<'g, V>> {
         if from > max {
