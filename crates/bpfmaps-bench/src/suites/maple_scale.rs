@@ -307,75 +307,67 @@ impl Suite for MapleScale {
     }
 
     fn summaries(&self, records: &[Record]) -> Vec<Table> {
-        let mut cases: Vec<&str> = records
-            .iter()
-            .map(|r| r.case.as_str())
-            .filter(|c| case_param(c, "op").is_none())
-            .collect();
-        cases.dedup();
+        // The cases of one operation (`None`: the loads), in record order.
+        let cases_of = |op: Option<&str>| {
+            let mut cases: Vec<&str> = records
+                .iter()
+                .map(|r| r.case.as_str())
+                .filter(|c| case_param(c, "op") == op)
+                .collect();
+            cases.dedup();
+            cases
+        };
         let p = |c: &str, k: &str| case_param(c, k).unwrap_or("?").to_string();
+        // Each map's time in case `c` ...
+        let times = |c: &str, metric: &str| -> Vec<String> {
+            RANGE_TABLES
+                .iter()
+                .map(|i| find(records, c, i, metric))
+                .map(|r| r.map_or("-".into(), |r| format!("{:.1}", r.value)))
+                .collect()
+        };
+        // ... and the maple tree's speed against each peer.
+        let speeds = |c: &str, metric: &str| -> Vec<String> {
+            let ns = |imp: &str| find(records, c, imp, metric);
+            RANGE_TABLES[1..]
+                .iter()
+                .map(|i| fmt_ratio(ratio(ns(i), ns("bpfmaps"))))
+                .collect()
+        };
+        let speed_cols = RANGE_TABLES
+            .iter()
+            .map(|i| format!("{i} ns"))
+            .chain(RANGE_TABLES[1..].iter().map(|i| format!("bpfmaps/{i}")));
         let mut cols: Vec<String> = vec!["ranges".into(), "order".into()];
-        cols.extend(RANGE_TABLES.iter().map(|i| format!("{i} ns")));
-        cols.extend(RANGE_TABLES[1..].iter().map(|i| format!("bpfmaps/{i}")));
+        cols.extend(speed_cols.clone());
         cols.extend(RANGE_TABLES.iter().map(|i| format!("{i} B/range")));
         let mut loads = Table::new(
             "maple-scale: load ns, speed of the maple tree vs each peer, and bytes per range",
             &cols.iter().map(String::as_str).collect::<Vec<_>>(),
         )
         .with_note("Speed ratios (the peer's time / the maple tree's): above 1 means the maple tree is faster.");
-        for c in &cases {
-            let ns = |imp: &str| find(records, c, imp, NS_PER_LOOKUP.name);
+        for c in cases_of(None) {
             let mut row = vec![p(c, "n"), p(c, "order")];
-            row.extend(
-                RANGE_TABLES
-                    .iter()
-                    .map(|i| ns(i).map_or("-".into(), |r| format!("{:.1}", r.value))),
-            );
-            row.extend(
-                RANGE_TABLES[1..]
-                    .iter()
-                    .map(|i| fmt_ratio(ratio(ns(i), ns("bpfmaps")))),
-            );
+            row.extend(times(c, NS_PER_LOOKUP.name));
+            row.extend(speeds(c, NS_PER_LOOKUP.name));
             row.extend(RANGE_TABLES.iter().map(|i| {
                 find(records, c, i, MEM_BYTES_PER_RANGE.name)
                     .map_or("-".into(), |r| fmt_bytes(r.value))
             }));
             loads.push(row);
         }
-        let mut find_cases: Vec<&str> = records
-            .iter()
-            .map(|r| r.case.as_str())
-            .filter(|c| case_param(c, "op") == Some("find"))
-            .collect();
-        find_cases.dedup();
         let mut cols: Vec<String> = vec!["ranges".into()];
-        cols.extend(RANGE_TABLES.iter().map(|i| format!("{i} ns")));
-        cols.extend(RANGE_TABLES[1..].iter().map(|i| format!("bpfmaps/{i}")));
+        cols.extend(speed_cols);
         let mut finds = Table::new(
             "maple-scale: find ns (the first range ending at or after a random index), and the maple tree's speed vs each peer (ascending build)",
             &cols.iter().map(String::as_str).collect::<Vec<_>>(),
         );
-        for c in find_cases {
-            let ns = |imp: &str| find(records, c, imp, NS_PER_OP.name);
+        for c in cases_of(Some("find")) {
             let mut row = vec![p(c, "n")];
-            row.extend(
-                RANGE_TABLES
-                    .iter()
-                    .map(|i| ns(i).map_or("-".into(), |r| format!("{:.1}", r.value))),
-            );
-            row.extend(
-                RANGE_TABLES[1..]
-                    .iter()
-                    .map(|i| fmt_ratio(ratio(ns(i), ns("bpfmaps")))),
-            );
+            row.extend(times(c, NS_PER_OP.name));
+            row.extend(speeds(c, NS_PER_OP.name));
             finds.push(row);
         }
-        let mut area_cases: Vec<&str> = records
-            .iter()
-            .map(|r| r.case.as_str())
-            .filter(|c| case_param(c, "op") == Some("empty_area"))
-            .collect();
-        area_cases.dedup();
         let mut cols: Vec<String> = vec!["ranges".into(), "size".into()];
         cols.extend(RANGE_TABLES.iter().map(|i| format!("{i} ns")));
         cols.push("bpfmaps area / load".into());
@@ -383,17 +375,13 @@ impl Suite for MapleScale {
             "maple-scale: empty_area ns, and the maple tree's against its own load (ascending build)",
             &cols.iter().map(String::as_str).collect::<Vec<_>>(),
         );
-        for c in area_cases {
-            let ns = |imp: &str| find(records, c, imp, NS_PER_OP.name);
+        for c in cases_of(Some("empty_area")) {
             let mut row = vec![p(c, "n"), p(c, "size")];
-            row.extend(
-                RANGE_TABLES
-                    .iter()
-                    .map(|i| ns(i).map_or("-".into(), |r| format!("{:.1}", r.value))),
-            );
+            row.extend(times(c, NS_PER_OP.name));
+            let area = find(records, c, "bpfmaps", NS_PER_OP.name);
             let load_case = case(&[("n", &p(c, "n")), ("order", &"ascending")]);
             let load = find(records, &load_case, "bpfmaps", NS_PER_LOOKUP.name);
-            row.push(match (ns("bpfmaps"), load) {
+            row.push(match (area, load) {
                 (Some(a), Some(l)) => format!("{:.2}x", a.value / l.value),
                 _ => "-".into(),
             });

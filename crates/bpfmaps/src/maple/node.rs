@@ -19,10 +19,10 @@
 //! `lo[i + 1] - hi[i] - 1`; those before the first range and after the
 //! last are the tree's edges.
 //!
-//! Unused slots of `first` and `lo` hold `u64::MAX`, so a search counts
-//! the keys at or below an index over the whole array, without a branch
-//! on the length, and clamps the count to the length (only an index of
-//! `u64::MAX` counts the padding).
+//! Unused slots of `first`, of the leaf's last indices, of `lo` and of
+//! `hi` hold `u64::MAX`, so a search counts the keys at or below an index
+//! over the whole array, without a branch on the length (only an index
+//! of `u64::MAX` counts the padding, and takes its own answer).
 //!
 //! Nodes never change once a reader can reach them: a write builds new
 //! copies of the nodes it changes and publishes a new root (copy on
@@ -130,11 +130,7 @@ pub fn count_le<const N: usize>(keys: &[u64; N], len: usize, index: u64) -> usiz
 /// range it found) waits on one load fewer. A search that does not use
 /// it costs nothing: the selects are dropped.
 #[inline(always)]
-pub fn search_by<const N: usize>(
-    key: impl Fn(usize) -> u64,
-    len: usize,
-    index: u64,
-) -> (usize, u64) {
+fn search_by<const N: usize>(key: impl Fn(usize) -> u64, len: usize, index: u64) -> (usize, u64) {
     const { assert!(N == 7 || N == 15 || N == 31, "7, 15 or 31 keys") };
     let le = |k: u64| k <= index;
     // Keys 3, 7 and 11 split the node in four groups: the answer is in
