@@ -3,9 +3,9 @@
 //!
 //! | peer | library | Debian package | compared in |
 //! |---|---|---|---|
-//! | `judy` | JudyHS ([`judy`], built in where `cfg(native_judy)`) | `libjudy-dev` | `hash-sweep` ([`crate::hash_impls`]) |
+//! | `judy` | JudyHS (`native::judy`, built in where `cfg(native_judy)`) | `libjudy-dev` | `hash-sweep` ([`crate::hash_impls`]) |
 //! | `judysl` | JudySL (the same library and module) | `libjudy-dev` | `strmap-real` ([`crate::str_tables`]) |
-//! | `hat-trie` | libhat-trie ([`hat_trie`], where `cfg(native_hat_trie)`) | `libhat-trie-dev` | `strmap-real` |
+//! | `hat-trie` | libhat-trie (`native::hat_trie`, where `cfg(native_hat_trie)`) | `libhat-trie-dev` | `strmap-real` |
 //! | `kernel-maple` | the kernel's maple tree, built at bench time from the source package and run as separate processes ([`kernel_maple`], always compiled) | `linux-source-6.12`, `liburcu-dev` | `maple-kernel` ([`crate::suites`]) |
 //! | `rte-acl` | DPDK 22.11's `rte_acl`, through Debian's `dpdk-test-acl` program run as a separate process on the suite's rules and packets ([`dpdk_acl`], always compiled; nothing built) | `dpdk-dev` | `wildcard-classbench` |
 //!
@@ -80,7 +80,7 @@
 //! - Memory: a C library that calls `malloc` itself is not seen by the
 //!   counting allocator ([`crate::alloc`]), so its peer's `mem.bytes_held`
 //!   would count only the Rust wrapper. libJudy lets a program supply its
-//!   allocator (`JudyMalloc`/`JudyFree`): [`judy`] defines them over Rust's
+//!   allocator (`JudyMalloc`/`JudyFree`): `native::judy` defines them over Rust's
 //!   global allocator and `build.rs` exports them from the binary
 //!   (`exports`), so Judy's memory is counted like a Rust map's, and a test
 //!   checks it. A library with no such hook needs another measure (or its
