@@ -306,8 +306,6 @@ pub fn run_maple(data: &[u8]) {
                 let want = model.iter().copied().find(|r| r.0 <= a && a <= r.1);
                 let got = tree.load(a, &guard).map(|e| (e.first, e.last, *e.value));
                 assert_eq!(got, want);
-                let got = tree.get(a).map(|(r, value)| (*r.start(), *r.end(), value));
-                assert_eq!(got, want);
                 // A cursor's walk to `a` (straight down, its path not yet
                 // recorded), then a step off it: after a hit, to either
                 // side of the range; after a miss, to either side of the

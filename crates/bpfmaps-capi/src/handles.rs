@@ -5,10 +5,10 @@
 //!
 //! The maps sit in a table indexed by fd number: a static array for fds
 //! below 1024, then chunks of 1024 slots, each allocated on first use and
-//! never freed (up to fd 1,048,575). A call loads its slot in a read
-//! section ([`read_section`]), so it never takes a lock; `close` empties
-//! the slot and frees the map after every call that may have loaded it
-//! has returned. A call racing a close either finishes on the map or gets
+//! never freed (up to fd 1,048,575). A call loads its slot as a call in
+//! flight ([`in_flight`]), so it never takes a lock; `close` empties the
+//! slot and frees the map after every call that may have loaded it has
+//! returned. A call racing a close either finishes on the map or gets
 //! `EBADF`, never a freed map.
 
 use std::ptr::null_mut;
@@ -18,9 +18,7 @@ use std::sync::atomic::{AtomicPtr, Ordering};
 use bpfmaps::Map;
 use parking_lot::Mutex;
 
-use bpfmaps::core::read_section;
-
-use crate::Errno;
+use crate::{Errno, in_flight};
 
 const CHUNK: usize = 1024;
 const CHUNKS: usize = 1024;
@@ -104,7 +102,7 @@ fn slot(fd: libc::c_int, make: bool) -> Option<&'static AtomicPtr<Open>> {
 #[inline]
 pub(crate) fn with<R>(fd: libc::c_int, f: impl FnOnce(&Open) -> R) -> Result<R, Errno> {
     let slot = slot(fd, false).ok_or(libc::EBADF)?;
-    read_section::run(|| {
+    in_flight::call(|| {
         // SAFETY: a map leaves its slot before it is freed, and is freed
         // only after the calls in flight then have returned.
         let open = unsafe { slot.load(Ordering::Acquire).as_ref() };
@@ -119,14 +117,14 @@ pub(crate) fn open(open: Open) -> Result<libc::c_int, Errno> {
         close_fd(fd);
         return Err(libc::EMFILE);
     };
-    read_section::init();
+    in_flight::init();
     let stale = slot.swap(Box::into_raw(Box::new(open)), Ordering::AcqRel);
     if !stale.is_null() {
         // The program closed an earlier handle with close(2), not
         // bpfmaps_map_close, and the number came back: that map goes now.
         // SAFETY: out of its slot, so no new call finds it; the ones in
         // flight are waited for.
-        read_section::free_after(unsafe { Box::from_raw(stale) });
+        in_flight::free_after_calls(unsafe { Box::from_raw(stale) });
     }
     Ok(fd)
 }
@@ -140,7 +138,7 @@ pub(crate) fn close(fd: libc::c_int) -> Result<(), Errno> {
     }
     // SAFETY: out of its slot: no new call finds it, and the calls that
     // did are waited for.
-    read_section::free_after(unsafe { Box::from_raw(old) });
+    in_flight::free_after_calls(unsafe { Box::from_raw(old) });
     // The number is free for the system to reuse only now, after the
     // slot is empty.
     close_fd(fd);

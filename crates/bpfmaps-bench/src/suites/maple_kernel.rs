@@ -67,9 +67,9 @@ pub struct Opts {
     /// about 70 s here); docs/benchmarks.md's figures use 3].
     #[arg(long)]
     kernel_reps: Option<usize>,
-    /// bpfmaps pins one guard per 256 `load`s (in place of `get`'s read
-    /// section a call) and per `mt_for_each` pass, not one per call as
-    /// `mtree_load` and `mt_find` take the RCU read lock.
+    /// bpfmaps pins one guard per 256 `load`s and per `mt_for_each` pass,
+    /// not one per call as `mtree_load` and `mt_find` take the RCU read
+    /// lock.
     #[arg(long)]
     guard_per_batch: bool,
 }
@@ -381,9 +381,8 @@ impl Loop for Walk {
     }
 }
 
-/// `bench_load`: `mtree_load`, which takes the RCU read lock itself:
-/// `get`, a read section a load, as `mtree_load`'s (or `load` under one
-/// guard per 256 with `--guard-per-batch`).
+/// `bench_load`: `mtree_load`, which takes the RCU read lock itself: one
+/// guard per load (or per 256 with `--guard-per-batch`).
 struct Load {
     tree: MapleTree<u64>,
     per_call: bool,
@@ -395,7 +394,7 @@ impl Loop for Load {
             |g: &Guard| black_box(self.tree.load(black_box(WALK_INDEX), g).map(|e| *e.value));
         if self.per_call {
             for _ in 0..iters {
-                black_box(self.tree.get(black_box(WALK_INDEX)).map(|(_, v)| v));
+                load(&pin());
             }
         } else {
             let mut left = iters;
@@ -413,7 +412,6 @@ impl Loop for Load {
     fn verify(&self) {
         let v = self.tree.load(WALK_INDEX, &pin()).map(|e| *e.value);
         assert_eq!(v, Some(WALK_INDEX), "load");
-        assert_eq!(self.tree.get(WALK_INDEX), Some((1470..=1475, 1470)), "get");
     }
 }
 
@@ -729,9 +727,9 @@ impl Suite for MapleKernel {
          (`empty_area_rev(0, 2000, 10)`, which must answer 1470). \
          `walk`: the same 250 entries; `mas_walk` to 1470 and `mas_reset` (a fresh \
          `cursor` and its `load(1470)`, so each walk starts at the root). \
-         `load`: the same; `mtree_load(1470)` (`get`, a read section a call, as \
-         `mtree_load` takes the RCU read lock itself; `load` under one guard per 256 \
-         with `--guard-per-batch`). \
+         `load`: the same; `mtree_load(1470)` (`load`, one guard per call as \
+         `mtree_load` takes the RCU read lock itself; one per 256 with \
+         `--guard-per-batch`). \
          `mt_for_each`: 500 entries `i..=i+4` (i = 0, 5, .. 2495); a pass is \
          `mt_for_each(.., 2500)`, `mt_find` then `mt_find_after` until NULL, each a \
          walk from the root under its own RCU read lock (`find(index, 2500)` under \

@@ -10,6 +10,5 @@ pub mod family;
 pub mod flags;
 pub(crate) mod free_list;
 pub(crate) mod prefetch;
-pub mod read_section;
 pub mod reclaim;
 mod sync;
