@@ -47,7 +47,7 @@ pub fn write(dir: &Path, input: &ReportInput<'_>) -> io::Result<()> {
          Every number below was measured in this run; `results.json` holds them all.\n\n\
          ## Machine\n\n{}\n\
          ## Method\n\n\
-         - Rates: `std::time::Instant` around batches of operations, {} repetitions after a short warm-up; \
+         - Rates: `std::time::Instant` around batches of operations, {} repetitions of {} ms each (unless a suite says otherwise) after a warm-up of half that; \
          implementations compared in one case are timed in interleaved turns, the first rotating; \
          `median [min..max]` over repetitions.\n\
          - Speed ratios: above 1 means faster than the baseline named in the section, whichever way the metric points.\n\
@@ -57,8 +57,9 @@ pub fn write(dir: &Path, input: &ReportInput<'_>) -> io::Result<()> {
          so they differ from bpfmaps only in table design.\n\
          - Data directory: `{}` ({}). The hash suites use generated data (kernel-bench keys, synthetic \
          stacks); the LPM suites read the real tables there and say in their output when they fall back to \
-         generated prefixes; `strmap-real` reads `strings/` there and this machine's `/proc/kallsyms` and \
-         `/sys/kernel/btf/vmlinux`, and skips a set it cannot read; `strmap-threads` reads \
+         generated prefixes; `strmap-real` reads `strings/` there, this machine's `/proc/kallsyms` and \
+         `/sys/kernel/btf/vmlinux` in place of the kernel symbols and BTF strings there if those are missing, \
+         and skips a set it cannot read; `strmap-threads` reads \
          `strings/kallsyms.txt.gz` there, else this machine's `/proc/kallsyms`; `strmap-synthetic` \
          generates its keys.\n\n",
         input.machine.date,
@@ -66,6 +67,7 @@ pub fn write(dir: &Path, input: &ReportInput<'_>) -> io::Result<()> {
         input.elapsed.as_secs_f64(),
         input.machine.to_markdown(),
         if input.quick { 3 } else { 5 },
+        crate::suite::rep_time(input.quick).as_millis(),
         input.data_dir.0,
         if input.data_dir.1 {
             "present"

@@ -24,7 +24,7 @@ use crate::record::{
 };
 use crate::stats::Stats;
 use crate::str_tables::{AnyStr, BASELINE, WalkUse, str_table_names};
-use crate::strings::{DATA_SETS, hit_order, misses, shuffled};
+use crate::strings::{DATA_SETS, DataSet, hit_order, misses, shuffled};
 use crate::suite::{Ctx, Suite};
 use crate::suites::strmap_common::{
     Kept, KeySetRun, LookupSet, bases, memory, plot_memory_and_lookups,
@@ -37,9 +37,9 @@ pub struct StrmapReal;
 /// `strmap-real` options.
 #[derive(Debug, Args)]
 pub struct Opts {
-    /// Data sets (comma-separated) [default: all: kallsyms, btf_strings,
-    /// linux_paths, domains_top100k, english_words, machine-kallsyms,
-    /// machine-btf].
+    /// Data sets (comma-separated) [default: kallsyms, btf_strings,
+    /// linux_paths, domains_top100k, english_words, then machine-kallsyms
+    /// and machine-btf each only if the first or second could not be read].
     #[arg(long, value_delimiter = ',')]
     sets: Vec<String>,
     /// At most this many keys per set, the first in file order (0: all).
@@ -121,6 +121,13 @@ fn walks(set: &KeySetRun, kept: &[Kept]) -> Vec<Record> {
     recs
 }
 
+/// The shared set that makes `d` redundant: the one it stands in for, once
+/// read, unless `--sets` (`asked`) named the sets to run.
+fn redundant(d: &DataSet, asked: &[String], loaded: &[&str]) -> Option<&'static str> {
+    d.stands_in_for
+        .filter(|shared| asked.is_empty() && loaded.contains(shared))
+}
+
 impl Suite for StrmapReal {
     type Opts = Opts;
     const NAME: &'static str = "strmap-real";
@@ -132,8 +139,10 @@ impl Suite for StrmapReal {
          kernel's BTF strings), `linux_paths` (file paths of a kernel tree), \
          `domains_top100k`, `english_words` (one key per line), and this \
          machine's own `machine-kallsyms` (the names in `/proc/kallsyms`) and \
-         `machine-btf` (the string section of `/sys/kernel/btf/vmlinux`); a \
-         set that cannot be read is skipped with a note. Keys are inserted in \
+         `machine-btf` (the string section of `/sys/kernel/btf/vmlinux`), \
+         which by default run only in place of `kallsyms` and `btf_strings` \
+         when those cannot be read (the same kind of keys; `--sets` names \
+         them to run both); a set that cannot be read is skipped with a note. Keys are inserted in \
          one random order (key `i` gets value `i`, a `u64`). \
          `mem_bytes_per_key` is what the building thread holds afterwards \
          (counting allocator) per key, the structure's copies of the keys \
@@ -185,17 +194,29 @@ impl Suite for StrmapReal {
             .unwrap_or(if ctx.quick() { 1 } else { 3 })
             .max(1);
         let mut all = Vec::new();
+        let mut loaded = Vec::new();
         for d in sets {
+            let skip = |why: &str| {
+                ctx.note(&format!("{}: skipping {}: {why}", ctx.suite(), d.name));
+                for _ in 0..impls + LOOKUPS.len() + 1 {
+                    ctx.step();
+                }
+            };
+            if let Some(shared) = redundant(d, &opts.sets, &loaded) {
+                skip(&format!(
+                    "{shared} was read, the same kind of keys (`--sets {}` runs it)",
+                    d.name
+                ));
+                continue;
+            }
             let mut keys = match d.load(ctx.data_dir()) {
                 Ok(keys) => keys,
                 Err(why) => {
-                    ctx.note(&format!("{}: skipping {}: {why}", ctx.suite(), d.name));
-                    for _ in 0..impls + LOOKUPS.len() + 1 {
-                        ctx.step();
-                    }
+                    skip(&why);
                     continue;
                 }
             };
+            loaded.push(d.name);
             if opts.max_keys > 0 {
                 keys.truncate(opts.max_keys);
             }
@@ -398,6 +419,34 @@ mod tests {
             writeln!(gz, "{l}").unwrap();
         }
         gz.finish().unwrap();
+    }
+
+    /// This machine's sets run in place of the shared ones they stand in
+    /// for, and beside them only when asked for by name.
+    #[test]
+    fn machine_sets_stand_in_for_shared_ones() {
+        let set = |name| DATA_SETS.iter().find(|d| d.name == name).unwrap();
+        let machine = set("machine-kallsyms");
+        assert_eq!(redundant(machine, &[], &["kallsyms"]), Some("kallsyms"));
+        assert_eq!(redundant(machine, &[], &["btf_strings"]), None);
+        assert_eq!(
+            redundant(set("machine-btf"), &[], &["kallsyms", "btf_strings"]),
+            Some("btf_strings")
+        );
+        let asked = ["kallsyms".to_string(), "machine-kallsyms".to_string()];
+        assert_eq!(redundant(machine, &asked, &["kallsyms"]), None);
+        assert_eq!(redundant(set("kallsyms"), &[], &["kallsyms"]), None);
+        // Each stand-in follows the set it stands in for, which is shared.
+        for (i, d) in DATA_SETS.iter().enumerate() {
+            if let Some(shared) = d.stands_in_for {
+                let at = DATA_SETS.iter().position(|s| s.name == shared).unwrap();
+                assert!(
+                    at < i && DATA_SETS[at].stands_in_for.is_none(),
+                    "{}",
+                    d.name
+                );
+            }
+        }
     }
 
     /// Runs quick on two small sets written to a temporary data directory
