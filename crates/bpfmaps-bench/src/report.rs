@@ -47,7 +47,7 @@ pub fn write(dir: &Path, input: &ReportInput<'_>) -> io::Result<()> {
          Every number below was measured in this run; `results.json` holds them all.\n\n\
          ## Machine\n\n{}\n\
          ## Method\n\n\
-         - Rates: `std::time::Instant` around batches of operations, {} repetitions of {} ms each (unless a suite says otherwise) after a warm-up of half that; \
+         - Rates: `std::time::Instant` around batches of operations, {} repetitions of {} ms each by default (a suite may scale that to its operations' cost) after a warm-up of half a repetition; \
          implementations compared in one case are timed in interleaved turns, the first rotating; \
          `median [min..max]` over repetitions.\n\
          - Speed ratios: above 1 means faster than the baseline named in the section, whichever way the metric points.\n\
