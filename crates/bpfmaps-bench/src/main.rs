@@ -144,23 +144,24 @@ fn run_report(m: &ArgMatches) -> Result<()> {
         suites::by_name(name).ok_or_else(|| format!("no suite {name:?}"))?;
     }
     let start = Instant::now();
+    let opts = RunOptions {
+        quick: args.quick,
+        reps: args.reps,
+        data_dir: args.data.clone(),
+    };
     let mut runs = Vec::new();
     for &suite in suites::ALL {
         if !args.only.is_empty() && !args.only.iter().any(|n| n == suite.name()) {
             continue;
         }
-        let opts = RunOptions {
-            quick: args.quick,
-            reps: args.reps,
-            data_dir: args.data.clone(),
-        };
-        let run = run_suite(suite, opts, default_matches(suite));
+        let run = run_suite(suite, opts.clone(), default_matches(suite));
         runs.push((suite, run));
     }
     let input = ReportInput {
         runs,
         machine: Machine::detect(),
         quick: args.quick,
+        plan: opts.plan(),
         data_dir: (args.data.display().to_string(), args.data.exists()),
         elapsed: start.elapsed(),
     };

@@ -13,6 +13,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use crate::machine::Machine;
+use crate::measure::Plan;
 use crate::plot::render_svg;
 use crate::record::{Record, find, metric};
 use crate::suite::{DynSuite, SuiteRun, fmt_bytes, speed_vs};
@@ -25,6 +26,8 @@ pub struct ReportInput<'a> {
     pub machine: Machine,
     /// Whether suites ran in quick mode.
     pub quick: bool,
+    /// The timing plan the suites started from.
+    pub plan: Plan,
     /// The `--data` directory and whether it existed.
     pub data_dir: (String, bool),
     /// Total wall time.
@@ -66,8 +69,8 @@ pub fn write(dir: &Path, input: &ReportInput<'_>) -> io::Result<()> {
         if input.quick { " --quick" } else { "" },
         input.elapsed.as_secs_f64(),
         input.machine.to_markdown(),
-        if input.quick { 3 } else { 5 },
-        crate::suite::rep_time(input.quick).as_millis(),
+        input.plan.reps,
+        input.plan.rep_time.as_millis(),
         input.data_dir.0,
         if input.data_dir.1 {
             "present"

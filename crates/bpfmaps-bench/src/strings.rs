@@ -218,11 +218,6 @@ pub struct DataSet {
     pub name: &'static str,
     /// Where its keys come from.
     pub source: Source,
-    /// The shared set this one stands in for: this machine's kernel
-    /// symbols and BTF strings are the same kind of keys as the shipped
-    /// `kallsyms` and `btf_strings` (in R23, key counts within 0.1 % and equal
-    /// mean lengths), so by default they run only when that set cannot be read.
-    pub stands_in_for: Option<&'static str>,
 }
 
 /// Every data set, in run order: the shared files first (the issue's
@@ -232,37 +227,30 @@ pub const DATA_SETS: &[DataSet] = &[
     DataSet {
         name: "kallsyms",
         source: Source::File("strings/kallsyms.txt.gz"),
-        stands_in_for: None,
     },
     DataSet {
         name: "btf_strings",
         source: Source::File("strings/btf_strings.txt.gz"),
-        stands_in_for: None,
     },
     DataSet {
         name: "linux_paths",
         source: Source::File("strings/linux_paths.txt.gz"),
-        stands_in_for: None,
     },
     DataSet {
         name: "domains_top100k",
         source: Source::File("strings/domains_top100k.txt.gz"),
-        stands_in_for: None,
     },
     DataSet {
         name: "english_words",
         source: Source::File("strings/english_words.txt.gz"),
-        stands_in_for: None,
     },
     DataSet {
         name: "machine-kallsyms",
         source: Source::Kallsyms,
-        stands_in_for: Some("kallsyms"),
     },
     DataSet {
         name: "machine-btf",
         source: Source::Btf,
-        stands_in_for: Some("btf_strings"),
     },
 ];
 
@@ -272,6 +260,19 @@ pub const PROC_KALLSYMS: &str = "/proc/kallsyms";
 pub const SYS_BTF: &str = "/sys/kernel/btf/vmlinux";
 
 impl DataSet {
+    /// The shared set this one stands in for: this machine's kernel
+    /// symbols and BTF strings are the same kind of keys as the shipped
+    /// `kallsyms` and `btf_strings` (in R23, key counts within 0.1 % and
+    /// equal mean lengths), so by default they run only when that set
+    /// cannot be read.
+    pub fn stands_in_for(&self) -> Option<&'static str> {
+        match self.source {
+            Source::File(_) => None,
+            Source::Kallsyms => Some("kallsyms"),
+            Source::Btf => Some("btf_strings"),
+        }
+    }
+
     /// Its keys (deduplicated, in first-seen order), reading files under
     /// `data_dir`; the error says why the set is unavailable.
     pub fn load(&self, data_dir: &Path) -> Result<Vec<Vec<u8>>, String> {

@@ -102,13 +102,6 @@ impl<S: Suite> DynSuite for S {
     }
 }
 
-/// One timed repetition of the default plan: 40 ms when quick, 60 ms
-/// otherwise (100 ms until R23: the full report outgrew its 25 minutes on
-/// a slower machine; 60 ms still holds a million lookups of 60 ns).
-pub fn rep_time(quick: bool) -> Duration {
-    Duration::from_millis(if quick { 40 } else { 60 })
-}
-
 /// Options shared by every suite.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RunOptions {
@@ -118,6 +111,22 @@ pub struct RunOptions {
     pub reps: Option<usize>,
     /// Real data sets (may be absent: suites must fall back).
     pub data_dir: PathBuf,
+}
+
+impl RunOptions {
+    /// Timed repetitions per measurement: `reps`, else 5 (3 when quick).
+    pub fn reps(&self) -> usize {
+        self.reps.unwrap_or(if self.quick { 3 } else { 5 })
+    }
+
+    /// The default timing plan: the repetitions above, 40 ms each when
+    /// quick and 60 ms otherwise (100 ms until R23: the full report
+    /// outgrew its 25 minutes on a slower machine; 60 ms still holds a
+    /// million lookups of 60 ns). Suites scale it to their operation cost.
+    pub fn plan(&self) -> Plan {
+        let rep = if self.quick { 40 } else { 60 };
+        Plan::new(self.reps(), Duration::from_millis(rep))
+    }
 }
 
 /// Shows the bar only on a terminal, and only once a run has taken a few
@@ -191,17 +200,14 @@ impl Ctx {
         self.opts.quick
     }
 
-    /// Timed repetitions per measurement.
+    /// Timed repetitions per measurement ([`RunOptions::reps`]).
     pub fn reps(&self) -> usize {
-        self.opts
-            .reps
-            .unwrap_or(if self.opts.quick { 3 } else { 5 })
+        self.opts.reps()
     }
 
-    /// The default timing plan: the repetitions above, each
-    /// [`rep_time`] long. Suites scale it to their operation cost.
+    /// The default timing plan ([`RunOptions::plan`]).
     pub fn plan(&self) -> Plan {
-        Plan::new(self.reps(), rep_time(self.opts.quick))
+        self.opts.plan()
     }
 
     /// A list option: what was given, else the mode's default.
@@ -396,6 +402,27 @@ mod tests {
     use super::*;
     use crate::record::{FALSE_POSITIVE_RATE, LOOKUPS_PER_SEC, MEM_BYTES_HELD, NS_PER_HASH};
     use crate::stats::Stats;
+
+    /// `--reps` overrides the mode's repetitions; the mode sets their time.
+    #[test]
+    fn plans_follow_the_options() {
+        let opts = |quick, reps| RunOptions {
+            quick,
+            reps,
+            data_dir: PathBuf::new(),
+        };
+        assert_eq!(opts(false, None).plan().reps, 5);
+        assert_eq!(opts(true, None).plan().reps, 3);
+        assert_eq!(opts(false, Some(2)).plan().reps, 2);
+        assert_eq!(
+            opts(false, Some(2)).plan().rep_time,
+            Duration::from_millis(60)
+        );
+        assert_eq!(
+            opts(true, Some(7)).plan().rep_time,
+            Duration::from_millis(40)
+        );
+    }
 
     #[test]
     fn values_format_like_the_kernel_bench() {

@@ -124,7 +124,7 @@ fn walks(set: &KeySetRun, kept: &[Kept]) -> Vec<Record> {
 /// The shared set that makes `d` redundant: the one it stands in for, once
 /// read, unless `--sets` (`asked`) named the sets to run.
 fn redundant(d: &DataSet, asked: &[String], loaded: &[&str]) -> Option<&'static str> {
-    d.stands_in_for
+    d.stands_in_for()
         .filter(|shared| asked.is_empty() && loaded.contains(shared))
 }
 
@@ -438,10 +438,10 @@ mod tests {
         assert_eq!(redundant(set("kallsyms"), &[], &["kallsyms"]), None);
         // Each stand-in follows the set it stands in for, which is shared.
         for (i, d) in DATA_SETS.iter().enumerate() {
-            if let Some(shared) = d.stands_in_for {
+            if let Some(shared) = d.stands_in_for() {
                 let at = DATA_SETS.iter().position(|s| s.name == shared).unwrap();
                 assert!(
-                    at < i && DATA_SETS[at].stands_in_for.is_none(),
+                    at < i && DATA_SETS[at].stands_in_for().is_none(),
                     "{}",
                     d.name
                 );
