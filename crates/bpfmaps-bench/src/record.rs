@@ -512,6 +512,12 @@ pub fn case_param<'a>(case: &'a str, key: &str) -> Option<&'a str> {
         .map(|(_, v)| v)
 }
 
+/// `key`'s value in `case` for a summary table's cell: `?` when the
+/// case does not name it (a record from another version of the suite).
+pub fn case_value<'a>(case: &'a str, key: &str) -> &'a str {
+    case_param(case, key).unwrap_or("?")
+}
+
 /// The first record matching case, implementation and metric.
 pub fn find<'a>(
     records: &'a [Record],
@@ -599,6 +605,8 @@ mod tests {
         assert_eq!(case_param(&c, "ks"), Some("64"));
         assert_eq!(case_param(&c, "fill"), Some("16/16"));
         assert_eq!(case_param(&c, "k"), None);
+        assert_eq!(case_value(&c, "ks"), "64");
+        assert_eq!(case_value(&c, "k"), "?");
     }
 
     #[test]

@@ -295,9 +295,7 @@ impl Suite for Concurrency {
             for peer in peers {
                 let vs = |m: &str| fmt_ratio(ratio(get("bpfmaps", m), get(peer, m)));
                 t.push(vec![
-                    crate::record::case_param(c, "readers")
-                        .unwrap_or("?")
-                        .to_string(),
+                    crate::record::case_value(c, "readers").to_string(),
                     peer.to_string(),
                     fmt_mops(get("bpfmaps", LOOKUPS_PER_SEC.name).map(|r| r.value)),
                     fmt_mops(get(peer, LOOKUPS_PER_SEC.name).map(|r| r.value)),

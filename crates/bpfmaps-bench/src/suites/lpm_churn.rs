@@ -18,7 +18,7 @@ use crate::plot::LinePlot;
 use crate::prefixes::{Family, Mutation, Prefix};
 use crate::record::{
     MEM_BYTES_PER_PREFIX, MEM_LIVE_PER_PREFIX, MEM_REPORTED_PER_PREFIX, Record, case, case_param,
-    find,
+    case_value, find,
 };
 use crate::suites::lpm_data::SEED;
 use crate::table::{Table, fmt_ratio};
@@ -205,9 +205,9 @@ pub fn summary(suite: &str, records: &[Record], impls: &[&str]) -> Option<Table>
     for c in cases {
         let mem = |c: &str, imp: &str| find(records, c, imp, MEM_BYTES_PER_PREFIX.name);
         let mut row = vec![
-            case_param(c, "trace").unwrap_or("?").to_string(),
-            case_param(c, "churn").unwrap_or("?").to_string(),
-            case_param(c, "round").unwrap_or("?").to_string(),
+            case_value(c, "trace").to_string(),
+            case_value(c, "churn").to_string(),
+            case_value(c, "round").to_string(),
         ];
         row.extend(
             impls

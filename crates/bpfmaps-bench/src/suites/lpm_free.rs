@@ -361,7 +361,7 @@ impl Suite for LpmFree {
             .collect();
         cases.dedup();
         for c in cases {
-            let op = crate::record::case_param(c, "op").unwrap_or("?");
+            let op = crate::record::case_value(c, "op");
             let idle_case = c.replace(&format!("op={op}"), "op=idle");
             let kernel_drop = c.replace(&format!("op={op}"), "op=drop");
             for imp in ["kernel", "bpfmaps"] {

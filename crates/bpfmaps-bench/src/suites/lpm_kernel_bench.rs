@@ -359,11 +359,7 @@ impl Suite for LpmKernelBench {
                 find(records, c, imp, NS_PER_OP.name)
                     .map_or("-".into(), |r| format!("{:.1}", r.value))
             };
-            let mut row = vec![
-                crate::record::case_param(c, "op")
-                    .unwrap_or("?")
-                    .to_string(),
-            ];
+            let mut row = vec![crate::record::case_value(c, "op").to_string()];
             row.extend(impls.iter().map(|&i| fmt_mops(get(i).map(|r| r.value))));
             row.extend(lpm_names(roles(false)).iter().map(|&i| ns(i)));
             row.extend(

@@ -221,7 +221,7 @@ impl Suite for LpmScale {
     fn summaries(&self, records: &[Record]) -> Vec<Table> {
         let mut cases: Vec<&str> = records.iter().map(|r| r.case.as_str()).collect();
         cases.dedup();
-        let n_of = |c: &str| crate::record::case_param(c, "n").unwrap_or("?").to_string();
+        let n_of = |c: &str| crate::record::case_value(c, "n").to_string();
 
         let impls = lpm_names(roles(true));
         let others = impls.iter().filter(|&&i| i != "kernel");

@@ -429,11 +429,7 @@ impl Suite for LpmUpdates {
         for c in cases {
             let u = |imp: &str| find(records, c, imp, UPDATES_PER_SEC.name);
             let l = |imp: &str| find(records, c, imp, LOOKUPS_PER_SEC.name);
-            let mut row = vec![
-                crate::record::case_param(c, "readers")
-                    .unwrap_or("?")
-                    .to_string(),
-            ];
+            let mut row = vec![crate::record::case_value(c, "readers").to_string()];
             row.extend(impls.iter().map(|&i| fmt_mops(u(i).map(|r| r.value))));
             row.extend(others.iter().map(|&i| fmt_ratio(ratio(u(i), u("kernel")))));
             row.push(fmt_ratio(ratio(u("bpfmaps"), u("prefix-trie"))));

@@ -23,7 +23,7 @@ use clap::Args;
 
 use crate::measure::{in_turns, settle_reaper};
 use crate::native::kernel_maple::{self, KernelMaple, Shape};
-use crate::record::{NS_PER_OP, Record, case, case_param, find, ratio};
+use crate::record::{NS_PER_OP, Record, case, case_value, find, ratio};
 use crate::stats::Stats;
 use crate::suite::{BATCH, Ctx, Suite};
 use crate::table::{Table, fmt_ratio};
@@ -895,7 +895,7 @@ impl Suite for MapleKernel {
         let mut cases: Vec<&str> = records.iter().map(|r| r.case.as_str()).collect();
         cases.dedup();
         for c in cases {
-            let name = case_param(c, "shape").unwrap_or("?");
+            let name = case_value(c, "shape");
             let op = SHAPES
                 .iter()
                 .find(|s| s.name == name)

@@ -19,7 +19,7 @@ use clap::Args;
 
 use crate::measure::in_turns;
 use crate::range_tables::{BTreeRanges, RangeTable};
-use crate::record::{LOOKUPS_PER_SEC, Record, WRITER_OPS_PER_SEC, case, case_param, find, ratio};
+use crate::record::{LOOKUPS_PER_SEC, Record, WRITER_OPS_PER_SEC, case, case_value, find, ratio};
 use crate::stats::Stats;
 use crate::suite::{BATCH, Ctx, Suite};
 use crate::suites::maple_vma::{VmaOp, machine_layouts, trace};
@@ -249,8 +249,8 @@ impl Suite for MapleReaders {
             let cell =
                 |imp: &str, metric: &str| get(imp, metric).map_or("-".into(), |r| m(r.value));
             t.push(vec![
-                case_param(c, "n").unwrap_or("?").into(),
-                case_param(c, "readers").unwrap_or("?").into(),
+                case_value(c, "n").into(),
+                case_value(c, "readers").into(),
                 cell(MAPS[0], LOOKUPS_PER_SEC.name),
                 cell(MAPS[1], LOOKUPS_PER_SEC.name),
                 fmt_ratio(ratio(

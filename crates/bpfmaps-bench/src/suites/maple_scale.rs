@@ -22,7 +22,7 @@ use crate::plot::LinePlot;
 use crate::range_tables::{RANGE_TABLES, RangeStep, RangeTable, each_range_table};
 use crate::record::{
     BUILD_NS_PER_RANGE, MEM_BYTES_PER_RANGE, NS_PER_LOOKUP, NS_PER_OP, Record, case, case_param,
-    find, ratio,
+    case_value, find, ratio,
 };
 use crate::stats::Stats;
 use crate::suite::{BATCH, Ctx, Suite, fmt_bytes};
@@ -317,7 +317,7 @@ impl Suite for MapleScale {
             cases.dedup();
             cases
         };
-        let p = |c: &str, k: &str| case_param(c, k).unwrap_or("?").to_string();
+        let p = |c: &str, k: &str| case_value(c, k).to_string();
         // Each map's time in case `c` ...
         let times = |c: &str, metric: &str| -> Vec<String> {
             RANGE_TABLES

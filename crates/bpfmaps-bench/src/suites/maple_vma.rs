@@ -34,7 +34,7 @@ use rand::{Rng, SeedableRng};
 
 use crate::measure::in_turns;
 use crate::range_tables::{BTreeRanges, RANGE_TABLES, RangeStep, RangeTable, step_at};
-use crate::record::{OPS_PER_SEC, Record, case, case_param, find, ratio};
+use crate::record::{OPS_PER_SEC, Record, case, case_value, find, ratio};
 use crate::stats::Stats;
 use crate::suite::{Ctx, Suite};
 use crate::table::{Table, fmt_ratio};
@@ -477,7 +477,7 @@ impl Suite for MapleVma {
             let get = |imp: &str| find(records, c, imp, OPS_PER_SEC.name);
             let cell =
                 |imp: &str| get(imp).map_or("-".into(), |r| format!("{:.2} M", r.value / 1e6));
-            let param = |k: &str| case_param(c, k).unwrap_or("?").to_string();
+            let param = |k: &str| case_value(c, k).to_string();
             t.push(vec![
                 param("processes"),
                 param("ranges"),

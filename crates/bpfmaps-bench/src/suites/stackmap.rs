@@ -422,7 +422,7 @@ impl Suite for StackMap {
                 get(imp, COLLISION_RATE.name)
                     .map_or("-".into(), |r| format!("{:.2}%", r.value * 100.0))
             };
-            let load = crate::record::case_param(c, "load").unwrap_or("?");
+            let load = crate::record::case_value(c, "load");
             let buckets: Option<usize> =
                 crate::record::case_param(c, "buckets").and_then(|b| b.parse().ok());
             let pct_load: Option<usize> = load.trim_end_matches('%').parse().ok();

@@ -497,15 +497,13 @@ impl Suite for WildcardCilium {
         for c in cases(records) {
             let get = |i: &str, m: &str| find(records, c, i, m);
             let val = |i: &str, m: &str, prec: usize| cell(records, c, i, m, prec);
-            let shape = crate::record::case_param(c, "shape").unwrap_or("?");
+            let shape = crate::record::case_value(c, "shape");
             t.push(vec![
                 match crate::record::case_param(c, "packets") {
                     Some(traffic) => format!("{shape} ({traffic})"),
                     None => shape.to_string(),
                 },
-                crate::record::case_param(c, "rules")
-                    .unwrap_or("?")
-                    .to_string(),
+                crate::record::case_value(c, "rules").to_string(),
                 val(MAP, NS_PER_LOOKUP.name, 1),
                 val(EMULATION, NS_PER_LOOKUP.name, 1),
                 fmt_ratio(ratio(

@@ -494,12 +494,8 @@ impl Suite for WildcardClassbench {
             let get = |i: &str, m: &str| find(records, c, i, m);
             let val = |i: &str, m: &str, prec: usize| cell(records, c, i, m, prec);
             t.push(vec![
-                crate::record::case_param(c, "set")
-                    .unwrap_or("?")
-                    .to_string(),
-                crate::record::case_param(c, "rules")
-                    .unwrap_or("?")
-                    .to_string(),
+                crate::record::case_value(c, "set").to_string(),
+                crate::record::case_value(c, "rules").to_string(),
                 val(MAP, NS_PER_LOOKUP.name, 1),
                 val(BRUTE, NS_PER_LOOKUP.name, 1),
                 fmt_ratio(ratio(

@@ -373,10 +373,10 @@ impl Suite for WildcardGeoip {
             t.push(vec![
                 format!(
                     "{} ({})",
-                    crate::record::case_param(c, "family").unwrap_or("?"),
-                    crate::record::case_param(c, "src").unwrap_or("?")
+                    crate::record::case_value(c, "family"),
+                    crate::record::case_value(c, "src")
                 ),
-                crate::record::case_param(c, "n").unwrap_or("?").to_string(),
+                crate::record::case_value(c, "n").to_string(),
                 val(MAP, NS_PER_LOOKUP.name, 1),
                 val(WITH_RULE, NS_PER_LOOKUP.name, 1),
                 val(TUPLE_MERGE, NS_PER_LOOKUP.name, 1),
