@@ -234,7 +234,7 @@ pub fn plots(suite: &str, records: &[Record], impls: &[&str]) -> Vec<LinePlot> {
         |r: &&Record| r.metric == MEM_BYTES_PER_PREFIX.name && r.param("churn") == Some("fifths");
     let mut tables: Vec<&str> = Vec::new();
     for r in records.iter().filter(fifths) {
-        let t = r.param("trace").unwrap_or("?");
+        let t = case_value(&r.case, "trace");
         if !tables.contains(&t) {
             tables.push(t);
         }
