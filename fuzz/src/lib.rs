@@ -525,6 +525,11 @@ pub fn run_wildcard(data: &[u8]) {
                     .map(|(r, v)| (r.clone(), v.to_vec()));
                 let want = oracle.classify(&p).map(|(r, v)| (r.clone(), v.to_vec()));
                 assert_eq!(got, want, "{p:?}");
+                let by_key = map
+                    .classify_key(&schema.packet_key(&p), &guard)
+                    .expect("a key of the schema's size")
+                    .map(|(r, v)| (r.clone(), v.to_vec()));
+                assert_eq!(by_key, want, "{p:?} by its key");
             }
         }
         assert_eq!(map.len(), oracle.len());

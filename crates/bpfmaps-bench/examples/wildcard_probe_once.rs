@@ -13,11 +13,17 @@
 //! target/release/examples/wildcard_probe_once exact` (or
 //! `../shared/data/classbench/acl1_10k.gz`): the total over the
 //! packets (docs/benchmarks.md, "One table, probed alone").
+//!
+//! With a second argument `key`, each packet goes through
+//! `classify_key` as its key's bytes (collect
+//! `'bpfmaps::wildcard::map::WildcardMap::classify_key*'`); with
+//! `contract`, through the byte contract's lookup of its concrete key,
+//! on a copy of the map made by `create()` (collect `'*map_lookup_elem*'`).
 
 use std::io::Read;
 
 use bpfmaps::wildcard::{Field, Packet, Rule, Schema, WildcardMap, classbench};
-use bpfmaps::{BPF_ANY, BPF_NOEXIST};
+use bpfmaps::{BPF_ANY, BPF_NOEXIST, MapSpec, MapType};
 
 /// 1,000 exact rules of Cilium's key and a packet matching each.
 fn exact() -> (WildcardMap, Vec<Packet>) {
@@ -83,9 +89,31 @@ fn main() {
         classbench_set(&what)
     };
     let guard = bpfmaps::pin();
-    let matched = packets
-        .iter()
-        .filter(|p| map.classify(p, &guard).is_some())
-        .count();
+    let how = std::env::args().nth(2);
+    let matched = if how.as_deref() == Some("contract") {
+        let schema = map.schema();
+        let spec = MapSpec::new(MapType::WILDCARD, schema.rule_key_size() as u32, 4, 1 << 20)
+            .extra(schema.map_extra());
+        let copy = bpfmaps::create(&spec).expect("a map through the contract");
+        for (rule, value) in map.rules() {
+            copy.update(&schema.rule_key(&rule), &value, BPF_NOEXIST)
+                .expect("room for the rule");
+        }
+        let keys: Vec<Vec<u8>> = packets.iter().map(|p| schema.match_key(p)).collect();
+        let mut value = [0u8; 4];
+        keys.iter()
+            .filter(|k| copy.lookup(k, &mut value).is_ok())
+            .count()
+    } else if how.as_deref() == Some("key") {
+        let keys: Vec<Vec<u8>> = packets.iter().map(|p| map.schema().packet_key(p)).collect();
+        keys.iter()
+            .filter(|k| map.classify_key(k, &guard).expect("a key").is_some())
+            .count()
+    } else {
+        packets
+            .iter()
+            .filter(|p| map.classify(p, &guard).is_some())
+            .count()
+    };
     println!("{matched} of {} packets matched", packets.len());
 }

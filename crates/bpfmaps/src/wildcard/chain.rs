@@ -41,6 +41,14 @@ pub(super) trait Word: bytemuck::Pod + Ord {
     /// (its leading bits, which fit the word): the same number whatever
     /// the word's width.
     fn masked_lane(self, mask: u128) -> u64;
+    /// The big-endian word at `at`, unaligned.
+    ///
+    /// # Safety
+    /// `at` points to a word's bytes.
+    unsafe fn read_be(at: *const u8) -> Self;
+    /// `(self >> shift) & mask` (`shift` under the word's width): a
+    /// field's bits out of a word read around it (`match_key.rs`).
+    fn field(self, shift: u32, mask: u128) -> Self;
 }
 
 macro_rules! narrow_word {
@@ -54,6 +62,15 @@ macro_rules! narrow_word {
             #[inline(always)]
             fn masked_lane(self, mask: u128) -> u64 {
                 u64::from(self & mask as $t)
+            }
+            #[inline(always)]
+            unsafe fn read_be(at: *const u8) -> Self {
+                // SAFETY: the caller's.
+                <$t>::from_be(unsafe { at.cast::<$t>().read_unaligned() })
+            }
+            #[inline(always)]
+            fn field(self, shift: u32, mask: u128) -> Self {
+                (self >> shift) & mask as $t
             }
         }
     )*};
@@ -71,6 +88,15 @@ impl Word for u128 {
         let v = self & mask;
         v as u64 ^ ((v >> 64) as u64).rotate_left(29)
     }
+    #[inline(always)]
+    unsafe fn read_be(at: *const u8) -> Self {
+        // SAFETY: the caller's.
+        u128::from_be(unsafe { at.cast::<u128>().read_unaligned() })
+    }
+    #[inline(always)]
+    fn field(self, shift: u32, mask: u128) -> Self {
+        (self >> shift) & mask
+    }
 }
 
 /// The word a map's chains use: the narrowest that holds its widest
@@ -83,6 +109,15 @@ pub(super) enum Width {
 }
 
 impl Width {
+    /// A word's bytes.
+    pub(super) fn bytes(self) -> usize {
+        match self {
+            Width::W32 => 4,
+            Width::W64 => 8,
+            Width::W128 => 16,
+        }
+    }
+
     pub(super) fn of(schema: &Schema) -> Width {
         match schema.fields().iter().map(|f| f.size).max().unwrap_or(0) {
             0..=4 => Width::W32,

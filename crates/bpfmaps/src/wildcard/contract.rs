@@ -234,9 +234,7 @@ impl Schema {
         let mut key = Vec::with_capacity(self.rule_key_size());
         key.extend_from_slice(&BPF_WILDCARD_KEY_ELEM.to_ne_bytes());
         key.extend_from_slice(&0u32.to_ne_bytes());
-        for (f, &v) in self.fields().iter().zip(&packet.values) {
-            put_be(&mut key, v, f.size);
-        }
+        key.extend_from_slice(&self.packet_key(packet));
         key.resize(self.rule_key_size(), 0);
         key
     }
@@ -295,8 +293,9 @@ impl MapOps for WildcardMap {
 
     fn map_lookup_elem(&self, key: &[u8], value: &mut [u8], guard: &Guard) -> Result<()> {
         let found = if native_u32(key) == BPF_WILDCARD_KEY_ELEM {
-            let packet = self.schema().packet_from_match_key(key)?;
-            self.classify(&packet, guard).map(|(_, v)| v)
+            self.schema().check_key(key, BPF_WILDCARD_KEY_ELEM)?;
+            let fields = &key[HEADER..HEADER + self.schema().key_size()];
+            self.classify_key(fields, guard)?.map(|(_, v)| v)
         } else {
             self.get(&self.schema().rule_from_key(key)?, guard)
         };

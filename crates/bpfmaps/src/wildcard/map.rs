@@ -42,6 +42,7 @@ use crossbeam_epoch::{Atomic, Owned, Pointer, Shared};
 use parking_lot::Mutex;
 
 use super::chain::{Chain, Edit, Entry, Layout, Width, Word, entry_of, rule_order, value_of};
+use super::match_key::KeyReader;
 use super::prefix::PrefixIndex;
 use super::schema::{Field, FieldKind, MAX_FIELDS, Packet, Rule, Schema};
 use crate::core::error::{Error, Result, check_len};
@@ -110,6 +111,9 @@ type Tuple = [u8; MAX_FIELDS];
 /// of tables probed.
 type Probe = for<'g> fn(&WildcardMap, &Packet, &'g Guard) -> (Option<(&'g Rule, &'g [u8])>, usize);
 
+/// A probe of a concrete key's bytes (of the schema's key size).
+type KeyProbe = for<'g> fn(&WildcardMap, &[u8], &'g Guard) -> Option<(&'g Rule, &'g [u8])>;
+
 /// Asks for a burst's buckets in a table, and their chains
 /// ([`Table::prefetch_buckets`]).
 type Prefetch = fn(&Table, &[Packet], &Guard);
@@ -118,6 +122,7 @@ type Prefetch = fn(&Table, &[Packet], &Guard);
 #[derive(Clone, Copy)]
 struct Probes {
     classify: Probe,
+    classify_key: KeyProbe,
     prefetch: Prefetch,
 }
 
@@ -125,6 +130,7 @@ impl Probes {
     fn of<W: Word, const N: usize>() -> Probes {
         Probes {
             classify: WildcardMap::classify_in::<W, N>,
+            classify_key: WildcardMap::classify_key_in::<W, N>,
             prefetch: Table::prefetch_buckets::<W, N>,
         }
     }
@@ -383,6 +389,8 @@ pub struct WildcardMap {
     /// fields, chosen once here: one call where a lookup would otherwise
     /// match on both.
     probes: Probes,
+    /// How [`classify_key`](Self::classify_key) reads a key's fields.
+    key_reader: KeyReader,
     /// The engine of a schema of one prefix field, in place of the
     /// tables (`prefix.rs`).
     index: Option<PrefixIndex>,
@@ -425,6 +433,7 @@ impl WildcardMap {
         }
         Ok(WildcardMap {
             probes: probes_for(Width::of(&schema), schema.fields().len()),
+            key_reader: KeyReader::new(&schema, Width::of(&schema).bytes()),
             schema,
             value_size,
             max_entries,
@@ -565,7 +574,28 @@ impl WildcardMap {
             return (None, 0);
         }
         let values: [W; N] = std::array::from_fn(|i| W::of(packet.values[i]));
-        let values = &values;
+        self.probe(&values, guard)
+    }
+
+    /// [`classify_key`](Self::classify_key)'s probe on chains of `W`
+    /// words, for a schema of `N` fields.
+    fn classify_key_in<'g, W: Word, const N: usize>(
+        &self,
+        key: &[u8],
+        guard: &'g Guard,
+    ) -> Option<(&'g Rule, &'g [u8])> {
+        let values = self.key_reader.read::<W, N>(key);
+        self.probe(&values, guard).0
+    }
+
+    /// The best rule matching `values`, a packet's fields as words of
+    /// the map's chains, and the number of tables probed.
+    #[inline(always)]
+    fn probe<'g, W: Word, const N: usize>(
+        &self,
+        values: &[W; N],
+        guard: &'g Guard,
+    ) -> (Option<(&'g Rule, &'g [u8])>, usize) {
         let layout = Layout::new::<W>(N, self.value_size);
         // SAFETY: a published view is freed only after the grace period
         // of its replacement, and the guard is pinned.
@@ -620,6 +650,50 @@ impl WildcardMap {
             best = scan_slot(slot, best);
         }
         (best.map(|b| self.answer(b, &layout)), probed)
+    }
+
+    /// [`classify`](Self::classify) of a concrete key as a packet's
+    /// header carries it: the fields back to back, each in network order
+    /// ([`Schema::key_size`] bytes, `EINVAL` for another length).
+    ///
+    /// ```
+    /// use bpfmaps::wildcard::{Field, Schema, WildcardMap};
+    ///
+    /// // Cilium's policy key: identity, port, protocol, direction.
+    /// let schema = Schema::new(vec![
+    ///     Field::wildcard("id", 4),
+    ///     Field::range("dport", 2),
+    ///     Field::wildcard("proto", 1),
+    ///     Field::exact("dir", 1),
+    /// ])?;
+    /// let policy = WildcardMap::new(schema, 4, 100)?;
+    /// let web = policy.schema().parse_rule("id 0, dport 80-443, proto 6, dir 1", 3)?;
+    /// policy.insert(&web, &7u32.to_ne_bytes(), 0)?;
+    /// let guard = bpfmaps::pin();
+    /// let key = [0, 0, 0x30, 0x39, 0x01, 0xbb, 6, 1]; // id 12345, port 443
+    /// assert_eq!(policy.classify_key(&key, &guard)?.unwrap().1, 7u32.to_ne_bytes());
+    /// assert!(policy.classify_key(&key[..7], &guard).is_err());
+    /// # Ok::<(), bpfmaps::Error>(())
+    /// ```
+    ///
+    /// Why beside `classify`: the key's fields are read straight into
+    /// the probe's words (`match_key.rs`), and a caller streaming
+    /// packets reads their key's bytes (8 for Cilium's key) where a
+    /// [`Packet`] is 144.
+    #[inline]
+    pub fn classify_key<'g>(
+        &self,
+        key: &[u8],
+        guard: &'g Guard,
+    ) -> Result<Option<(&'g Rule, &'g [u8])>> {
+        check_len("key", key.len(), self.key_reader.key_size())?;
+        Ok(match &self.index {
+            Some(index) => {
+                let packet = self.schema.packet_from_bytes(key)?;
+                index.classify(packet.values[0], guard)
+            }
+            None => (self.probes.classify_key)(self, key, guard),
+        })
     }
 
     /// The rule and value of a match's words.

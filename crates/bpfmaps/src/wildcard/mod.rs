@@ -25,6 +25,7 @@ mod chain;
 pub mod classbench;
 mod contract;
 mod map;
+mod match_key;
 mod prefix;
 pub mod schema;
 #[cfg(test)]

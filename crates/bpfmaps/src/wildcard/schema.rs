@@ -251,6 +251,17 @@ impl Schema {
         Ok(p)
     }
 
+    /// `packet`'s concrete key bytes: the fields back to back, each in
+    /// network order ([`key_size`](Self::key_size) bytes; the inverse of
+    /// [`packet_from_bytes`](Self::packet_from_bytes)).
+    pub fn packet_key(&self, packet: &Packet) -> Vec<u8> {
+        let mut key = Vec::with_capacity(self.key_size());
+        for (f, &v) in self.fields.iter().zip(&packet.values) {
+            key.extend_from_slice(&v.to_be_bytes()[16 - f.size..]);
+        }
+        key
+    }
+
     /// A concrete key written as text: `name value` pairs for every field.
     pub fn parse_packet(&self, text: &str) -> Result<Packet> {
         let mut values = vec![None; self.fields.len()];

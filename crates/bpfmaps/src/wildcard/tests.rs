@@ -179,6 +179,26 @@ fn bad_schemas_rules_and_keys_are_refused() {
         s.parse_packet("src 10.0.0.1, dst 192.0.2.1, sport 80, dport 443, proto 6")
             .unwrap()
     );
+    let key = [10, 0, 0, 1, 192, 0, 2, 1, 0, 80, 1, 187, 6];
+    assert_eq!(s.packet_key(&p), key);
+    // Keys of another length than the schema's are refused, whichever
+    // engine classifies.
+    let m = WildcardMap::new(s.clone(), 4, 10).unwrap();
+    let prefix_only = Schema::new(vec![Field::prefix("addr", 4)]).unwrap();
+    let geo = WildcardMap::new(prefix_only, 4, 10).unwrap();
+    let guard = pin();
+    for bad in [&key[..12], &[0; 14][..], &[]] {
+        assert!(matches!(
+            m.classify_key(bad, &guard),
+            Err(Error::Invalid(_))
+        ));
+    }
+    assert_eq!(m.classify_key(&key, &guard), Ok(None));
+    assert!(matches!(
+        geo.classify_key(&key[..3], &guard),
+        Err(Error::Invalid(_))
+    ));
+    assert_eq!(geo.classify_key(&key[..4], &guard), Ok(None));
 }
 
 #[test]
@@ -733,7 +753,9 @@ fn against_the_oracle(m: &WildcardMap, schema: &Schema, ops: &[Op]) -> Result<()
                         .map(|(_, v)| <[u8; 4]>::try_from(&v[..]).unwrap());
                     prop_assert_eq!(m.classify_as::<[u8; 4]>(&p, &guard), value);
                     prop_assert_eq!(m.classify_as::<u64>(&p, &guard), None);
-                    prop_assert_eq!(answer(m, &p), want);
+                    prop_assert_eq!(answer(m, &p), want.clone());
+                    let by_key = m.classify_key(&schema.packet_key(&p), &guard).unwrap();
+                    prop_assert_eq!(by_key.map(|(r, v)| (r.clone(), v.to_vec())), want);
                 }
             }
             prop_assert_eq!(m.len(), o.len());
@@ -836,6 +858,9 @@ fn classbench_sets_classify_as_the_oracle_does() {
             assert_eq!(got, want, "{rules_file}: packet {i} {p:?}");
             let got = loaded.classify(p, &guard).map(|(r, _)| r);
             assert_eq!(got, want, "{rules_file}, loaded: packet {i} {p:?}");
+            let key = s.packet_key(p);
+            let got = loaded.classify_key(&key, &guard).unwrap().map(|(r, _)| r);
+            assert_eq!(got, want, "{rules_file}, loaded, by key: packet {i} {p:?}");
         }
         eprintln!(
             "{rules_file}: {} rules in {} tables ({} loaded at once), {} packets agree",

@@ -1,0 +1,162 @@
+//! A concrete key's bytes read straight into a probe's words: the
+//! fields back to back, each in network order, as a packet's header
+//! carries them ([`Schema::key_size`] bytes; 8 for Cilium's policy key,
+//! 13 for a 5-tuple), where a [`Packet`](super::Packet) holds every field
+//! in 16 bytes (144 in all). A classifier that reads its packets from
+//! memory then streams a ninth to a twentieth of the bytes.
+//!
+//! Each field is one unaligned big-endian load of a word, a shift and a
+//! mask: the load reads a whole word that ends where the field ends (the
+//! bytes before it are masked off), or, for a field that ends inside the
+//! key's first word, the key's first word (the bytes after it shifted
+//! out), so that it never reads outside the key.
+
+use super::chain::Word;
+use super::schema::{MAX_FIELDS, Schema};
+
+/// Where a field sits in a key: the word-wide big-endian window at byte
+/// `start`, shifted right by `shift` bits (the bytes after the field)
+/// and masked by `mask` (its bytes), is the field's value.
+#[derive(Clone, Copy, Debug, Default)]
+struct Window {
+    start: usize,
+    shift: u32,
+    mask: u128,
+}
+
+/// How to read a schema's keys into words of one width.
+#[derive(Clone, Debug)]
+pub(super) struct KeyReader {
+    windows: [Window; MAX_FIELDS],
+    /// A key's bytes.
+    len: usize,
+    /// The bytes the windows lie in: the key's, or a word's when the key
+    /// is shorter than a word (read from a zero-padded copy).
+    span: usize,
+}
+
+impl KeyReader {
+    /// The reader of `schema`'s keys into words of `word` bytes, as wide
+    /// as its widest field or wider.
+    pub(super) fn new(schema: &Schema, word: usize) -> KeyReader {
+        let len = schema.key_size();
+        let span = len.max(word);
+        let mut windows = [Window::default(); MAX_FIELDS];
+        let mut at = 0;
+        for (w, f) in windows.iter_mut().zip(schema.fields()) {
+            debug_assert!(f.size <= word, "the word holds every field");
+            let end = at + f.size;
+            // The word ending where the field ends, or the first word.
+            let start = end.saturating_sub(word);
+            *w = Window {
+                start,
+                shift: 8 * (start + word - end) as u32,
+                mask: u128::MAX >> (128 - 8 * f.size),
+            };
+            at = end;
+        }
+        KeyReader { windows, len, span }
+    }
+
+    /// A key's bytes.
+    pub(super) fn key_size(&self) -> usize {
+        self.len
+    }
+
+    /// The first `N` fields of `key` (of [`key_size`](Self::key_size)
+    /// bytes) as words of `W`, the reader's width.
+    #[inline(always)]
+    pub(super) fn read<W: Word, const N: usize>(&self, key: &[u8]) -> [W; N] {
+        debug_assert_eq!(key.len(), self.len);
+        let mut padded = [0u8; 16];
+        let bytes = if self.span > self.len {
+            padded[..key.len()].copy_from_slice(key);
+            &padded[..]
+        } else {
+            key
+        };
+        debug_assert!(bytes.len() >= self.span);
+        std::array::from_fn(|i| {
+            let w = self.windows[i];
+            debug_assert!(w.start + size_of::<W>() <= self.span);
+            // SAFETY: `bytes` holds `span` bytes and every window lies in
+            // them (`new`: it starts at or after 0 and ends at its field's
+            // end, or at a word, within the span).
+            unsafe { W::read_be(bytes.as_ptr().add(w.start)) }.field(w.shift, w.mask)
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::wildcard::chain::Width;
+    use crate::wildcard::schema::{Field, FieldKind};
+    use proptest::prelude::*;
+
+    fn read_all(schema: &Schema, key: &[u8]) -> Vec<u128> {
+        fn of<W: Word + Into<u128>>(r: &KeyReader, key: &[u8], n: usize) -> Vec<u128> {
+            let all: [W; MAX_FIELDS] = r.read(key);
+            all[..n].iter().map(|&w| w.into()).collect()
+        }
+        let width = Width::of(schema);
+        let r = KeyReader::new(schema, width.bytes());
+        let n = schema.fields().len();
+        match width {
+            Width::W32 => of::<u32>(&r, key, n),
+            Width::W64 => of::<u64>(&r, key, n),
+            Width::W128 => of::<u128>(&r, key, n),
+        }
+    }
+
+    #[test]
+    fn reads_cilium_s_key() {
+        let schema = Schema::new(vec![
+            Field::wildcard("id", 4),
+            Field::range("dport", 2),
+            Field::wildcard("proto", 1),
+            Field::exact("dir", 1),
+        ])
+        .unwrap();
+        let key = [0x00, 0x12, 0x34, 0x56, 0x01, 0xbb, 6, 1];
+        assert_eq!(read_all(&schema, &key), vec![0x123456, 443, 6, 1]);
+    }
+
+    #[test]
+    fn reads_a_key_shorter_than_its_word() {
+        // Two fields of 1 and 5 bytes: 64-bit words, a 6-byte key.
+        let schema = Schema::new(vec![
+            Field::exact("a", 1),
+            Field::new("b", FieldKind::Range, 5),
+        ])
+        .unwrap();
+        let key = [0xfe, 1, 2, 3, 4, 5];
+        assert_eq!(read_all(&schema, &key), vec![0xfe, 0x0102030405]);
+    }
+
+    fn schema_and_key() -> impl Strategy<Value = (Schema, Vec<u8>)> {
+        prop::collection::vec(1usize..=16, 1..=MAX_FIELDS).prop_flat_map(|sizes| {
+            let len: usize = sizes.iter().sum();
+            let schema = Schema::new(
+                sizes
+                    .iter()
+                    .enumerate()
+                    .map(|(i, &s)| Field::exact(&format!("f{i}"), s))
+                    .collect(),
+            )
+            .unwrap();
+            (Just(schema), prop::collection::vec(any::<u8>(), len))
+        })
+    }
+
+    proptest! {
+        /// Every schema's fields read as `Schema::packet_from_bytes`
+        /// reads them, a byte at a time.
+        #[test]
+        fn reads_as_the_bytewise_parse((schema, key) in schema_and_key()) {
+            let packet = schema.packet_from_bytes(&key).unwrap();
+            let n = schema.fields().len();
+            prop_assert_eq!(read_all(&schema, &key), packet.values[..n].to_vec());
+        }
+    }
+}
