@@ -106,6 +106,13 @@ def test_wildcard_rules_and_batches():
     packets = np.array([[0x0A090909, 22, 6], [0x0B000001, 80, 17], [1, 5000, 6]], dtype=np.uint64)
     prios, values, found = fw.classify_many(packets)
     assert list(found) == [True, True, False] and list(values[:2]) == [100, 200] and list(prios[:2]) == [1, 5]
+    # 1,200 rows: chunks of 256 and a part, each row answered in its place.
+    many = np.tile(packets, (400, 1))
+    prios2, values2, found2 = fw.classify_many(many)
+    assert list(found2) == list(found) * 400 and list(values2) == list(values) * 400
+    assert list(prios2) == list(prios) * 400
+    with pytest.raises(ValueError):
+        fw.classify_many(np.array([[1, 70000, 6]], dtype=np.uint64))
     with pytest.raises(OSError) as e:
         fw.insert("dport 0-1023", 5, 1, b.BPF_NOEXIST)
     assert e.value.errno == errno.EEXIST
