@@ -41,7 +41,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use crossbeam_epoch::{Atomic, Owned, Pointer, Shared};
 use parking_lot::Mutex;
 
-use super::chain::{Chain, Edit, Entry, Layout, Width, Word, entry_of, rule_order, value_of};
+use super::chain::{Chain, Edit, Entry, Layout, Width, Word, answer_of, rule_order};
 use super::match_key::KeyReader;
 use super::prefix::PrefixIndex;
 use super::schema::{Field, FieldKind, MAX_FIELDS, Packet, Rule, Schema};
@@ -391,6 +391,9 @@ pub struct WildcardMap {
     probes: Probes,
     /// How [`classify_key`](Self::classify_key) reads a key's fields.
     key_reader: KeyReader,
+    /// Where a rule's parts sit among its words in the chains (computed
+    /// once here, not on each probe).
+    layout: Layout,
     /// The engine of a schema of one prefix field, in place of the
     /// tables (`prefix.rs`).
     index: Option<PrefixIndex>,
@@ -434,6 +437,7 @@ impl WildcardMap {
         Ok(WildcardMap {
             probes: probes_for(Width::of(&schema), schema.fields().len()),
             key_reader: KeyReader::new(&schema, Width::of(&schema).bytes()),
+            layout: Layout::of(Width::of(&schema), schema.fields().len(), value_size),
             schema,
             value_size,
             max_entries,
@@ -596,7 +600,7 @@ impl WildcardMap {
         values: &[W; N],
         guard: &'g Guard,
     ) -> (Option<(&'g Rule, &'g [u8])>, usize) {
-        let layout = Layout::new::<W>(N, self.value_size);
+        let layout = &self.layout;
         // SAFETY: a published view is freed only after the grace period
         // of its replacement, and the guard is pinned.
         let view = unsafe { self.view.load(Ordering::Acquire, guard).deref() };
@@ -621,8 +625,32 @@ impl WildcardMap {
         // (docs/benchmarks.md, "One table, probed alone").
         if let [(_, table)] = &tables[..] {
             let best = scan_slot(table.slot(values), None);
-            return (best.map(|b| self.answer(b, &layout)), 1);
+            return (best.map(|b| self.answer(b, layout)), 1);
         }
+        self.probe_tables(values, tables, guard)
+    }
+
+    /// [`probe`](Self::probe) of a view of several tables: out of line,
+    /// so that a probe of one table saves only the registers it uses.
+    #[inline(never)]
+    fn probe_tables<'g, W: Word, const N: usize>(
+        &self,
+        values: &[W; N],
+        tables: &'g [(u32, Arc<Table>)],
+        guard: &'g Guard,
+    ) -> (Option<(&'g Rule, &'g [u8])>, usize) {
+        let layout = &self.layout;
+        // The better of `best` and the first match in a bucket's chain.
+        let scan_slot = |slot: &Atomic<Chain>, best: Option<&'g [W]>| {
+            let chain = slot.load(Ordering::Acquire, guard).into_usize();
+            if chain != 0 {
+                // SAFETY: as in `probe`.
+                let rules = unsafe { Chain::rules_at::<W>(chain, layout.stride) };
+                scan(rules, values, best)
+            } else {
+                best
+            }
+        };
         // The best match's words in its chain.
         let mut best: Option<&'g [W]> = None;
         let mut probed = 0;
@@ -649,7 +677,7 @@ impl WildcardMap {
             probed += 1;
             best = scan_slot(slot, best);
         }
-        (best.map(|b| self.answer(b, &layout)), probed)
+        (best.map(|b| self.answer(b, layout)), probed)
     }
 
     /// [`classify`](Self::classify) of a concrete key as a packet's
@@ -699,10 +727,11 @@ impl WildcardMap {
     /// The rule and value of a match's words.
     #[inline]
     fn answer<'g, W: Word>(&self, words: &'g [W], layout: &Layout) -> (&'g Rule, &'g [u8]) {
-        // SAFETY: `words` is a rule's in a chain published to a reader
-        // whose guard outlives 'g; the chain owns its entry.
-        let entry = unsafe { entry_of(words, layout) };
-        (&entry.rule, value_of(words, layout, self.value_size))
+        // SAFETY: `words` is a rule's in a chain of this map (its layout
+        // and value size) published to a reader whose guard outlives 'g;
+        // the chain owns its entry.
+        let (entry, value) = unsafe { answer_of(words, layout, self.value_size) };
+        (&entry.rule, value)
     }
 
     /// [`classify`](Self::classify) for each packet, into `out[i]`;

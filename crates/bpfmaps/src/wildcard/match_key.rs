@@ -68,13 +68,25 @@ impl KeyReader {
     #[inline(always)]
     pub(super) fn read<W: Word, const N: usize>(&self, key: &[u8]) -> [W; N] {
         debug_assert_eq!(key.len(), self.len);
+        if self.span > self.len {
+            return self.read_padded(key);
+        }
+        self.read_span(key)
+    }
+
+    /// [`read`](Self::read) of a key shorter than a word, from a
+    /// zero-padded copy (out of line: a rare schema's path).
+    #[cold]
+    #[inline(never)]
+    fn read_padded<W: Word, const N: usize>(&self, key: &[u8]) -> [W; N] {
         let mut padded = [0u8; 16];
-        let bytes = if self.span > self.len {
-            padded[..key.len()].copy_from_slice(key);
-            &padded[..]
-        } else {
-            key
-        };
+        padded[..key.len()].copy_from_slice(key);
+        self.read_span(&padded)
+    }
+
+    /// The fields from `bytes`, which hold the span.
+    #[inline(always)]
+    fn read_span<W: Word, const N: usize>(&self, bytes: &[u8]) -> [W; N] {
         debug_assert!(bytes.len() >= self.span);
         std::array::from_fn(|i| {
             let w = self.windows[i];
