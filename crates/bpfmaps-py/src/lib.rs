@@ -1201,7 +1201,7 @@ impl Wildcard {
         let rows = packets
             .as_slice()
             .map_err(|_| PyValueError::new_err("packets must be C-contiguous"))?;
-        let n = rows.len() / fields.max(1);
+        let n = rows.len() / fields;
         let answers = py.allow_threads(|| {
             let schema = self.map.schema();
             let guard = bpfmaps::pin();

@@ -569,8 +569,9 @@ mod tests {
             let classify = |p: &Packet| {
                 let k = &schema.packet_key(p);
                 let by_key = map.classify_key(k, &guard).unwrap();
-                assert_eq!(by_key.map(|(_, v)| value_u32(v)), by_packet(p));
-                by_packet(p)
+                let got = by_packet(p);
+                assert_eq!(by_key.map(|(_, v)| value_u32(v)), got);
+                got
             };
             for _ in 0..2000 {
                 let (p, k) = packet(&rules[rng.random_range(0..rules.len())], &ids, &mut rng);

@@ -600,32 +600,18 @@ impl WildcardMap {
         values: &[W; N],
         guard: &'g Guard,
     ) -> (Option<(&'g Rule, &'g [u8])>, usize) {
-        let layout = &self.layout;
         // SAFETY: a published view is freed only after the grace period
         // of its replacement, and the guard is pinned.
         let view = unsafe { self.view.load(Ordering::Acquire, guard).deref() };
         let tables = &view.tables;
-        // The better of `best` and the first match in a bucket's chain.
-        let scan_slot = |slot: &Atomic<Chain>, best: Option<&'g [W]>| {
-            let chain = slot.load(Ordering::Acquire, guard).into_usize();
-            if chain != 0 {
-                // SAFETY: as the view: chains are freed after the grace
-                // period of their replacement; a chain of this map's
-                // rules, untagged, of the layout's stride.
-                let rules = unsafe { Chain::rules_at::<W>(chain, layout.stride) };
-                scan(rules, values, best)
-            } else {
-                best
-            }
-        };
         // A view of one table (a policy of one shape of rule, as Cilium's
         // exact rules) is probed without the pipeline below: a third of
         // the instructions of a classification, and the shorter path
         // lets the misses of a caller's consecutive lookups overlap
         // (docs/benchmarks.md, "One table, probed alone").
         if let [(_, table)] = &tables[..] {
-            let best = scan_slot(table.slot(values), None);
-            return (best.map(|b| self.answer(b, layout)), 1);
+            let best = self.scan_slot(table.slot(values), values, None, guard);
+            return (best.map(|b| self.answer(b, &self.layout)), 1);
         }
         self.probe_tables(values, tables, guard)
     }
@@ -639,18 +625,6 @@ impl WildcardMap {
         tables: &'g [(u32, Arc<Table>)],
         guard: &'g Guard,
     ) -> (Option<(&'g Rule, &'g [u8])>, usize) {
-        let layout = &self.layout;
-        // The better of `best` and the first match in a bucket's chain.
-        let scan_slot = |slot: &Atomic<Chain>, best: Option<&'g [W]>| {
-            let chain = slot.load(Ordering::Acquire, guard).into_usize();
-            if chain != 0 {
-                // SAFETY: as in `probe`.
-                let rules = unsafe { Chain::rules_at::<W>(chain, layout.stride) };
-                scan(rules, values, best)
-            } else {
-                best
-            }
-        };
         // The best match's words in its chain.
         let mut best: Option<&'g [W]> = None;
         let mut probed = 0;
@@ -675,9 +649,30 @@ impl WildcardMap {
             let slot = ahead[0].expect("the slot of table i");
             ahead = [ahead[1], after];
             probed += 1;
-            best = scan_slot(slot, best);
+            best = self.scan_slot(slot, values, best, guard);
         }
-        (best.map(|b| self.answer(b, layout)), probed)
+        (best.map(|b| self.answer(b, &self.layout)), probed)
+    }
+
+    /// The better of `best` and the first match for `values` in the
+    /// chain of `slot`, a bucket of this map's tables.
+    #[inline]
+    fn scan_slot<'g, W: Word, const N: usize>(
+        &self,
+        slot: &Atomic<Chain>,
+        values: &[W; N],
+        best: Option<&'g [W]>,
+        guard: &'g Guard,
+    ) -> Option<&'g [W]> {
+        let chain = slot.load(Ordering::Acquire, guard).into_usize();
+        if chain == 0 {
+            return best;
+        }
+        // SAFETY: as the view: chains are freed after the grace period
+        // of their replacement; a chain of this map's rules, untagged, of
+        // the layout's stride.
+        let rules = unsafe { Chain::rules_at::<W>(chain, self.layout.stride) };
+        scan(rules, values, best)
     }
 
     /// [`classify`](Self::classify) of a concrete key as a packet's
