@@ -306,10 +306,10 @@ impl Table {
 const BURST: usize = 16;
 
 /// The buckets a map's first table needs before `classify_many` asks
-/// for a burst's buckets ahead (2^14 buckets of 8 bytes, and their
-/// chains, outgrow a core's L2; below that the extra hashing costs more
+/// for a burst's buckets ahead: those of 2^14 rules (their chains and
+/// buckets outgrow a core's L2; below that the extra hashing costs more
 /// than the misses it overlaps).
-pub(super) const BURST_TABLE_SLOTS: usize = 1 << 14;
+pub(super) const BURST_TABLE_SLOTS: usize = (1 << 14) * SLOTS_PER_RULE;
 
 impl Drop for Table {
     fn drop(&mut self) {
@@ -739,10 +739,10 @@ impl WildcardMap {
     /// [`classify`](Self::classify) for each packet, into `out[i]`;
     /// `EINVAL` if `out` is shorter than `packets`.
     ///
-    /// Where the first table outgrows a core's L2 (2^14 buckets or
-    /// more), the packets go in bursts of 16: each burst's buckets in that
-    /// table, and then their chains, are asked for before the first
-    /// packet is probed, so their misses overlap (a million exact rules
+    /// Where the first table outgrows a core's L2 (the buckets of 2^14
+    /// rules or more), the packets go in bursts of 16: each burst's
+    /// buckets in that table, and then their chains, are asked for
+    /// before the first packet is probed, so their misses overlap (a million exact rules
     /// of Cilium's key: 1.8-2.0x less time a packet than one `classify`
     /// at a time, docs/benchmarks.md, "One table, probed alone").
     pub fn classify_many<'g>(

@@ -513,9 +513,9 @@ fn classify_many_answers_each_packet_and_wants_room() {
     assert!(m.classify_many(&[tcp, udp], &guard, &mut out[..1]).is_err());
 }
 
-/// Past 2^14 buckets in its first table, `classify_many` asks for a
-/// burst's buckets ahead: its answers stay `classify`'s, for every packet
-/// of bursts that do not fill, hits and misses alike.
+/// Past the buckets of 2^14 rules in its first table, `classify_many`
+/// asks for a burst's buckets ahead: its answers stay `classify`'s, for
+/// every packet of bursts that do not fill, hits and misses alike.
 #[test]
 #[cfg_attr(miri, ignore = "20,000 rules")]
 fn classify_many_in_bursts_answers_as_classify() {
