@@ -618,7 +618,7 @@ impl WildcardMap {
         // (docs/benchmarks.md, "One table, probed alone").
         if let [(_, table)] = &tables[..] {
             let best = self.scan_slot(table.slot(values), values, None, guard);
-            return (best.map(|b| self.answer(b, &self.layout)), 1);
+            return (best.map(|b| self.answer(b)), 1);
         }
         self.probe_tables(values, tables, guard)
     }
@@ -658,7 +658,7 @@ impl WildcardMap {
             probed += 1;
             best = self.scan_slot(slot, values, best, guard);
         }
-        (best.map(|b| self.answer(b, &self.layout)), probed)
+        (best.map(|b| self.answer(b)), probed)
     }
 
     /// The better of `best` and the first match for `values` in the
@@ -728,11 +728,11 @@ impl WildcardMap {
 
     /// The rule and value of a match's words.
     #[inline]
-    fn answer<'g, W: Word>(&self, words: &'g [W], layout: &Layout) -> (&'g Rule, &'g [u8]) {
+    fn answer<'g, W: Word>(&self, words: &'g [W]) -> (&'g Rule, &'g [u8]) {
         // SAFETY: `words` is a rule's in a chain of this map (its layout
         // and value size) published to a reader whose guard outlives 'g;
         // the chain owns its entry.
-        let (entry, value) = unsafe { answer_of(words, layout, self.value_size) };
+        let (entry, value) = unsafe { answer_of(words, &self.layout, self.value_size) };
         (&entry.rule, value)
     }
 
@@ -742,9 +742,10 @@ impl WildcardMap {
     /// Where the first table outgrows a core's L2 (the buckets of 2^14
     /// rules or more), the packets go in bursts of 16: each burst's
     /// buckets in that table, and then their chains, are asked for
-    /// before the first packet is probed, so their misses overlap (a million exact rules
-    /// of Cilium's key: 1.8-2.0x less time a packet than one `classify`
-    /// at a time, docs/benchmarks.md, "One table, probed alone").
+    /// before the first packet is probed, so their misses overlap (a
+    /// million exact rules of Cilium's key: 1.8-2.0x less time a packet
+    /// than one `classify` at a time, docs/benchmarks.md, "One table,
+    /// probed alone").
     pub fn classify_many<'g>(
         &self,
         packets: &[Packet],
@@ -1071,11 +1072,11 @@ impl WildcardMap {
         let bucket = chain_insert(&state.table, entry, guard);
         count(&mut state.priorities, rule.priority, true);
         state.rules += 1;
-        // Past a quarter of a rule per bucket, twice the buckets: a new
-        // table, published below with a new view.
-        let grown = state.rules * SLOTS_PER_RULE > state.table.slots.len();
+        // Outgrown, twice the buckets: a new table, published below with
+        // a new view.
+        let grown = outgrows(state.rules, &state.table);
         if grown {
-            let slots = 2 * state.table.slots.len();
+            let slots = slots_for(state.rules);
             state.table = rebuilt(&state.table, &self.schema, slots, &[], guard);
         }
         let after = state.best();
@@ -1169,7 +1170,7 @@ impl WildcardMap {
             )),
             Some(t) => {
                 let state = w.tables.get_mut(&t).expect("target");
-                if (state.rules + moving.len()) * SLOTS_PER_RULE > state.table.slots.len() {
+                if outgrows(state.rules + moving.len(), &state.table) {
                     let slots = slots_for(state.rules + moving.len());
                     state.table = rebuilt(&state.table, &self.schema, slots, &moving, guard);
                 } else {
@@ -1724,6 +1725,12 @@ fn merged_slots(adding: usize, target: &TableState) -> usize {
 /// Buckets for a table of `rules`: [`SLOTS_PER_RULE`] a rule, at least 8.
 fn slots_for(rules: usize) -> usize {
     (rules * SLOTS_PER_RULE).next_power_of_two().max(8)
+}
+
+/// Whether `table` holds too few buckets for `rules` ([`slots_for`]'s
+/// rule: fewer than [`SLOTS_PER_RULE`] a rule).
+fn outgrows(rules: usize, table: &Table) -> bool {
+    rules * SLOTS_PER_RULE > table.slots.len()
 }
 
 /// A fresh, unpublished table like `table` (its tuple) with `slots`
