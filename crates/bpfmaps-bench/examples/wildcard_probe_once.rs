@@ -8,15 +8,17 @@
 //!   drawn inside its rules (`classbench::generate_trace`, seed 7).
 //!
 //! `cargo build --release -p bpfmaps-bench --example wildcard_probe_once`,
-//! then `valgrind --tool=callgrind
-//! --toggle-collect='bpfmaps::wildcard::map::WildcardMap::classify_in*'
+//! then `valgrind --tool=callgrind --toggle-collect='*classify_once*'
 //! target/release/examples/wildcard_probe_once exact` (or
 //! `../shared/data/classbench/acl1_10k.gz`): the total over the
-//! packets (docs/benchmarks.md, "One table, probed alone").
+//! packets, each a call of `classify` and the read of its answer
+//! (docs/benchmarks.md, "One table, probed alone"; before the
+//! thirty-seventh session the toggle was the map's own
+//! `'bpfmaps::wildcard::map::WildcardMap::classify_in*'`, without the
+//! call and the answer).
 //!
 //! With a second argument `key`, each packet goes through
-//! `classify_key` as its key's bytes (collect
-//! `'bpfmaps::wildcard::map::WildcardMap::classify_key*'`); with
+//! `classify_key` as its key's bytes (collect `'*classify_key_once*'`); with
 //! `contract`, through the byte contract's lookup of its concrete key,
 //! on a copy of the map made by `create()` (collect `'*map_lookup_elem*'`);
 //! with `hash` (`exact` only), as the first of Cilium's six lookups, in
@@ -81,6 +83,19 @@ fn classbench_set(path: &str) -> (WildcardMap, Vec<Packet>) {
     (map, packets)
 }
 
+/// One classification of a packet (its own function, for callgrind's
+/// toggle: it counts the answer's rule and value too).
+#[inline(never)]
+fn classify_once(map: &WildcardMap, packet: &Packet, guard: &bpfmaps::Guard) -> bool {
+    map.classify(packet, guard).is_some()
+}
+
+/// One classification of a key's bytes (as [`classify_once`]).
+#[inline(never)]
+fn classify_key_once(map: &WildcardMap, key: &[u8], guard: &bpfmaps::Guard) -> bool {
+    map.classify_key(key, guard).expect("a key").is_some()
+}
+
 /// One lookup of the hash map (its own function, for callgrind's toggle).
 #[inline(never)]
 fn lookup_once(
@@ -132,12 +147,12 @@ fn main() {
     } else if how.as_deref() == Some("key") {
         let keys: Vec<Vec<u8>> = packets.iter().map(|p| map.schema().packet_key(p)).collect();
         keys.iter()
-            .filter(|k| map.classify_key(k, &guard).expect("a key").is_some())
+            .filter(|k| classify_key_once(&map, k, &guard))
             .count()
     } else {
         packets
             .iter()
-            .filter(|p| map.classify(p, &guard).is_some())
+            .filter(|p| classify_once(&map, p, &guard))
             .count()
     };
     println!("{matched} of {} packets matched", packets.len());

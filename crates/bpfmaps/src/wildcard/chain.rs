@@ -8,6 +8,8 @@
 //! reads the bucket's chain and the entry it changes, not every entry
 //! of the bucket.
 
+use std::marker::PhantomData;
+use std::ptr::NonNull;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
 
@@ -138,6 +140,9 @@ pub(super) struct Layout {
     pub(super) addr: usize,
     pub(super) value: usize,
     pub(super) stride: usize,
+    /// `addr` and `value` in bytes, for a probe's answer.
+    pub(super) addr_byte: usize,
+    pub(super) value_byte: usize,
 }
 
 impl Layout {
@@ -158,6 +163,8 @@ impl Layout {
             addr,
             value,
             stride: addr + addr_words,
+            addr_byte: addr * w,
+            value_byte: value * w,
         }
     }
 
@@ -565,32 +572,43 @@ fn entry_at(bytes: &[u8]) -> *const Entry {
     std::ptr::with_exposed_provenance::<Entry>(addr)
 }
 
-/// The entry and the value bytes of a rule's words, without bounds
-/// checks (a probe's answer: they were 14 instructions of the 118 of a
-/// one-table classification).
+/// A probe's match: the address of its rule's words in a published
+/// chain, valid while the guard of `'g` is pinned.
+#[derive(Clone, Copy)]
+pub(super) struct Hit<'g>(NonNull<u8>, PhantomData<&'g [u8]>);
+
+impl<'g> Hit<'g> {
+    /// The match of `words`, a rule's in a chain.
+    #[inline(always)]
+    pub(super) fn of<W: Word>(words: &'g [W]) -> Hit<'g> {
+        Hit(NonNull::from(words).cast(), PhantomData)
+    }
+}
+
+/// The entry and the value bytes of a match, without bounds checks (a
+/// probe's answer: they were 14 instructions of the 118 of a one-table
+/// classification).
 ///
 /// # Safety
-/// `key` is a rule's `layout.stride` words, laid out by `layout` for
-/// values of `value_size` bytes, in a published chain read under a
-/// pinned guard that outlives the borrow: the chain owns an `Arc` of the
-/// entry, and is freed only after the grace period of its replacement.
+/// `hit` is a rule's words laid out by `layout` for values of
+/// `value_size` bytes, in a published chain read under a pinned guard
+/// that outlives `'a`: the chain owns an `Arc` of the entry, and is
+/// freed only after the grace period of its replacement.
 #[inline(always)]
-pub(super) unsafe fn answer_of<'a, W: Word>(
-    key: &'a [W],
+pub(super) unsafe fn answer_of<'a>(
+    hit: Hit<'a>,
     layout: &Layout,
     value_size: usize,
 ) -> (&'a Entry, &'a [u8]) {
-    let w = size_of::<W>();
-    debug_assert!(key.len() >= layout.stride);
-    debug_assert!(layout.value * w + value_size <= layout.addr * w);
-    let base = key.as_ptr().cast::<u8>();
+    debug_assert!(layout.value_byte + value_size <= layout.addr_byte);
+    let base = hit.0.as_ptr().cast_const();
     // SAFETY: the caller's: the address's bytes end the rule's words and
     // the value's lie before them (`Layout::new`); `fill` exposed the
     // address.
     unsafe {
-        let addr = base.add(layout.addr * w).cast::<usize>().read_unaligned();
+        let addr = base.add(layout.addr_byte).cast::<usize>().read_unaligned();
         let entry = &*std::ptr::with_exposed_provenance::<Entry>(addr);
-        let value = std::slice::from_raw_parts(base.add(layout.value * w), value_size);
+        let value = std::slice::from_raw_parts(base.add(layout.value_byte), value_size);
         (entry, value)
     }
 }
@@ -665,7 +683,7 @@ mod tests {
                     assert_eq!((key[1], key[3]), (10 * i as u64, 10 * i as u64 + 5));
                     assert_eq!((key[2], key[4]), (i as u64, i as u64));
                     // SAFETY: the chain is alive and owns the entry.
-                    let (entry, value) = unsafe { answer_of(key, &layout, 3) };
+                    let (entry, value) = unsafe { answer_of(Hit::of(key), &layout, 3) };
                     assert_eq!(value, [i as u8; 3]);
                     assert!(std::ptr::eq(entry, &*entries[i]));
                 }
@@ -700,7 +718,7 @@ mod tests {
                 let layout = Layout::new::<W>(2, 3);
                 // SAFETY: the chain is alive and owns its entries.
                 c.rules::<W>(&layout)
-                    .map(|k| unsafe { answer_of(k, &layout, 3) }.1[0])
+                    .map(|k| unsafe { answer_of(Hit::of(k), &layout, 3) }.1[0])
                     .collect::<Vec<_>>()
             };
 

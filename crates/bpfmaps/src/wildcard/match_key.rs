@@ -33,6 +33,10 @@ pub(super) struct KeyReader {
     /// The bytes the windows lie in: the key's, or a word's when the key
     /// is shorter than a word (read from a zero-padded copy).
     span: usize,
+    /// For a key of 8 to 16 bytes in 32-bit words: per byte of the
+    /// first four words, then of the next four, the byte of the key's
+    /// first 8 then last 8 that it takes (0x80: none, a zero).
+    shuffle: Option<[[u8; 16]; 2]>,
 }
 
 impl KeyReader {
@@ -55,7 +59,26 @@ impl KeyReader {
             };
             at = end;
         }
-        KeyReader { windows, len, span }
+        let fields = schema.fields();
+        let shuffle = (word == 4 && fields.len() <= 8 && (8..=16).contains(&len)).then(|| {
+            let mut shuffle = [[0x80; 16]; 2];
+            let mut at = 0;
+            for (lane, f) in shuffle.as_flattened_mut().chunks_exact_mut(4).zip(fields) {
+                // The field's last byte is its word's lowest.
+                for (b, out) in lane[..f.size].iter_mut().enumerate() {
+                    let byte = at + f.size - 1 - b;
+                    *out = if byte < 8 { byte } else { byte + 16 - len } as u8;
+                }
+                at += f.size;
+            }
+            shuffle
+        });
+        KeyReader {
+            windows,
+            len,
+            span,
+            shuffle,
+        }
     }
 
     /// A key's bytes.
@@ -68,6 +91,13 @@ impl KeyReader {
     #[inline(always)]
     pub(super) fn read<W: Word, const N: usize>(&self, key: &[u8]) -> [W; N] {
         debug_assert_eq!(key.len(), self.len);
+        #[cfg(all(target_arch = "x86_64", target_feature = "ssse3"))]
+        if N <= 8
+            && size_of::<W>() == 4
+            && let Some(shuffle) = &self.shuffle
+        {
+            return read_shuffled(key, shuffle);
+        }
         if self.span > self.len {
             return self.read_padded(key);
         }
@@ -99,6 +129,32 @@ impl KeyReader {
     }
 }
 
+/// [`KeyReader::read`] of a key of 8 to 16 bytes into (up to eight)
+/// 32-bit words `W`, by its reader's `shuffle`.
+#[cfg(all(target_arch = "x86_64", target_feature = "ssse3"))]
+#[inline(always)]
+fn read_shuffled<W: Word, const N: usize>(key: &[u8], shuffle: &[[u8; 16]; 2]) -> [W; N] {
+    use std::arch::x86_64::*;
+    debug_assert!((8..=16).contains(&key.len()) && N <= 8 && size_of::<W>() == 4);
+    let mut words = [0u32; 8];
+    // SAFETY: both 8-byte loads lie in the key (8 bytes or more), the
+    // shuffles' 16 bytes and the 32 of `words` are whole; SSSE3 is
+    // enabled at compile time.
+    unsafe {
+        let first = _mm_loadl_epi64(key.as_ptr().cast());
+        let last = _mm_loadl_epi64(key.as_ptr().add(key.len() - 8).cast());
+        let bytes = _mm_unpacklo_epi64(first, last);
+        let order = _mm_loadu_si128(shuffle[0].as_ptr().cast());
+        _mm_storeu_si128(words.as_mut_ptr().cast(), _mm_shuffle_epi8(bytes, order));
+        if N > 4 {
+            let order = _mm_loadu_si128(shuffle[1].as_ptr().cast());
+            let next = _mm_shuffle_epi8(bytes, order);
+            _mm_storeu_si128(words.as_mut_ptr().add(4).cast(), next);
+        }
+    }
+    std::array::from_fn(|i| W::of(u128::from(words[i])))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -107,9 +163,25 @@ mod tests {
     use proptest::prelude::*;
 
     fn read_all(schema: &Schema, key: &[u8]) -> Vec<u128> {
+        /// The first `n` fields, read as a probe of `n` fields reads them
+        /// (up to eight: the shuffled read's), or of all of them.
         fn of<W: Word + Into<u128>>(r: &KeyReader, key: &[u8], n: usize) -> Vec<u128> {
-            let all: [W; MAX_FIELDS] = r.read(key);
-            all[..n].iter().map(|&w| w.into()).collect()
+            fn first<W: Word + Into<u128>, const N: usize>(r: &KeyReader, key: &[u8]) -> Vec<u128> {
+                let words: [W; N] = r.read(key);
+                words.iter().map(|&w| w.into()).collect()
+            }
+            let all = match n {
+                1 => first::<W, 1>(r, key),
+                2 => first::<W, 2>(r, key),
+                3 => first::<W, 3>(r, key),
+                4 => first::<W, 4>(r, key),
+                5 => first::<W, 5>(r, key),
+                6 => first::<W, 6>(r, key),
+                7 => first::<W, 7>(r, key),
+                8 => first::<W, 8>(r, key),
+                _ => first::<W, MAX_FIELDS>(r, key),
+            };
+            all[..n].to_vec()
         }
         let width = Width::of(schema);
         let r = KeyReader::new(schema, width.bytes());
@@ -146,8 +218,17 @@ mod tests {
         assert_eq!(read_all(&schema, &key), vec![0xfe, 0x0102030405]);
     }
 
-    fn schema_and_key() -> impl Strategy<Value = (Schema, Vec<u8>)> {
-        prop::collection::vec(1usize..=16, 1..=MAX_FIELDS).prop_flat_map(|sizes| {
+    #[test]
+    fn reads_a_five_tuple_s_key() {
+        let schema = crate::wildcard::classbench::schema();
+        let key = [10, 0, 0, 1, 192, 168, 1, 2, 0x30, 0x39, 0, 80, 6];
+        let values = vec![0x0a00_0001, 0xc0a8_0102, 12345, 80, 6];
+        assert_eq!(read_all(&schema, &key), values);
+    }
+
+    /// Schemas of fields of up to `widest` bytes, and a key of each.
+    fn schema_and_key_of(widest: usize) -> impl Strategy<Value = (Schema, Vec<u8>)> {
+        prop::collection::vec(1usize..=widest, 1..=MAX_FIELDS).prop_flat_map(|sizes| {
             let len: usize = sizes.iter().sum();
             let schema = Schema::new(
                 sizes
@@ -165,7 +246,16 @@ mod tests {
         /// Every schema's fields read as `Schema::packet_from_bytes`
         /// reads them, a byte at a time.
         #[test]
-        fn reads_as_the_bytewise_parse((schema, key) in schema_and_key()) {
+        fn reads_as_the_bytewise_parse((schema, key) in schema_and_key_of(16)) {
+            let packet = schema.packet_from_bytes(&key).unwrap();
+            let n = schema.fields().len();
+            prop_assert_eq!(read_all(&schema, &key), packet.values[..n].to_vec());
+        }
+
+        /// So do keys of fields in 32-bit words (read by shuffles when
+        /// they are 8 to 16 bytes).
+        #[test]
+        fn reads_narrow_fields_as_the_bytewise_parse((schema, key) in schema_and_key_of(4)) {
             let packet = schema.packet_from_bytes(&key).unwrap();
             let n = schema.fields().len();
             prop_assert_eq!(read_all(&schema, &key), packet.values[..n].to_vec());
