@@ -35,7 +35,13 @@ pub(super) struct KeyReader {
     span: usize,
     /// For a key of 8 to 16 bytes in 32-bit words: per byte of the
     /// first four words, then of the next four, the byte of the key's
-    /// first 8 then last 8 that it takes (0x80: none, a zero).
+    /// first 8 then last 8 that it takes (0x80: none, a zero). Read
+    /// only where SSSE3 is enabled at compile time (as by the workspace's
+    /// `x86-64-v2`).
+    #[cfg_attr(
+        not(all(target_arch = "x86_64", target_feature = "ssse3")),
+        allow(dead_code)
+    )]
     shuffle: Option<[[u8; 16]; 2]>,
 }
 
