@@ -132,17 +132,16 @@ impl Width {
 /// Where a rule's parts sit among its words: the priority at 0, the
 /// fields' lower bounds from 1 (field `i`'s at `1 + i`), their upper
 /// bounds after them (at `1 + fields + i`), the value's bytes from
-/// `value`, the entry's address from `addr`; `stride` words in all.
-/// Bounds of a kind side by side, so a probe tests every field with two
-/// vector compares of contiguous words and no shuffles.
+/// byte `value`, the entry's address from byte `addr`; `stride` words in
+/// all. Bounds of a kind side by side, so a probe tests every field with
+/// two vector compares of contiguous words and no shuffles. The value
+/// and the address are counted in bytes: a probe's answer reads them
+/// from a match's address, whatever its word.
 #[derive(Clone, Copy, Debug)]
 pub(super) struct Layout {
     pub(super) addr: usize,
     pub(super) value: usize,
     pub(super) stride: usize,
-    /// `addr` and `value` in bytes, for a probe's answer.
-    pub(super) addr_byte: usize,
-    pub(super) value_byte: usize,
 }
 
 impl Layout {
@@ -160,11 +159,9 @@ impl Layout {
         let value = 1 + 2 * fields;
         let addr = (value + value_size.div_ceil(w)).next_multiple_of(addr_words);
         Layout {
-            addr,
-            value,
+            addr: addr * w,
+            value: value * w,
             stride: addr + addr_words,
-            addr_byte: addr * w,
-            value_byte: value * w,
         }
     }
 
@@ -329,7 +326,7 @@ impl crossbeam_epoch::Pointable for Chain {
         let (fields, value_size) = (first.rule.bounds().len(), first.value.len());
         let (layout, w) = (Layout::of(width, fields, value_size), width.bytes());
         let stride = u16::try_from(layout.stride * w).expect("a rule's bytes fit u16");
-        let addr = u16::try_from(layout.addr * w).expect("within a rule");
+        let addr = u16::try_from(layout.addr).expect("within a rule");
         let (ptr, chain) = Self::alloc(entries.len(), stride, addr);
         match width {
             Width::W32 => fill::<u32>(&mut chain.words, &layout, entries),
@@ -528,10 +525,10 @@ fn fill<W: Word>(storage: &mut [u128], layout: &Layout, entries: Vec<Arc<Entry>>
 fn write_rule<W: Word>(key: &mut [W], layout: &Layout, e: Arc<Entry>) {
     let (words, n) = rule_words::<W>(&e.rule);
     key[..n].copy_from_slice(&words[..n]);
-    bytemuck::cast_slice_mut::<W, u8>(&mut key[layout.value..])[..e.value.len()]
-        .copy_from_slice(&e.value);
+    let bytes = bytemuck::cast_slice_mut::<W, u8>(key);
+    bytes[layout.value..][..e.value.len()].copy_from_slice(&e.value);
     let addr = Arc::into_raw(e).expose_provenance().to_ne_bytes();
-    bytemuck::cast_slice_mut::<W, u8>(&mut key[layout.addr..])[..addr.len()].copy_from_slice(&addr);
+    bytes[layout.addr..][..addr.len()].copy_from_slice(&addr);
 }
 
 /// A rule's first words, as a chain holds them (its priority, its
@@ -600,15 +597,15 @@ pub(super) unsafe fn answer_of<'a>(
     layout: &Layout,
     value_size: usize,
 ) -> (&'a Entry, &'a [u8]) {
-    debug_assert!(layout.value_byte + value_size <= layout.addr_byte);
+    debug_assert!(layout.value + value_size <= layout.addr);
     let base = hit.0.as_ptr().cast_const();
     // SAFETY: the caller's: the address's bytes end the rule's words and
     // the value's lie before them (`Layout::new`); `fill` exposed the
     // address.
     unsafe {
-        let addr = base.add(layout.addr_byte).cast::<usize>().read_unaligned();
+        let addr = base.add(layout.addr).cast::<usize>().read_unaligned();
         let entry = &*std::ptr::with_exposed_provenance::<Entry>(addr);
-        let value = std::slice::from_raw_parts(base.add(layout.value_byte), value_size);
+        let value = std::slice::from_raw_parts(base.add(layout.value), value_size);
         (entry, value)
     }
 }
@@ -628,10 +625,10 @@ mod tests {
             for fields in 1..=9 {
                 for value_size in 1..=40 {
                     let l = Layout::new::<W>(fields, value_size);
-                    let at = |k: usize| HEAD + (k * l.stride + l.addr) * w;
+                    let at = |k: usize| HEAD + k * l.stride * w + l.addr;
                     assert!((0..4).all(|k| at(k) % align_of::<usize>() == 0));
-                    assert!(l.value > 2 * fields && l.value * w + value_size <= l.addr * w);
-                    assert!(l.stride * w >= l.addr * w + size_of::<usize>());
+                    assert!(l.value > 2 * fields * w && l.value + value_size <= l.addr);
+                    assert!(l.stride * w >= l.addr + size_of::<usize>());
                 }
             }
         }
