@@ -42,6 +42,10 @@ pub(crate) struct Open {
     /// Bytes per key in calls: the key size, or 4 more for maps with
     /// variable-length keys (a `u32` length, then the key).
     pub key_stride: usize,
+    /// The key size for a map of fixed-size keys; 0 for a map of
+    /// variable-length keys or of none (the calls' common case, tested
+    /// in one compare).
+    pub fixed_key: usize,
     pub var_keys: bool,
     pub value_size: usize,
     /// Where recent batch lookups stopped, by token.
@@ -100,13 +104,18 @@ fn slot(fd: libc::c_int, make: bool) -> Option<&'static AtomicPtr<Open>> {
 
 /// Runs `f` on the map of `fd`; `EBADF` if `fd` holds none.
 #[inline]
-pub(crate) fn with<R>(fd: libc::c_int, f: impl FnOnce(&Open) -> R) -> Result<R, Errno> {
+pub(crate) fn with<R>(
+    fd: libc::c_int,
+    f: impl FnOnce(&Open) -> Result<R, Errno>,
+) -> Result<R, Errno> {
     let slot = slot(fd, false).ok_or(libc::EBADF)?;
     in_flight::call(|| {
         // SAFETY: a map leaves its slot before it is freed, and is freed
         // only after the calls in flight then have returned.
-        let open = unsafe { slot.load(Ordering::Acquire).as_ref() };
-        open.map(f).ok_or(libc::EBADF)
+        match unsafe { slot.load(Ordering::Acquire).as_ref() } {
+            Some(open) => f(open),
+            None => Err(libc::EBADF),
+        }
     })
 }
 

@@ -28,22 +28,21 @@
 //! (from [`crate::with_map`]'s closure) cannot wait for itself.
 
 use std::cell::Cell;
-use std::sync::OnceLock;
+use std::sync::Once;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering, compiler_fence, fence};
 
 use parking_lot::Mutex;
 
-/// One thread's announcement: `IDLE`, or the number of the call it is
-/// in (odd, new for every call). Its own cache line, as it is written by
-/// its thread on every call and read by closers.
+/// One thread's announcement: a number that goes up by one at each
+/// call's start and end, odd while the thread is in a call (so every
+/// call has a number of its own, and a closer never mistakes a new call
+/// for the one it waits on). Its own cache line, as it is written by its
+/// thread on every call and read by closers.
 #[repr(align(128))]
 struct Record {
+    /// Written only by the thread holding the record; a thread taking
+    /// the record over goes on from its number.
     call: AtomicU64,
-    /// The number the next call gets (odd; written only by the holder).
-    /// Kept here, not in the thread, so that a thread taking over a
-    /// record goes on from its numbers: a closer never mistakes a new
-    /// call for the one it waits on.
-    next: AtomicU64,
     /// Held by a live thread; a finished thread's record is taken over
     /// by the next new thread, so records number at most the threads
     /// that ever ran at once.
@@ -51,14 +50,12 @@ struct Record {
 }
 
 impl Record {
-    /// Announces a call: a new number in `call`, ordered before the
-    /// caller's next load of a slot.
+    /// Announces a call, `idle` being the record's (even) number now:
+    /// the next number, ordered before the caller's next load of a slot.
     #[inline(always)]
-    fn announce(&self) {
-        let number = self.next.load(Ordering::Relaxed);
-        self.next.store(number.wrapping_add(2), Ordering::Relaxed); // odd, never IDLE
-        self.call.store(number, Ordering::Relaxed);
-        if ASYMMETRIC.get() == Some(&true) {
+    fn announce(&self, idle: u64) {
+        self.call.store(idle.wrapping_add(1), Ordering::Relaxed);
+        if ASYMMETRIC.load(Ordering::Relaxed) {
             // The closer's membarrier orders the store before the load
             // of the slot that follows, as a fence here would.
             compiler_fence(Ordering::SeqCst);
@@ -69,14 +66,26 @@ impl Record {
         }
     }
 
+    /// Ends the call [`announce`](Self::announce) started.
+    #[inline(always)]
+    fn end(&self) {
+        // Only this thread writes the number. Release: the call's reads
+        // of the map happen before a closer that sees the record idle
+        // frees it.
+        let number = self.call.load(Ordering::Relaxed);
+        self.call.store(number.wrapping_add(1), Ordering::Release);
+    }
+
     /// Gives the record up (its thread is gone, or its one call is over).
     fn release(&self) {
-        self.call.store(IDLE, Ordering::Release);
         self.taken.store(false, Ordering::Release);
     }
 }
 
-const IDLE: u64 = 0;
+/// Whether a record's number shows a call.
+fn in_call(number: u64) -> bool {
+    number & 1 == 1
+}
 
 /// Every record ever made. Records are never freed (leaked, reachable
 /// from here), so a closer may read any of them at any time.
@@ -84,13 +93,15 @@ static RECORDS: Mutex<Vec<&'static Record>> = Mutex::new(Vec::new());
 
 /// Whether readers may announce with a plain store: set, once, by the
 /// first handle's creation, before any map is in a slot (so every call
-/// that finds a map, and every close, sees it).
-static ASYMMETRIC: OnceLock<bool> = OnceLock::new();
+/// that finds a map, and every close, sees it; a reader that saw it
+/// unset would only fence when it need not).
+static ASYMMETRIC: AtomicBool = AtomicBool::new(false);
 
 /// Registers the process for expedited membarriers (once). Called when
 /// a handle is made, before its map is published.
 pub(crate) fn init() {
-    ASYMMETRIC.get_or_init(register_membarrier);
+    static REGISTER: Once = Once::new();
+    REGISTER.call_once(|| ASYMMETRIC.store(register_membarrier(), Ordering::Release));
 }
 
 #[cfg(all(target_os = "linux", not(miri)))]
@@ -132,23 +143,28 @@ fn heavy_barrier_call() -> bool {
     false
 }
 
-/// The thread's record and its call depth (calls nest through
-/// `with_map`; only the outermost announces).
-struct Local {
-    record: Cell<Option<&'static Record>>,
-    depth: Cell<u32>,
+thread_local! {
+    /// This thread's record, once it has one. No destructor, so a call
+    /// reads it with one load (a thread-local with a destructor checks
+    /// its state first).
+    static RECORD: Cell<Option<&'static Record>> = const { Cell::new(None) };
+    /// Gives the thread's record up when the thread ends; set up with
+    /// the record, on the thread's first call.
+    static HOLDER: Holder = const { Holder(Cell::new(None)) };
 }
 
-impl Drop for Local {
+/// The record [`RECORD`] names, released when its thread ends.
+struct Holder(Cell<Option<&'static Record>>);
+
+impl Drop for Holder {
     fn drop(&mut self) {
-        if let Some(record) = self.record.get() {
+        if let Some(record) = self.0.take() {
+            // A call from a later thread-local destructor must not find
+            // a record another thread may have taken over.
+            let _ = RECORD.try_with(|r| r.set(None));
             record.release();
         }
     }
-}
-
-thread_local! {
-    static LOCAL: Local = const { Local { record: Cell::new(None), depth: Cell::new(0) } };
 }
 
 fn take_record() -> &'static Record {
@@ -160,8 +176,7 @@ fn take_record() -> &'static Record {
         }
     }
     let record: &'static Record = Box::leak(Box::new(Record {
-        call: AtomicU64::new(IDLE),
-        next: AtomicU64::new(1),
+        call: AtomicU64::new(0),
         taken: AtomicBool::new(true),
     }));
     records.push(record);
@@ -170,71 +185,64 @@ fn take_record() -> &'static Record {
 
 /// Runs `f` as a call in flight: a map it loads from a slot is not freed
 /// before `f` returns, even if its handle is closed meanwhile.
+///
+/// Calls nest (a [`crate::with_map`] closure may call again): only the
+/// outermost announces, and a record that already shows a call is in one.
 #[inline(always)]
 pub(crate) fn call<R>(f: impl FnOnce() -> R) -> R {
-    let mut f = Some(f);
-    // One thread-local access for the call's entry and exit.
-    let done = LOCAL.try_with(|local| {
-        enter(local);
-        let _exit = Exit(local);
-        f.take().expect("not run yet")()
-    });
-    match done {
-        Ok(r) => r,
-        Err(_) => call_without_local(f.take().expect("not run: no thread-locals")),
-    }
-}
-
-/// Starts a call on this thread; only the outermost announces (a nested
-/// one is protected by it).
-#[inline(always)]
-fn enter(local: &Local) {
-    let depth = local.depth.get();
-    local.depth.set(depth + 1);
-    if depth > 0 {
-        return;
-    }
-    let record = match local.record.get() {
-        Some(record) => record,
-        None => {
-            let record = take_record();
-            local.record.set(Some(record));
-            record
-        }
+    let Some(record) = RECORD.with(Cell::get).or_else(first_record) else {
+        return call_without_local(f);
     };
-    record.announce();
+    let idle = record.call.load(Ordering::Relaxed);
+    if in_call(idle) {
+        return f();
+    }
+    record.announce(idle);
+    let _exit = Exit(record);
+    f()
 }
 
-/// Ends the call [`enter`] started when dropped (also on unwinding).
-struct Exit<'a>(&'a Local);
+/// Ends the call [`call`] announced when dropped (also on unwinding).
+struct Exit(&'static Record);
 
-impl Drop for Exit<'_> {
+impl Drop for Exit {
     #[inline(always)]
     fn drop(&mut self) {
-        let depth = self.0.depth.get() - 1;
-        self.0.depth.set(depth);
-        if depth == 0
-            && let Some(record) = self.0.record.get()
-        {
-            // Release: the call's reads of the map happen before a
-            // closer that sees the record idle frees it.
-            record.call.store(IDLE, Ordering::Release);
-        }
+        self.0.end();
     }
+}
+
+/// A thread's first call: the thread takes a record for its calls (and
+/// its holder, which gives the record up when the thread ends); `None`
+/// once the thread's thread-locals are gone.
+#[cold]
+#[inline(never)]
+fn first_record() -> Option<&'static Record> {
+    HOLDER
+        .try_with(|holder| {
+            let record = take_record();
+            holder.0.set(Some(record));
+            RECORD.with(|r| r.set(Some(record)));
+            record
+        })
+        .ok()
 }
 
 /// A call from a thread whose thread-locals are gone (a call from
 /// another thread-local's destructor): a record of its own for the call.
 #[cold]
+#[inline(never)]
 fn call_without_local<R>(f: impl FnOnce() -> R) -> R {
     struct Release(&'static Record);
     impl Drop for Release {
         fn drop(&mut self) {
+            self.0.end();
             self.0.release();
         }
     }
     let record = take_record();
-    record.announce();
+    let idle = record.call.load(Ordering::Relaxed);
+    record.announce(idle);
     let _release = Release(record);
     f()
 }
@@ -243,14 +251,14 @@ fn call_without_local<R>(f: impl FnOnce() -> R) -> R {
 /// called inside a call (it would wait for itself): the reaper thread
 /// runs it.
 fn wait_for_calls() {
-    if ASYMMETRIC.get() == Some(&true) {
+    if ASYMMETRIC.load(Ordering::Acquire) {
         heavy_barrier_call();
     }
     fence(Ordering::SeqCst);
     let records: Vec<&'static Record> = RECORDS.lock().clone();
     for record in records {
         let seen = record.call.load(Ordering::Acquire);
-        if seen == IDLE {
+        if !in_call(seen) {
             continue;
         }
         let mut rounds = 0u32;
@@ -335,14 +343,19 @@ mod tests {
     #[test]
     fn nested_calls_announce_once() {
         init();
+        let number = || RECORD.with(|r| r.get().unwrap().call.load(Ordering::SeqCst));
+        call(|| ());
+        let before = number();
+        assert!(!in_call(before));
         call(|| {
-            let number = LOCAL.with(|l| l.record.get().unwrap().call.load(Ordering::SeqCst));
-            assert_ne!(number, IDLE);
+            let inside = number();
+            assert!(in_call(inside));
+            assert_ne!(inside, before);
             call(|| ());
-            let after = LOCAL.with(|l| l.record.get().unwrap().call.load(Ordering::SeqCst));
-            assert_eq!(after, number);
+            assert_eq!(number(), inside, "a nested call ended the outer one");
         });
-        let idle = LOCAL.with(|l| l.record.get().unwrap().call.load(Ordering::SeqCst));
-        assert_eq!(idle, IDLE);
+        let after = number();
+        assert!(!in_call(after));
+        assert_ne!(after, before, "two calls, one number");
     }
 }

@@ -113,7 +113,7 @@ fn call(f: impl FnOnce() -> Result<c_int, Errno>) -> c_int {
 /// Runs a call on the map behind `fd` (`EBADF` if none), as [`call`].
 #[inline(always)]
 fn on_map(fd: c_int, f: impl FnOnce(&Open) -> Result<c_int, Errno>) -> c_int {
-    call(|| handles::with(fd, f)?)
+    call(|| handles::with(fd, f))
 }
 
 /// The `_flags` forms take no flag bpfmaps' maps can honour: `EINVAL`
@@ -129,7 +129,9 @@ fn fail(e: Errno) -> c_int {
     -e
 }
 
-/// A map error's errno.
+/// A map error's errno (out of line: the calls' common path is success).
+#[cold]
+#[inline(never)]
 fn errno_of(e: Error) -> Errno {
     e.errno()
 }
@@ -190,6 +192,44 @@ fn overlaps(a: *const c_void, a_len: usize, b: *const c_void, b_len: usize) -> b
 /// `key` is NULL or a key of the map; `value` NULL or room for a value.
 #[inline(always)]
 unsafe fn key_to_value(
+    m: &Open,
+    key: *const c_void,
+    value: *mut c_void,
+    op: impl FnOnce(&[u8], &mut [u8]) -> bpfmaps::Result<()>,
+) -> Result<c_int, Errno> {
+    // The common case in as few instructions as it takes (a lookup's
+    // cache misses overlap the next lookup's only as far as the
+    // processor sees ahead): a fixed-size key and a buffer, apart.
+    let (key_len, value_len) = (m.fixed_key, m.value_size);
+    if key_len != 0
+        && !key.is_null()
+        && !value.is_null()
+        && !overlaps(key, key_len, value, value_len)
+    {
+        // SAFETY: the caller's promise, for pointers that are not NULL.
+        let (key, value) = unsafe {
+            (
+                std::slice::from_raw_parts(key.cast(), key_len),
+                std::slice::from_raw_parts_mut(value.cast(), value_len),
+            )
+        };
+        return match op(key, value) {
+            Ok(()) => Ok(0),
+            Err(e) => Err(errno_of(e)),
+        };
+    }
+    // SAFETY: the caller's promise.
+    unsafe { key_to_value_checked(m, key, value, op) }
+}
+
+/// [`key_to_value`] for every other case: a key-less map, variable-length
+/// keys, a NULL pointer, a key that overlaps its buffer.
+///
+/// # Safety
+/// As [`key_to_value`].
+#[cold]
+#[inline(never)]
+unsafe fn key_to_value_checked(
     m: &Open,
     key: *const c_void,
     value: *mut c_void,
@@ -276,7 +316,7 @@ impl Open {
 /// The map stays alive while `f` runs, even if another thread closes the
 /// handle.
 pub fn with_map<R>(fd: c_int, f: impl FnOnce(&dyn bpfmaps::Map) -> R) -> Option<R> {
-    handles::with(fd, |m| f(&*m.map)).ok()
+    handles::with(fd, |m| Ok(f(&*m.map))).ok()
 }
 
 /// Creates a map, as `bpf_map_create`: the handle, or a negative errno.
@@ -332,6 +372,11 @@ pub unsafe extern "C" fn bpfmaps_map_create(
         let var_keys = map.caps().contains(Caps::VAR_KEYS);
         let open = Open {
             key_stride: BatchKeys::of(&*map).stride(),
+            fixed_key: if var_keys {
+                0
+            } else {
+                BatchKeys::of(&*map).stride()
+            },
             var_keys,
             value_size: value_size as usize,
             name,
