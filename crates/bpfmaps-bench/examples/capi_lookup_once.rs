@@ -1,8 +1,9 @@
 //! A fixed lookup workload for instruction counts of the C library's
 //! call (the `capi` suite times loops that run for a time, so callgrind
 //! on it cannot give a count a call). A hash map of 10,000 random keys
-//! of 4 or 16 bytes (or the LPM trie with 10,000 generated `/24`s),
-//! made through the C calls, then each key looked up once through
+//! of 4 or 16 bytes (or the LPM trie with 10,000 generated `/24`s, looked
+//! up by an address inside each, as a `/32` key), made through the C
+//! calls, then each key looked up once through
 //! `bpfmaps_map_lookup_elem` by a function pointer, as C calls it, and
 //! once through `Map::lookup` from Rust.
 //!
@@ -16,58 +17,42 @@
 use std::ffi::{c_int, c_void};
 
 use bpfmaps::{BPF_F_NO_PREALLOC, Map};
+use bpfmaps_bench::suites::capi::{made, put};
 use bpfmaps_capi::{
-    BPFMAPS_MAP_TYPE_HASH, BPFMAPS_MAP_TYPE_LPM_TRIE, bpfmaps_map_create, bpfmaps_map_create_opts,
-    bpfmaps_map_lookup_elem, bpfmaps_map_update_elem, with_map,
+    BPFMAPS_MAP_TYPE_HASH, BPFMAPS_MAP_TYPE_LPM_TRIE, bpfmaps_map_lookup_elem, with_map,
 };
 
 const KEYS: usize = 10_000;
 
 type LookupFn = unsafe extern "C" fn(c_int, *const c_void, *mut c_void) -> c_int;
 
-/// A map of `map_type` made through the C call.
-fn made(map_type: u32, key_size: usize, value_size: usize, flags: u32) -> c_int {
-    let opts = bpfmaps_map_create_opts {
-        sz: size_of::<bpfmaps_map_create_opts>(),
-        map_flags: flags,
-        ..Default::default()
-    };
-    // SAFETY: a NUL-terminated name and valid options.
-    let fd = unsafe {
-        bpfmaps_map_create(
-            map_type,
-            c"once".as_ptr(),
-            key_size as u32,
-            value_size as u32,
-            KEYS as u32,
-            &opts,
-        )
-    };
-    assert!(fd >= 0, "bpfmaps_map_create: {fd}");
-    fd
-}
-
-/// The map's handle and its keys, back to back, each stored.
+/// The map's handle and its lookup keys, back to back, each stored (or,
+/// in the LPM trie, inside a stored prefix).
 fn subject(kind: &str) -> (c_int, Vec<u8>, usize) {
     let (fd, stride) = match kind {
-        "hash4" => (made(BPFMAPS_MAP_TYPE_HASH, 4, 8, 0), 4),
-        "hash16" => (made(BPFMAPS_MAP_TYPE_HASH, 16, 8, 0), 16),
-        "lpm" => (made(BPFMAPS_MAP_TYPE_LPM_TRIE, 8, 8, BPF_F_NO_PREALLOC), 8),
+        "hash4" => (made(BPFMAPS_MAP_TYPE_HASH, 4, 8, KEYS, 0), 4),
+        "hash16" => (made(BPFMAPS_MAP_TYPE_HASH, 16, 8, KEYS, 0), 16),
+        "lpm" => (
+            made(BPFMAPS_MAP_TYPE_LPM_TRIE, 8, 8, KEYS, BPF_F_NO_PREALLOC),
+            8,
+        ),
         _ => panic!("usage: capi_lookup_once hash4|hash16|lpm"),
     };
     let mut keys = Vec::with_capacity(KEYS * stride);
     for i in 0..KEYS as u32 {
         let mixed = i.wrapping_mul(0x9E37_79B9);
-        let key: Vec<u8> = match kind {
-            "lpm" => [24u32.to_ne_bytes(), (mixed & !0xff).to_be_bytes()].concat(),
-            _ => [i.to_ne_bytes(), mixed.to_ne_bytes(), [7; 4], [9; 4]].concat()[..stride].to_vec(),
+        let (key, lookup): (Vec<u8>, Vec<u8>) = match kind {
+            "lpm" => (
+                [24u32.to_ne_bytes(), (mixed & !0xff).to_be_bytes()].concat(),
+                [32u32.to_ne_bytes(), (mixed & !0xff | 0x2a).to_be_bytes()].concat(),
+            ),
+            _ => {
+                let key = [i.to_ne_bytes(), mixed.to_ne_bytes(), [7; 4], [9; 4]].concat();
+                (key[..stride].to_vec(), key[..stride].to_vec())
+            }
         };
-        let value = u64::from(i).to_ne_bytes();
-        // SAFETY: a key and a value of the map's sizes.
-        let err =
-            unsafe { bpfmaps_map_update_elem(fd, key.as_ptr().cast(), value.as_ptr().cast(), 0) };
-        assert_eq!(err, 0, "bpfmaps_map_update_elem");
-        keys.extend_from_slice(&key);
+        put(fd, &key, &u64::from(i).to_ne_bytes());
+        keys.extend_from_slice(&lookup);
     }
     (fd, keys, stride)
 }

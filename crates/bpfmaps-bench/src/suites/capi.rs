@@ -61,8 +61,9 @@ impl Drop for Subject {
     }
 }
 
-/// A map of `map_type` made and filled through the C calls.
-fn made(map_type: u32, key_size: usize, value_size: usize, max: usize, flags: u32) -> c_int {
+/// A map of `map_type` made through the C call (also the
+/// `capi_lookup_once` example's).
+pub fn made(map_type: u32, key_size: usize, value_size: usize, max: usize, flags: u32) -> c_int {
     let opts = bpfmaps_map_create_opts {
         sz: size_of::<bpfmaps_map_create_opts>(),
         map_flags: flags,
@@ -83,7 +84,8 @@ fn made(map_type: u32, key_size: usize, value_size: usize, max: usize, flags: u3
     fd
 }
 
-fn put(fd: c_int, key: &[u8], value: &[u8]) {
+/// `key` stored with `value` through the C call.
+pub fn put(fd: c_int, key: &[u8], value: &[u8]) {
     // SAFETY: a key and a value of the map's sizes.
     let err = unsafe { bpfmaps_map_update_elem(fd, key.as_ptr().cast(), value.as_ptr().cast(), 0) };
     assert_eq!(err, 0, "bpfmaps_map_update_elem");

@@ -11,7 +11,7 @@ use bpfmaps::HashPolicy;
 use crate::suite::DynSuite;
 
 mod bloom;
-mod capi;
+pub mod capi;
 mod concurrency;
 mod hash_sweep;
 mod hashfn;
