@@ -370,13 +370,10 @@ pub unsafe extern "C" fn bpfmaps_map_create(
         let map = bpfmaps::create(&spec).map_err(errno_of)?;
         static IDS: AtomicU32 = AtomicU32::new(1);
         let var_keys = map.caps().contains(Caps::VAR_KEYS);
+        let key_stride = BatchKeys::of(&*map).stride();
         let open = Open {
-            key_stride: BatchKeys::of(&*map).stride(),
-            fixed_key: if var_keys {
-                0
-            } else {
-                BatchKeys::of(&*map).stride()
-            },
+            key_stride,
+            fixed_key: if var_keys { 0 } else { key_stride },
             var_keys,
             value_size: value_size as usize,
             name,
