@@ -287,6 +287,10 @@ pub fn run_maple(data: &[u8]) {
                     tree.find(lo, hi, &guard)
                 };
                 assert_eq!(got.map(|e| (e.first, e.last, *e.value)), want);
+                if !in_place {
+                    let got = tree.find_cloned(lo, hi);
+                    assert_eq!(got.map(|(r, value)| (*r.start(), *r.end(), value)), want);
+                }
             }
             3 if in_place => {
                 // `get_mut`: the range holding `a`, its value set to `v`.
@@ -305,6 +309,8 @@ pub fn run_maple(data: &[u8]) {
             3 => {
                 let want = model.iter().copied().find(|r| r.0 <= a && a <= r.1);
                 let got = tree.load(a, &guard).map(|e| (e.first, e.last, *e.value));
+                assert_eq!(got, want);
+                let got = tree.get(a).map(|(r, value)| (*r.start(), *r.end(), value));
                 assert_eq!(got, want);
                 // A cursor's walk to `a` (straight down, its path not yet
                 // recorded), then a step off it: after a hit, to either

@@ -5,8 +5,9 @@
 //!
 //! The maps sit in a table indexed by fd number: a static array for fds
 //! below 1024, then chunks of 1024 slots, each allocated on first use and
-//! never freed (up to fd 1,048,575). A call loads its slot as a call in
-//! flight ([`in_flight`]), so it never takes a lock; `close` empties the
+//! never freed (up to fd 1,048,575). A call loads its slot in a read
+//! section (`bpfmaps::core::read_section`: one plain store in its
+//! thread's record, no pin), so it never takes a lock; `close` empties the
 //! slot and frees the map after every call that may have loaded it has
 //! returned. A call racing a close either finishes on the map or gets
 //! `EBADF`, never a freed map.
@@ -18,7 +19,9 @@ use std::sync::atomic::{AtomicPtr, Ordering};
 use bpfmaps::Map;
 use parking_lot::Mutex;
 
-use crate::{Errno, in_flight};
+use bpfmaps::core::read_section;
+
+use crate::Errno;
 
 const CHUNK: usize = 1024;
 const CHUNKS: usize = 1024;
@@ -109,9 +112,10 @@ pub(crate) fn with<R>(
     f: impl FnOnce(&Open) -> Result<R, Errno>,
 ) -> Result<R, Errno> {
     let slot = slot(fd, false).ok_or(libc::EBADF)?;
-    in_flight::call(|| {
+    // Sections nest: a call from a `with_map` closure announces nothing.
+    read_section::run(|| {
         // SAFETY: a map leaves its slot before it is freed, and is freed
-        // only after the calls in flight then have returned.
+        // only after the read sections open then have closed.
         match unsafe { slot.load(Ordering::Acquire).as_ref() } {
             Some(open) => f(open),
             None => Err(libc::EBADF),
@@ -126,14 +130,14 @@ pub(crate) fn open(open: Open) -> Result<libc::c_int, Errno> {
         close_fd(fd);
         return Err(libc::EMFILE);
     };
-    in_flight::init();
+    read_section::init();
     let stale = slot.swap(Box::into_raw(Box::new(open)), Ordering::AcqRel);
     if !stale.is_null() {
         // The program closed an earlier handle with close(2), not
         // bpfmaps_map_close, and the number came back: that map goes now.
         // SAFETY: out of its slot, so no new call finds it; the ones in
         // flight are waited for.
-        in_flight::free_after_calls(unsafe { Box::from_raw(stale) });
+        read_section::free_after_in_background(unsafe { Box::from_raw(stale) });
     }
     Ok(fd)
 }
@@ -147,7 +151,7 @@ pub(crate) fn close(fd: libc::c_int) -> Result<(), Errno> {
     }
     // SAFETY: out of its slot: no new call finds it, and the calls that
     // did are waited for.
-    in_flight::free_after_calls(unsafe { Box::from_raw(old) });
+    read_section::free_after_in_background(unsafe { Box::from_raw(old) });
     // The number is free for the system to reuse only now, after the
     // slot is empty.
     close_fd(fd);

@@ -44,7 +44,6 @@
 #![allow(non_camel_case_types)]
 
 mod handles;
-mod in_flight;
 mod opts;
 
 use std::borrow::Cow;

@@ -67,9 +67,9 @@ pub struct Opts {
     /// about 70 s here); docs/benchmarks.md's figures use 3].
     #[arg(long)]
     kernel_reps: Option<usize>,
-    /// bpfmaps pins one guard per 256 `load`s and per `mt_for_each` pass,
-    /// not one per call as `mtree_load` and `mt_find` take the RCU read
-    /// lock.
+    /// bpfmaps pins one guard per 256 `load`s and per `mt_for_each` pass
+    /// (in place of `get`'s and `find_cloned`'s read section a call, as
+    /// `mtree_load` and `mt_find` take the RCU read lock).
     #[arg(long)]
     guard_per_batch: bool,
 }
@@ -381,8 +381,9 @@ impl Loop for Walk {
     }
 }
 
-/// `bench_load`: `mtree_load`, which takes the RCU read lock itself: one
-/// guard per load (or per 256 with `--guard-per-batch`).
+/// `bench_load`: `mtree_load`, which takes the RCU read lock itself:
+/// `get`, a read section a load, as `mtree_load`'s (or `load` under one
+/// guard per 256 with `--guard-per-batch`).
 struct Load {
     tree: MapleTree<u64>,
     per_call: bool,
@@ -394,7 +395,7 @@ impl Loop for Load {
             |g: &Guard| black_box(self.tree.load(black_box(WALK_INDEX), g).map(|e| *e.value));
         if self.per_call {
             for _ in 0..iters {
-                load(&pin());
+                black_box(self.tree.get(black_box(WALK_INDEX)).map(|(_, v)| v));
             }
         } else {
             let mut left = iters;
@@ -412,13 +413,15 @@ impl Loop for Load {
     fn verify(&self) {
         let v = self.tree.load(WALK_INDEX, &pin()).map(|e| *e.value);
         assert_eq!(v, Some(WALK_INDEX), "load");
+        assert_eq!(self.tree.get(WALK_INDEX), Some((1470..=1475, 1470)), "get");
     }
 }
 
 /// `bench_mt_for_each`: `mt_for_each` is `mt_find` then `mt_find_after`
 /// in a loop, each a walk from the root under its own RCU read lock:
-/// `find` (a fresh cursor from the root) under one guard per call (or per
-/// pass with `--guard-per-batch`), `index` moved past each entry found.
+/// `find_cloned` (a read section a call, from the root), or `find` under
+/// one guard per pass with `--guard-per-batch`, `index` moved past each
+/// entry found.
 struct MtForEach {
     tree: MapleTree<u64>,
     per_call: bool,
@@ -426,15 +429,25 @@ struct MtForEach {
 }
 
 impl MtForEach {
-    /// `mt_find(mt, &index, max)`: the entry, with `index` moved past it.
+    /// `mt_find(mt, &index, max)`: the entry, with `index` moved past it;
+    /// under `guard`, or in a read section of its own.
     #[inline(always)]
-    fn mt_find(&self, index: &mut u64, g: &Guard) -> Option<u64> {
+    fn mt_find(&self, index: &mut u64, guard: Option<&Guard>) -> Option<u64> {
         if *index > ITER_MAX {
             return None;
         }
-        let e = self.tree.find(*index, ITER_MAX, g)?;
-        *index = e.last.wrapping_add(1);
-        Some(*e.value)
+        let (last, v) = match guard {
+            Some(g) => self
+                .tree
+                .find(*index, ITER_MAX, g)
+                .map(|e| (e.last, *e.value)),
+            None => self
+                .tree
+                .find_cloned(*index, ITER_MAX)
+                .map(|(r, v)| (*r.end(), v)),
+        }?;
+        *index = last.wrapping_add(1);
+        Some(v)
     }
 }
 
@@ -444,12 +457,7 @@ impl Loop for MtForEach {
             let mut j = 0u64;
             let mut index = 0u64;
             let pass = (!self.per_call).then(pin);
-            loop {
-                let found = match &pass {
-                    Some(g) => self.mt_find(&mut index, g),
-                    None => self.mt_find(&mut index, &pin()),
-                };
-                let Some(v) = found else { break };
+            while let Some(v) = self.mt_find(&mut index, pass.as_ref()) {
                 self.bug.check(v == j);
                 j += 5;
                 // mt_find_after: stop once index wrapped.
@@ -727,13 +735,14 @@ impl Suite for MapleKernel {
          (`empty_area_rev(0, 2000, 10)`, which must answer 1470). \
          `walk`: the same 250 entries; `mas_walk` to 1470 and `mas_reset` (a fresh \
          `cursor` and its `load(1470)`, so each walk starts at the root). \
-         `load`: the same; `mtree_load(1470)` (`load`, one guard per call as \
-         `mtree_load` takes the RCU read lock itself; one per 256 with \
-         `--guard-per-batch`). \
+         `load`: the same; `mtree_load(1470)` (`get`, a read section a call, as \
+         `mtree_load` takes the RCU read lock itself; `load` under one guard per 256 \
+         with `--guard-per-batch`). \
          `mt_for_each`: 500 entries `i..=i+4` (i = 0, 5, .. 2495); a pass is \
          `mt_for_each(.., 2500)`, `mt_find` then `mt_find_after` until NULL, each a \
-         walk from the root under its own RCU read lock (`find(index, 2500)` under \
-         its own guard, `index` moved past the entry found); op = entry visited. \
+         walk from the root under its own RCU read lock (`find_cloned(index, 2500)`, \
+         a read section a call; `find` under one guard per pass with \
+         `--guard-per-batch`; `index` moved past the entry found); op = entry visited. \
          `mas_for_each`: 500 entries, every sixth one index shorter (gaps); a pass is \
          `mas_for_each(.., 2500)` then `mas_set(0)`, all under one RCU read lock (a \
          fresh `cursor`, `seek_at_or_after(0)`, then `next` to 2500, under one \

@@ -42,8 +42,10 @@ pub struct Opts {
     duration_ms: Option<u64>,
 }
 
-/// The maps compared.
-const MAPS: [&str; 2] = ["bpfmaps", "rwlock-btreemap"];
+/// The maps compared: the maple tree's readers pinned once a batch, the
+/// same tree read by `get` (a read section a load, whose frees the
+/// writer checks with `membarrier`), and the peer.
+const MAPS: [&str; 3] = ["bpfmaps", "bpfmaps-get", "rwlock-btreemap"];
 
 /// A map the readers and the writer share.
 trait Shared: Sync {
@@ -68,6 +70,25 @@ impl Shared for MapleTree<u64> {
             VmaOp::Load(at) => {
                 *sink = sink.wrapping_add(self.load(at, &bpfmaps::pin()).map_or(0, |e| *e.value))
             }
+        }
+    }
+}
+
+/// The maple tree read by `get`, a read section a load and no guard
+/// (`mtree_load`'s form): its writer's frees wait for those sections.
+struct ByGet<'a>(&'a MapleTree<u64>);
+
+impl Shared for ByGet<'_> {
+    fn load_sum(&self, indices: &[u64]) -> u64 {
+        indices
+            .iter()
+            .map(|&i| self.0.get(i).map_or(0, |(_, v)| v))
+            .fold(0, u64::wrapping_add)
+    }
+    fn apply(&self, op: VmaOp, sink: &mut u64) {
+        match op {
+            VmaOp::Load(at) => *sink = sink.wrapping_add(self.0.get(at).map_or(0, |(_, v)| v)),
+            write => self.0.apply(write, sink),
         }
     }
 }
@@ -147,7 +168,9 @@ impl Suite for MapleReaders {
     const DESCRIBE: &'static str = "`maple-vma`'s starting layout (this machine's \
          `/proc/*/maps`, 64 simulated processes by default) with distinct u64 values. \
          Readers (1 or 2 threads) load addresses inside the starting mappings, in batches of \
-         256 (the maple tree: one guard a batch, lock-free; the peer: a read lock per load, \
+         256 (the maple tree: one guard a batch, lock-free; `bpfmaps-get`, the same tree \
+         read by `get`, a read section a load, whose retired nodes the writer frees after \
+         a `membarrier` and a look at the readers' records; the peer: a read lock per load, \
          `std::sync::RwLock` around a `BTreeMap<u64, (u64, V)>`, the best single-threaded \
          peer of `maple-scale`). A writer on the main thread replays `maple-vma`'s trace \
          (5,000 episodes by default: mmap, munmap, mprotect and its undo, brk, page faults) \
@@ -182,13 +205,14 @@ impl Suite for MapleReaders {
             locked.load_sum(probes),
             "the maps disagree"
         );
-        let maps: [&dyn Shared; 2] = [&tree, &locked];
+        let by_get = ByGet(&tree);
+        let maps: [&dyn Shared; 3] = [&tree, &by_get, &locked];
         ctx.set_steps(2);
         let s = ctx.suite();
         let mut recs = Vec::new();
         for readers in [1usize, 2] {
-            let mut writes = vec![Vec::new(); 2];
-            let loads = in_turns(2, ctx.reps(), |i| {
+            let mut writes = vec![Vec::new(); MAPS.len()];
+            let loads = in_turns(MAPS.len(), ctx.reps(), |i| {
                 let (l, w) = run_once(maps[i], &trace.ops, probes, readers, time);
                 writes[i].push(w);
                 l
@@ -236,9 +260,12 @@ impl Suite for MapleReaders {
                 "ranges",
                 "readers",
                 "bpfmaps loads/s",
+                "get loads/s",
                 "rwlock loads/s",
                 "bpfmaps/rwlock",
+                "get/rwlock",
                 "bpfmaps writes/s",
+                "get writes/s",
                 "rwlock writes/s",
             ],
         )
@@ -253,12 +280,18 @@ impl Suite for MapleReaders {
                 case_value(c, "readers").into(),
                 cell(MAPS[0], LOOKUPS_PER_SEC.name),
                 cell(MAPS[1], LOOKUPS_PER_SEC.name),
+                cell(MAPS[2], LOOKUPS_PER_SEC.name),
                 fmt_ratio(ratio(
                     get(MAPS[0], LOOKUPS_PER_SEC.name),
+                    get(MAPS[2], LOOKUPS_PER_SEC.name),
+                )),
+                fmt_ratio(ratio(
                     get(MAPS[1], LOOKUPS_PER_SEC.name),
+                    get(MAPS[2], LOOKUPS_PER_SEC.name),
                 )),
                 cell(MAPS[0], WRITER_OPS_PER_SEC.name),
                 cell(MAPS[1], WRITER_OPS_PER_SEC.name),
+                cell(MAPS[2], WRITER_OPS_PER_SEC.name),
             ]);
         }
         vec![t]
@@ -272,7 +305,7 @@ mod tests {
         let no_data = std::env::temp_dir().join("bpfmaps-bench-no-such-data");
         let args = ["--processes", "4", "--steps", "300", "--duration-ms", "20"];
         let records = crate::suites::run_quick("maple-readers", &args, no_data);
-        assert_eq!(records.len(), 8);
+        assert_eq!(records.len(), 12);
         assert!(records.iter().all(|r| r.value > 0.0));
         let suite = crate::suites::by_name("maple-readers").unwrap();
         assert_eq!(suite.summaries(&records).len(), 1);

@@ -35,6 +35,7 @@ use parking_lot::{Mutex, RwLock, RwLockReadGuard};
 use smallvec::SmallVec;
 
 use super::free_list::{Chain, FirstWord, FreeList, Links};
+use super::read_section;
 use super::reclaim::Guard;
 
 const GRANULE: usize = 16;
@@ -71,6 +72,10 @@ pub(crate) struct Arena {
     compact_wanted: AtomicBool,
     /// Retired blocks (address, class) waiting to fill a batch.
     retired: Mutex<Vec<(usize, usize)>>,
+    /// Whether readers also reach the blocks in read sections
+    /// (`core::read_section`), so that a retired batch waits for those
+    /// too after its epoch grace period.
+    read_sections: bool,
 }
 
 /// A writer's allocations and retirements for one write
@@ -201,6 +206,21 @@ impl Default for ArenaWriter {
     }
 }
 
+/// A batch of retired blocks past their grace period, released when
+/// dropped (on whichever thread runs the deferred call, or the reaper).
+struct ReleaseRetired {
+    arena: Arc<Arena>,
+    batch: Vec<(usize, usize)>,
+}
+
+impl Drop for ReleaseRetired {
+    fn drop(&mut self) {
+        // SAFETY: made only by `release_after_grace`, and dropped only
+        // after the grace period (and the read sections) it waits for.
+        unsafe { self.arena.release_retired(std::mem::take(&mut self.batch)) };
+    }
+}
+
 fn class_of(size: usize) -> usize {
     assert!(
         size <= MAX_BLOCK,
@@ -210,7 +230,26 @@ fn class_of(size: usize) -> usize {
 }
 
 impl Arena {
+    #[inline]
     pub fn new() -> Self {
+        Arena::build(false)
+    }
+
+    /// An arena whose retired blocks wait for the read sections open at
+    /// the end of their grace period as well (a map whose readers may
+    /// read in sections rather than pinned).
+    #[inline]
+    pub fn with_read_sections() -> Self {
+        read_section::init();
+        Arena::build(true)
+    }
+
+    /// Built in one place, and inlined with its callers: an arena is
+    /// 8 KiB of padded free lists, and with `with_read_sections` out of
+    /// line `Arc::new` copied it, 5 % more instructions a fork of the
+    /// kernel's `bench_forking` (a new tree each; callgrind).
+    #[inline(always)]
+    fn build(read_sections: bool) -> Self {
         Arena {
             writer: Mutex::new(ArenaWriter::default()),
             returned: FreeList::many(),
@@ -221,6 +260,7 @@ impl Arena {
             current_retired: AtomicUsize::new(0),
             compact_wanted: AtomicBool::new(false),
             retired: Mutex::new(Vec::with_capacity(RETIRE_BATCH)),
+            read_sections,
         }
     }
 
@@ -396,11 +436,18 @@ impl Arena {
     }
 
     fn release_after_grace(self: &Arc<Self>, batch: Vec<(usize, usize)>, guard: &Guard) {
-        let arena = Arc::clone(self);
-        // SAFETY: every block is unreachable for readers pinned after its
+        // Every block is unreachable for readers pinned after its
         // retirement, which came before this; released after the grace
-        // period.
-        guard.defer(move || unsafe { arena.release_retired(batch) });
+        // period (and after the read sections open then).
+        let release = ReleaseRetired {
+            arena: Arc::clone(self),
+            batch,
+        };
+        if self.read_sections {
+            guard.defer(move || read_section::free_after(release));
+        } else {
+            guard.defer(move || drop(release));
+        }
         // Into the global queue now: the thread's bag holds 64 deferred
         // calls before it goes by itself, which is 64 batches here.
         guard.flush();

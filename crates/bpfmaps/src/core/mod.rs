@@ -10,5 +10,6 @@ pub mod family;
 pub mod flags;
 pub(crate) mod free_list;
 pub(crate) mod prefetch;
+pub mod read_section;
 pub mod reclaim;
 mod sync;

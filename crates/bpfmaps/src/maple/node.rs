@@ -27,7 +27,9 @@
 //! Nodes never change once a reader can reach them: a write builds new
 //! copies of the nodes it changes and publishes a new root (copy on
 //! write, as the kernel's maple tree in RCU mode), and the replaced nodes
-//! are retired to the arena after a grace period.
+//! are retired to the arena after a grace period: crossbeam's epoch for
+//! pinned readers, then the read sections of readers that copy out
+//! ([`MapleTree::get`](super::MapleTree::get), `core::read_section`).
 
 use std::alloc::Layout;
 use std::hint::select_unpredictable;
@@ -36,6 +38,7 @@ use std::ptr::NonNull;
 use std::sync::Arc;
 
 use crate::core::arena::{Arena, MAX_BLOCK, Session};
+use crate::core::read_section;
 use crate::core::reclaim::Guard;
 
 /// Slots per node, leaves and branches alike: 15, so that a node's header
@@ -512,7 +515,7 @@ impl<V: Clone + Send + Sync + 'static> Nodes<V> {
 
     pub fn new() -> Self {
         Nodes {
-            arena: Arc::new(Arena::new()),
+            arena: Arc::new(Arena::with_read_sections()),
             _values: std::marker::PhantomData,
         }
     }
@@ -635,15 +638,8 @@ impl<V: Clone + Send + Sync + 'static> Nodes<V> {
         // SAFETY: live until the grace period ends.
         let leaf = unsafe { header(node) }.level == 0;
         if leaf && std::mem::needs_drop::<V>() {
-            let arena = Arc::clone(&self.arena);
-            let node = SendPtr(node);
-            // SAFETY: after the grace period nobody reads the node; its
-            // values are dropped once, then the block goes back.
-            guard.defer(move || {
-                let node = node;
-                // SAFETY: as above.
-                unsafe { free_node::<V>(&arena, node.0) }
-            });
+            // SAFETY: the caller's; a leaf is a subtree of one node.
+            unsafe { self.free_after_readers(node, guard) };
         } else {
             let size = if leaf { Self::LEAF } else { Self::BRANCH }.size();
             // SAFETY: the caller's.
@@ -651,12 +647,6 @@ impl<V: Clone + Send + Sync + 'static> Nodes<V> {
         }
     }
 
-    /// Retires a node and everything below it. A subtree of more than a
-    /// few nodes is walked and freed on the reaper thread after the grace
-    /// period, so the writer never pays for a big one.
-    ///
-    /// # Safety
-    /// As [`retire`](Self::retire), for the whole subtree.
     /// [`retire`](Self::retire) in `session` (a leaf whose values need
     /// dropping still goes alone, through `guard`).
     ///
@@ -674,22 +664,41 @@ impl<V: Clone + Send + Sync + 'static> Nodes<V> {
         unsafe { session.retire(node.as_ptr().cast(), size) };
     }
 
+    /// Retires a node and everything below it. A subtree of more than a
+    /// leaf is walked and freed on the reaper thread after the grace
+    /// period, so the writer never pays for a big one.
+    ///
+    /// # Safety
+    /// As [`retire`](Self::retire), for the whole subtree.
     pub unsafe fn retire_subtree(&self, node: NodePtr, guard: &Guard) {
         // SAFETY: live until the grace period ends.
         if unsafe { header(node) }.level == 0 {
             // SAFETY: the caller's.
             return unsafe { self.retire(node, guard) };
         }
-        let arena = Arc::clone(&self.arena);
-        let node = SendPtr(node);
-        guard.defer(move || {
-            let node = node;
-            crate::core::reclaim::drop_in_background(FreeSubtree::<V> {
-                arena,
-                root: node,
-                _values: std::marker::PhantomData,
-            })
-        });
+        // SAFETY: the caller's.
+        unsafe { self.free_after_readers(node, guard) };
+    }
+
+    /// Frees the subtree under `node` (its leaves' values dropped) after
+    /// the epoch grace period and then the read sections open at its end
+    /// ([`MapleTree::get`]'s): a leaf where the grace period ends, more
+    /// on the reaper thread, so the writer never pays for a big one.
+    ///
+    /// # Safety
+    /// As [`retire`](Self::retire), for the whole subtree.
+    ///
+    /// [`MapleTree::get`]: super::MapleTree::get
+    unsafe fn free_after_readers(&self, node: NodePtr, guard: &Guard) {
+        // SAFETY: live until the grace period ends.
+        let leaf = unsafe { header(node) }.level == 0;
+        // SAFETY: the caller's: unreachable, freed once, after both waits.
+        let subtree = unsafe { FreeSubtree::<V>::new(Arc::clone(&self.arena), node) };
+        if leaf {
+            guard.defer(move || read_section::free_after(subtree));
+        } else {
+            guard.defer(move || read_section::free_after_in_background(subtree));
+        }
     }
 }
 

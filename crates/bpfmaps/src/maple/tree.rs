@@ -21,6 +21,7 @@ use super::node::{
 };
 use crate::core::error::{Error, Result};
 use crate::core::prefetch::prefetch;
+use crate::core::read_section;
 use crate::core::reclaim::{Guard, pin};
 
 /// A range tree: non-overlapping inclusive ranges of `u64` indices, each
@@ -160,12 +161,40 @@ impl<V: Clone + Send + Sync + 'static> MapleTree<V> {
         unsafe { self.load_in(index) }
     }
 
+    /// The range holding `index` and a clone of its value, without a
+    /// guard (`mtree_load`, which takes the RCU read lock itself).
+    ///
+    /// The read runs in a read section (`core::read_section`): one plain
+    /// store in and one out, where a pin is a locked instruction that
+    /// keeps one lookup's cache misses from overlapping the next's. The
+    /// tree frees a node only after the sections open when its epoch
+    /// grace period ended have closed, so the node read here outlives the
+    /// read. The value is cloned inside the section: a clone that blocks
+    /// holds back the freeing of retired nodes (never a writer).
+    ///
+    /// ```
+    /// use bpfmaps::maple::MapleTree;
+    ///
+    /// let tree = MapleTree::new();
+    /// tree.store_range(10, 19, 7u64).unwrap();
+    /// assert_eq!(tree.get(15), Some((10..=19, 7)));
+    /// assert_eq!(tree.get(20), None);
+    /// ```
+    #[inline]
+    pub fn get(&self, index: u64) -> Option<(RangeInclusive<u64>, V)> {
+        let _section = read_section::enter();
+        // SAFETY: a node reachable now is freed only after this read
+        // section closes (`Nodes` frees after the read sections).
+        unsafe { self.load_in(index) }.map(|e| (e.range(), e.value.clone()))
+    }
+
     /// [`load`](Self::load), for a caller that keeps the nodes alive for
     /// `'a` by other means.
     ///
     /// # Safety
     /// No node reachable now is freed during `'a`: a guard pinned for
-    /// `'a`, or the tree borrowed `&mut` for it (no write can run).
+    /// `'a`, a read section open for it, or the tree borrowed `&mut` for
+    /// it (no write can run).
     #[inline(always)]
     pub(super) unsafe fn load_in<'a>(&'a self, index: u64) -> Option<Entry<'a, V>> {
         // SAFETY: the caller's.
@@ -217,12 +246,43 @@ impl<V: Clone + Send + Sync + 'static> MapleTree<V> {
     /// in the leaf, of its ranges' last indices).
     #[inline]
     pub fn find<'g>(&'g self, from: u64, max: u64, _guard: &'g Guard) -> Option<Entry<'g, V>> {
+        // SAFETY: nodes reached from the root stay alive while `guard` is
+        // pinned.
+        unsafe { self.find_in(from, max) }
+    }
+
+    /// [`find`](Self::find) without a guard, as [`get`](Self::get) is
+    /// [`load`](Self::load) without one: the range and a clone of its
+    /// value, read in a read section (`mt_find`, which takes the RCU read
+    /// lock itself).
+    ///
+    /// ```
+    /// use bpfmaps::maple::MapleTree;
+    ///
+    /// let tree = MapleTree::new();
+    /// tree.store_range(10, 19, 7u64).unwrap();
+    /// assert_eq!(tree.find_cloned(0, 100), Some((10..=19, 7)));
+    /// assert_eq!(tree.find_cloned(20, 100), None);
+    /// ```
+    #[inline]
+    pub fn find_cloned(&self, from: u64, max: u64) -> Option<(RangeInclusive<u64>, V)> {
+        let _section = read_section::enter();
+        // SAFETY: as in `get`.
+        unsafe { self.find_in(from, max) }.map(|e| (e.range(), e.value.clone()))
+    }
+
+    /// [`find`](Self::find), for a caller that keeps the nodes alive for
+    /// `'a` by other means.
+    ///
+    /// # Safety
+    /// As [`load_in`](Self::load_in).
+    #[inline(always)]
+    unsafe fn find_in<'a>(&'a self, from: u64, max: u64) -> Option<Entry<'a, V>> {
         if from > max {
             return None;
         }
         let root = NonNull::new(self.root.load(Ordering::Acquire))?;
-        // SAFETY: nodes reached from the root stay alive while `guard` is
-        // pinned.
+        // SAFETY: the caller's.
         unsafe {
             let leaf = as_leaf::<V>(descend_from(root, from)?);
             let (k, last) = leaf.at_or_after(from);
