@@ -170,7 +170,8 @@ impl Suite for MapleReaders {
          Readers (1 or 2 threads) load addresses inside the starting mappings, in batches of \
          256 (the maple tree: one guard a batch, lock-free; `bpfmaps-get`, the same tree \
          read by `get`, a read section a load, whose retired nodes the writer frees after \
-         a `membarrier` and a look at the readers' records; the peer: a read lock per load, \
+         a `membarrier` that 64 frees share and a look at the readers' records; the peer: \
+         a read lock per load, \
          `std::sync::RwLock` around a `BTreeMap<u64, (u64, V)>`, the best single-threaded \
          peer of `maple-scale`). A writer on the main thread replays `maple-vma`'s trace \
          (5,000 episodes by default: mmap, munmap, mprotect and its undo, brk, page faults) \

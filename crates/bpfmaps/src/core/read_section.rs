@@ -227,7 +227,7 @@ pub struct Section {
 /// one).
 #[inline(always)]
 pub fn enter() -> Section {
-    let Some(record) = RECORD.with(Cell::get).or_else(first_record) else {
+    let Some(record) = thread_record() else {
         return enter_without_local();
     };
     let idle = record.section.load(Ordering::Relaxed);
@@ -252,7 +252,7 @@ pub fn enter() -> Section {
 /// against 69).
 #[inline(always)]
 pub fn run<R>(f: impl FnOnce() -> R) -> R {
-    let Some(record) = RECORD.with(Cell::get).or_else(first_record) else {
+    let Some(record) = thread_record() else {
         let _section = enter_without_local();
         return f();
     };
@@ -282,6 +282,13 @@ impl Drop for Section {
             record.end();
         }
     }
+}
+
+/// This thread's record (taken on its first section); `None` once its
+/// thread-locals are gone.
+#[inline(always)]
+fn thread_record() -> Option<&'static Record> {
+    RECORD.with(Cell::get).or_else(first_record)
 }
 
 /// A thread's first section: the thread takes a record (and its holder,
@@ -350,24 +357,29 @@ fn no_other_records(own: Option<&'static Record>) -> bool {
 /// thread's (`own`, not in a section) shows a section: none open now
 /// began before the caller's last unlink.
 fn others_idle_after_barrier(own: Option<&'static Record>) -> bool {
-    if ASYMMETRIC.load(Ordering::Acquire) {
-        heavy_barrier_call();
-    }
-    fence(Ordering::SeqCst);
+    reader_fences();
     let records = RECORDS.lock();
     records.iter().all(|r| {
         own.is_some_and(|o| std::ptr::eq(o, *r)) || !in_section(r.section.load(Ordering::Acquire))
     })
 }
 
-/// Waits until every read section open now has closed. Must not be
-/// called inside a section (it would wait for itself): the reaper thread
-/// runs it.
-fn wait_for_readers() {
+/// The freer's side of the readers' fence: a barrier on every running
+/// thread (or, where readers fence themselves, this thread's fence), so
+/// that a record read after it shows any section whose loads could have
+/// missed the caller's unlink.
+fn reader_fences() {
     if ASYMMETRIC.load(Ordering::Acquire) {
         heavy_barrier_call();
     }
     fence(Ordering::SeqCst);
+}
+
+/// Waits until every read section open now has closed. Must not be
+/// called inside a section (it would wait for itself): the reaper thread
+/// runs it.
+fn wait_for_readers() {
+    reader_fences();
     let records: Vec<&'static Record> = RECORDS.lock().clone();
     for record in records {
         let seen = record.section.load(Ordering::Acquire);
@@ -388,11 +400,11 @@ fn wait_for_readers() {
 
 /// Frees `value`, already unreachable for new readers, once the read
 /// sections open now have closed: at once on this thread when no other
-/// thread holds a record; else parked, and freed on this thread once
-/// 64 frees (`PARK_BATCH`) share one barrier and none of the sections it
+/// thread holds a record; else parked, and freed on this thread once 64
+/// frees (`PARK_BATCH`) share one barrier and none of the sections it
 /// shows is open (or on the reaper after its wait when one is, or after
-/// a millisecond (`LATE_LOOK`) when no more frees come). For small frees (a batch of
-/// blocks, a leaf): a big one would stall the caller.
+/// a millisecond, `LATE_LOOK`, when no more frees come). For small frees
+/// (a batch of blocks, a leaf): a big one would stall the caller.
 pub fn free_after<T: Send + 'static>(value: T) {
     let (own, inside) = own_record();
     if inside {
@@ -406,8 +418,8 @@ pub fn free_after<T: Send + 'static>(value: T) {
 }
 
 /// [`free_after`] for a big free (a subtree, a closed C handle's map):
-/// always on the reaper
-/// thread, so that neither the caller nor any reader waits for it.
+/// always on the reaper thread, so that neither the caller nor any
+/// reader waits for it.
 pub fn free_after_in_background<T: Send + 'static>(value: T) {
     let (own, inside) = own_record();
     if !inside && no_other_records(own) {
@@ -515,6 +527,32 @@ mod tests {
         }
     }
 
+    /// A thread holding a record (in a section if `inside`) until the
+    /// returned flag is set; returns once it holds it.
+    fn reader_holding(inside: bool) -> (std::thread::JoinHandle<()>, Arc<AtomicBool>) {
+        let (holding, go_on) = (
+            Arc::new(AtomicBool::new(false)),
+            Arc::new(AtomicBool::new(false)),
+        );
+        let reader = {
+            let (holding, go_on) = (holding.clone(), go_on.clone());
+            std::thread::spawn(move || {
+                let section = enter();
+                if !inside {
+                    drop(section);
+                }
+                holding.store(true, Ordering::SeqCst);
+                while !go_on.load(Ordering::SeqCst) {
+                    std::thread::yield_now();
+                }
+            })
+        };
+        while !holding.load(Ordering::SeqCst) {
+            std::thread::yield_now();
+        }
+        (reader, go_on)
+    }
+
     /// A value freed while a section that could reach it is still open
     /// would be a use after free: the free waits for the section, in
     /// both forms, alone (parked, then the reaper's late look) and with
@@ -524,23 +562,7 @@ mod tests {
         init();
         for (background, frees) in [(false, 1), (false, PARK_BATCH), (true, 1)] {
             let freed = Arc::new(AtomicUsize::new(0));
-            let (inside, go_on) = (
-                Arc::new(AtomicBool::new(false)),
-                Arc::new(AtomicBool::new(false)),
-            );
-            let reader = {
-                let (inside, go_on) = (inside.clone(), go_on.clone());
-                std::thread::spawn(move || {
-                    let _section = enter();
-                    inside.store(true, Ordering::SeqCst);
-                    while !go_on.load(Ordering::SeqCst) {
-                        std::thread::yield_now();
-                    }
-                })
-            };
-            while !inside.load(Ordering::SeqCst) {
-                std::thread::yield_now();
-            }
+            let (reader, go_on) = reader_holding(true);
             for _ in 0..frees {
                 let value = Counted(freed.clone());
                 if background {
@@ -574,23 +596,7 @@ mod tests {
     fn a_parked_free_is_freed_without_more_frees() {
         init();
         let freed = Arc::new(AtomicUsize::new(0));
-        let (holding, go_on) = (
-            Arc::new(AtomicBool::new(false)),
-            Arc::new(AtomicBool::new(false)),
-        );
-        let reader = {
-            let (holding, go_on) = (holding.clone(), go_on.clone());
-            std::thread::spawn(move || {
-                drop(enter());
-                holding.store(true, Ordering::SeqCst);
-                while !go_on.load(Ordering::SeqCst) {
-                    std::thread::yield_now();
-                }
-            })
-        };
-        while !holding.load(Ordering::SeqCst) {
-            std::thread::yield_now();
-        }
+        let (reader, go_on) = reader_holding(false);
         free_after(Counted(freed.clone()));
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
         while freed.load(Ordering::SeqCst) == 0 && std::time::Instant::now() < deadline {

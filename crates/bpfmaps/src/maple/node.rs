@@ -638,8 +638,10 @@ impl<V: Clone + Send + Sync + 'static> Nodes<V> {
         // SAFETY: live until the grace period ends.
         let leaf = unsafe { header(node) }.level == 0;
         if leaf && std::mem::needs_drop::<V>() {
-            // SAFETY: the caller's; a leaf is a subtree of one node.
-            unsafe { self.free_after_readers(node, guard) };
+            // SAFETY: the caller's: unreachable, freed once, after the
+            // grace period and the read sections open at its end.
+            let leaf = unsafe { FreeSubtree::<V>::new(Arc::clone(&self.arena), node) };
+            guard.defer(move || read_section::free_after(leaf));
         } else {
             let size = if leaf { Self::LEAF } else { Self::BRANCH }.size();
             // SAFETY: the caller's.
@@ -666,39 +668,22 @@ impl<V: Clone + Send + Sync + 'static> Nodes<V> {
 
     /// Retires a node and everything below it. A subtree of more than a
     /// leaf is walked and freed on the reaper thread after the grace
-    /// period, so the writer never pays for a big one.
+    /// period and the read sections open at its end ([`MapleTree::get`]'s),
+    /// so the writer never pays for a big one.
     ///
     /// # Safety
     /// As [`retire`](Self::retire), for the whole subtree.
+    ///
+    /// [`MapleTree::get`]: super::MapleTree::get
     pub unsafe fn retire_subtree(&self, node: NodePtr, guard: &Guard) {
         // SAFETY: live until the grace period ends.
         if unsafe { header(node) }.level == 0 {
             // SAFETY: the caller's.
             return unsafe { self.retire(node, guard) };
         }
-        // SAFETY: the caller's.
-        unsafe { self.free_after_readers(node, guard) };
-    }
-
-    /// Frees the subtree under `node` (its leaves' values dropped) after
-    /// the epoch grace period and then the read sections open at its end
-    /// ([`MapleTree::get`]'s): a leaf where the grace period ends, more
-    /// on the reaper thread, so the writer never pays for a big one.
-    ///
-    /// # Safety
-    /// As [`retire`](Self::retire), for the whole subtree.
-    ///
-    /// [`MapleTree::get`]: super::MapleTree::get
-    unsafe fn free_after_readers(&self, node: NodePtr, guard: &Guard) {
-        // SAFETY: live until the grace period ends.
-        let leaf = unsafe { header(node) }.level == 0;
         // SAFETY: the caller's: unreachable, freed once, after both waits.
         let subtree = unsafe { FreeSubtree::<V>::new(Arc::clone(&self.arena), node) };
-        if leaf {
-            guard.defer(move || read_section::free_after(subtree));
-        } else {
-            guard.defer(move || read_section::free_after_in_background(subtree));
-        }
+        guard.defer(move || read_section::free_after_in_background(subtree));
     }
 }
 
