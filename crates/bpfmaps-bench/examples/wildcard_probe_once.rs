@@ -17,6 +17,12 @@
 //! `'bpfmaps::wildcard::map::WildcardMap::classify_in*'`, without the
 //! call and the answer).
 //!
+//! - `cilium:SHAPE:N`: the `wildcard-cilium` suite's case of `N` rules
+//!   of `SHAPE` (`exact`, `wildcard`, `mixed`) and 20,000 of its packets
+//!   inside the rules, through `classify_key` on the six lookups' 8-byte
+//!   keys (collect `'*classify_key_once*'`); with a second argument
+//!   `six`, through the six lookups (collect `'*six_lookups_once*'`).
+//!
 //! With a second argument `key`, each packet goes through
 //! `classify_key` as its key's bytes (collect `'*classify_key_once*'`); with
 //! `contract`, through the byte contract's lookup of its concrete key,
@@ -28,6 +34,7 @@ use std::io::Read;
 
 use bpfmaps::wildcard::{Field, Packet, Rule, Schema, WildcardMap, classbench};
 use bpfmaps::{BPF_ANY, BPF_NOEXIST, MapSpec, MapType};
+use bpfmaps_bench::suites::wildcard_cilium;
 
 /// 1,000 exact rules of Cilium's key and a packet matching each.
 fn exact() -> (WildcardMap, Vec<Packet>) {
@@ -106,10 +113,32 @@ fn lookup_once(
     hash.get(key, guard).is_some()
 }
 
+/// The `wildcard-cilium` case `SHAPE:N`, each of 20,000 packets
+/// classified once by the map or, with `six`, by the six lookups.
+fn cilium(case: &str, six: bool) {
+    let (shape, n) = case.split_once(':').expect("cilium:SHAPE:N");
+    let n = n.parse().expect("a rule count");
+    let (map, hash, keys) = wildcard_cilium::workload(shape, n, 20_000);
+    let guard = bpfmaps::pin();
+    let matched = if six {
+        keys.iter()
+            .filter(|k| wildcard_cilium::six_lookups_once(&hash, k, &guard))
+            .count()
+    } else {
+        keys.iter()
+            .filter(|k| classify_key_once(&map, &k[..], &guard))
+            .count()
+    };
+    println!("{matched} of {} packets matched", keys.len());
+}
+
 fn main() {
     let what = std::env::args()
         .nth(1)
-        .expect("`exact` or a ClassBench rule file");
+        .expect("`exact`, `cilium:SHAPE:N` or a ClassBench rule file");
+    if let Some(case) = what.strip_prefix("cilium:") {
+        return cilium(case, std::env::args().nth(2).as_deref() == Some("six"));
+    }
     let (map, packets) = if what == "exact" {
         exact()
     } else {

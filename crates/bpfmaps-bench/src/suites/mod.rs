@@ -32,7 +32,7 @@ mod strmap_common;
 mod strmap_real;
 mod strmap_synthetic;
 mod strmap_threads;
-mod wildcard_cilium;
+pub mod wildcard_cilium;
 mod wildcard_classbench;
 mod wildcard_geoip;
 

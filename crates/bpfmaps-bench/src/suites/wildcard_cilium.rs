@@ -277,6 +277,58 @@ fn six_lookups(h: &TypedHashMap<[u8; 8], u32>, k: &[u8; 8], guard: &Guard) -> Op
     None
 }
 
+/// The map holding `rules` (each rule's value its index).
+fn build_map(schema: &Schema, rules: &[Policy]) -> WildcardMap {
+    let map = WildcardMap::new(schema.clone(), 4, rules.len() as u32).expect("a map");
+    map.load(
+        rules
+            .iter()
+            .enumerate()
+            .map(|(i, p)| (p.rule(schema), (i as u32).to_ne_bytes())),
+        BPF_NOEXIST,
+    )
+    .expect("distinct rules, room for each");
+    map
+}
+
+/// The six lookups' hash map holding `rules` (a port range expanded).
+fn build_emulation(rules: &[Policy]) -> TypedHashMap<[u8; 8], u32> {
+    let keys: usize = rules.iter().map(|p| p.hash_keys().count()).sum();
+    let hash = TypedHashMap::new(keys.max(1) as u32).expect("a hash map");
+    for (i, p) in rules.iter().enumerate() {
+        for k in p.hash_keys() {
+            hash.update(&k, &(i as u32), BPF_NOEXIST)
+                .expect("distinct keys, room for each");
+        }
+    }
+    hash
+}
+
+/// One case's map, the six lookups' hash map and the keys of its
+/// packets inside the rules, as the suite makes them (`shape`, `n`
+/// rules, `n_packets` packets, the suite's seed): for counting a
+/// classification's instructions (`examples/wildcard_probe_once.rs`).
+pub fn workload(
+    shape: &str,
+    n: usize,
+    n_packets: usize,
+) -> (WildcardMap, TypedHashMap<[u8; 8], u32>, Vec<[u8; 8]>) {
+    let mut rng = StdRng::seed_from_u64(SEED ^ n as u64);
+    let (rules, ids) = policies(shape, n, &mut rng);
+    let (map, hash) = (build_map(&schema(), &rules), build_emulation(&rules));
+    let keys = (0..n_packets)
+        .map(|_| packet(&rules[rng.random_range(0..rules.len())], &ids, &mut rng).1)
+        .collect();
+    (map, hash, keys)
+}
+
+/// Cilium's lookup in the emulation's hash map ([`six_lookups`], out of
+/// line for an instruction count's toggle).
+#[inline(never)]
+pub fn six_lookups_once(h: &TypedHashMap<[u8; 8], u32>, k: &[u8; 8], guard: &Guard) -> bool {
+    six_lookups(h, k, guard).is_some()
+}
+
 fn one_case(ctx: &Ctx, shape: &str, n: usize, n_packets: usize) -> Vec<Record> {
     let suite = WildcardCilium::NAME;
     let schema = schema();
@@ -288,29 +340,14 @@ fn one_case(ctx: &Ctx, shape: &str, n: usize, n_packets: usize) -> Vec<Record> {
     flush_deferred();
     let probe = MemProbe::start();
     let started = Instant::now();
-    let map = WildcardMap::new(schema.clone(), 4, rules.len() as u32).expect("a map");
-    map.load(
-        rules
-            .iter()
-            .enumerate()
-            .map(|(i, p)| (p.rule(&schema), (i as u32).to_ne_bytes())),
-        BPF_NOEXIST,
-    )
-    .expect("distinct rules, room for each");
+    let map = build_map(&schema, &rules);
     let map_build = started.elapsed();
     flush_deferred();
     let map_bytes = probe.held();
 
     let probe = MemProbe::start();
     let started = Instant::now();
-    let hash: TypedHashMap<[u8; 8], u32> =
-        TypedHashMap::new(hash_keys.max(1) as u32).expect("a hash map");
-    for (i, p) in rules.iter().enumerate() {
-        for k in p.hash_keys() {
-            hash.update(&k, &(i as u32), BPF_NOEXIST)
-                .expect("distinct keys, room for each");
-        }
-    }
+    let hash = build_emulation(&rules);
     let hash_build = started.elapsed();
     flush_deferred();
     let hash_bytes = probe.held();

@@ -301,6 +301,56 @@ fn load_is_all_or_nothing_and_keeps_the_update_flags() {
     assert_eq!(m.get(&r3, &guard), Some(&v(3)[..]));
 }
 
+/// A load into an empty map builds the writer's index of rules after
+/// the rules are placed (`Writer::place_all`): the updates after it find
+/// each loaded rule, and record their own.
+#[test]
+fn a_load_into_an_empty_map_leaves_books_the_updates_after_it_use() {
+    let s = five_tuple();
+    let n = crate::scaled(300, 30) as u32;
+    let rule = |i: u32| {
+        s.rule(i % 4)
+            .prefix("src", u128::from(0x0a00_0000 + ((i % 7) << 8)), 24)
+            .exact("dport", u128::from(i))
+            .build()
+            .unwrap()
+    };
+    let m = WildcardMap::new(s.clone(), 4, 2 * n).unwrap();
+    // And with a collision limit low enough for the load to split.
+    let tight = WildcardMap::with_collision_limit(s.clone(), 4, 2 * n, 2).unwrap();
+    for m in [&m, &tight] {
+        m.load((0..n).map(|i| (rule(i), v(i))), BPF_NOEXIST)
+            .unwrap();
+        m.check_structure();
+        let guard = pin();
+        // Each loaded rule found by the index: its value, its removal.
+        for i in (0..n).step_by(3) {
+            assert_eq!(m.get(&rule(i), &guard), Some(&v(i)[..]));
+            assert_eq!(m.take(&rule(i)), Ok(v(i).to_vec()));
+        }
+        // New rules recorded as they come.
+        for i in n..n + 20 {
+            m.insert(&rule(i), &v(i), BPF_NOEXIST).unwrap();
+        }
+        assert_eq!(m.insert(&rule(1), &v(1), BPF_NOEXIST), Err(Error::Exists));
+        m.check_structure();
+        let mut want: Vec<Rule> = (0..n + 20)
+            .filter(|i| i >= &n || i % 3 != 0)
+            .map(rule)
+            .collect();
+        want.sort();
+        let held: Vec<Rule> = m.rules().into_iter().map(|(r, _)| r).collect();
+        assert_eq!(held, want);
+        let mut walked = Vec::new();
+        let mut at = None;
+        while let Some(next) = m.next_rule(at.as_ref()) {
+            walked.push(next.clone());
+            at = Some(next);
+        }
+        assert_eq!(walked, want, "get_next_key's order");
+    }
+}
+
 #[test]
 fn ties_go_to_the_first_rule_in_rule_order_whatever_the_insert_order() {
     let s = five_tuple();
