@@ -1016,16 +1016,22 @@ impl WildcardMap {
 
     /// Removes `rule`; `ENOENT` if it is not held.
     pub fn remove(&self, rule: &Rule) -> Result<()> {
-        self.take(rule).map(drop)
+        self.take_with(rule, |_| ())
     }
 
     /// Removes `rule` and returns its value.
     pub fn take(&self, rule: &Rule) -> Result<Vec<u8>> {
+        self.take_with(rule, <[u8]>::to_vec)
+    }
+
+    /// Removes `rule` and returns what `read` makes of its value (a
+    /// removal copies nothing).
+    fn take_with<T>(&self, rule: &Rule, read: impl FnOnce(&[u8]) -> T) -> Result<T> {
         self.check_rule(rule)?;
         if let Some(index) = &self.index {
             let value = index.take(rule)?;
             self.len.fetch_sub(1, Ordering::Relaxed);
-            return Ok(value);
+            return Ok(read(&value));
         }
         let mut w = self.writer.lock();
         let guard = &pin();
@@ -1044,7 +1050,7 @@ impl WildcardMap {
             self.publish(&mut w, guard);
         }
         self.len.fetch_sub(1, Ordering::Relaxed);
-        Ok(entry.value.to_vec())
+        Ok(read(&entry.value))
     }
 
     /// Removes every rule.
