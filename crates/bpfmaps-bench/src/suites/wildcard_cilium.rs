@@ -322,8 +322,9 @@ pub fn workload(
     (map, hash, keys)
 }
 
-/// Cilium's lookup in the emulation's hash map ([`six_lookups`], out of
-/// line for an instruction count's toggle).
+/// Cilium's lookup in the emulation's hash map: its six keys in turn,
+/// the first hit wins (the suite's own loop, out of line for an
+/// instruction count's toggle); whether one hit.
 #[inline(never)]
 pub fn six_lookups_once(h: &TypedHashMap<[u8; 8], u32>, k: &[u8; 8], guard: &Guard) -> bool {
     six_lookups(h, k, guard).is_some()
