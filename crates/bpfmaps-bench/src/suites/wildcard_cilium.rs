@@ -201,6 +201,18 @@ fn packet(p: &Policy, ids: &[u32], rng: &mut StdRng) -> (Packet, [u8; 8]) {
     packet_of(id, port, proto, p.dir)
 }
 
+/// `n` packets, each inside a random one of `rules` ([`packet`]).
+fn inside_packets(
+    rules: &[Policy],
+    ids: &[u32],
+    n: usize,
+    rng: &mut StdRng,
+) -> (Vec<Packet>, Vec<[u8; 8]>) {
+    (0..n)
+        .map(|_| packet(&rules[rng.random_range(0..rules.len())], ids, rng))
+        .unzip()
+}
+
 /// A packet of uniform traffic: an identity from the pool, any port,
 /// protocol and direction. No exact rule matches one (what a policy of
 /// exact rules denies); the rules that leave out identity, port and
@@ -316,9 +328,7 @@ pub fn workload(
     let mut rng = StdRng::seed_from_u64(SEED ^ n as u64);
     let (rules, ids) = policies(shape, n, &mut rng);
     let (map, hash) = (build_map(&schema(), &rules), build_emulation(&rules));
-    let keys = (0..n_packets)
-        .map(|_| packet(&rules[rng.random_range(0..rules.len())], &ids, &mut rng).1)
-        .collect();
+    let (_, keys) = inside_packets(&rules, &ids, n_packets, &mut rng);
     (map, hash, keys)
 }
 
@@ -353,9 +363,7 @@ fn one_case(ctx: &Ctx, shape: &str, n: usize, n_packets: usize) -> Vec<Record> {
     flush_deferred();
     let hash_bytes = probe.held();
 
-    let inside: (Vec<Packet>, Vec<[u8; 8]>) = (0..n_packets)
-        .map(|_| packet(&rules[rng.random_range(0..rules.len())], &ids, &mut rng))
-        .unzip();
+    let inside = inside_packets(&rules, &ids, n_packets, &mut rng);
     let uniform: (Vec<Packet>, Vec<[u8; 8]>) = (0..n_packets)
         .map(|_| uniform_packet(&ids, &mut rng))
         .unzip();
