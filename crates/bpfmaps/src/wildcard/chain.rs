@@ -20,10 +20,22 @@ use super::schema::{MAX_FIELDS, Rule, Schema};
 /// A rule and its value, shared by the chains that hold it.
 pub(super) struct Entry {
     pub(super) rule: Rule,
-    pub(super) value: Box<[u8]>,
+    /// Held in the entry up to [`INLINE_VALUE`] bytes (ClassBench's and
+    /// Cilium's 4): an update allocates and frees one block fewer, 7-10 %
+    /// of a cold update's time (docs/benchmarks.md, "A hash index of
+    /// rules").
+    pub(super) value: smallvec::SmallVec<[u8; INLINE_VALUE]>,
 }
 
+/// The most bytes of a value an [`Entry`] holds in itself.
+pub(super) const INLINE_VALUE: usize = 8;
+
 impl Entry {
+    /// Bytes a value of `size` takes outside its entry.
+    pub(super) fn value_bytes_outside(size: usize) -> usize {
+        if size > INLINE_VALUE { size } else { 0 }
+    }
+
     /// A shared entry of copies of `rule` and `value`.
     pub(super) fn shared(rule: &Rule, value: &[u8]) -> Arc<Entry> {
         Arc::new(Entry {
@@ -368,26 +380,43 @@ impl Chain {
     /// entry's address at byte `addr` of each, owning all its entries'
     /// counts (once its caller writes them): its address and the chain.
     fn alloc<'a>(rules: usize, stride: u16, addr: u16) -> (usize, &'a mut Chain) {
+        let ptr = Self::alloc_unwritten(rules, stride);
         let words = (rules * usize::from(stride)).div_ceil(size_of::<u128>());
-        let alloc = Self::alloc_layout(words);
-        // SAFETY: the layout's size is not zero (HEAD).
-        let ptr = unsafe { std::alloc::alloc_zeroed(alloc) };
-        if ptr.is_null() {
-            std::alloc::handle_alloc_error(alloc);
-        }
-        // SAFETY: `ptr` is a fresh, zeroed allocation of `alloc`, whose
-        // tail holds `words` words; a zeroed chain is a valid one.
-        let chain = unsafe { &mut *Self::fat(ptr as usize, words).cast_mut() };
-        debug_assert_eq!(
-            size_of_val(chain),
-            alloc.size(),
-            "HEAD is the header's size"
-        );
+        // SAFETY: `ptr`'s allocation holds `words` words after HEAD;
+        // once zeroed (the header written below), a valid chain.
+        let chain = unsafe {
+            ptr.add(HEAD).write_bytes(0, words * size_of::<u128>());
+            &mut *Self::fat(ptr as usize, words).cast_mut()
+        };
         chain.rules = u32::try_from(rules).expect("a bucket's rules fit u32");
         chain.stride = stride;
         chain.addr = addr;
         chain.owned = AtomicU32::new(OWNS_ALL);
         (ptr as usize, chain)
+    }
+
+    /// The allocation of a chain of `rules` rules of `stride` bytes, its
+    /// header and words not written but for the last word, zeroed (the
+    /// padding after the rules' bytes). By `malloc`, not `calloc`:
+    /// glibc's `calloc` skips the thread's cache of freed chunks and
+    /// searches the arena's bins, and an edited copy writes every byte
+    /// anyway (docs/benchmarks.md, "A hash index of rules").
+    fn alloc_unwritten(rules: usize, stride: u16) -> *mut u8 {
+        let words = (rules * usize::from(stride)).div_ceil(size_of::<u128>());
+        let alloc = Self::alloc_layout(words);
+        // SAFETY: the layout's size is not zero (HEAD).
+        let ptr = unsafe { std::alloc::alloc(alloc) };
+        if ptr.is_null() {
+            std::alloc::handle_alloc_error(alloc);
+        }
+        if words > 0 {
+            // SAFETY: the last of the `words` words after HEAD.
+            unsafe {
+                ptr.add(HEAD + (words - 1) * size_of::<u128>())
+                    .write_bytes(0, size_of::<u128>());
+            }
+        }
+        ptr
     }
 
     /// Its rules' bytes, each `stride` long, in rule order.
@@ -466,23 +495,39 @@ impl Chain {
         if n == 0 {
             return None;
         }
-        let (ptr, chain) = Self::alloc(n, self.stride, self.addr);
-        let new: &mut [u8] = &mut bytemuck::cast_slice_mut(&mut chain.words)[..n * stride];
-        let (before, rest) = new.split_at_mut(at * stride);
-        before.copy_from_slice(&old[..at * stride]);
-        let after = match entry {
-            Some(e) => {
-                let (mine, after) = rest.split_at_mut(stride);
-                let words: &mut [W] = bytemuck::cast_slice_mut(mine);
+        // Every byte is written once: the header, the kept rules' bytes
+        // copied, the new rule's written on zeros (its padding), the
+        // padding after the rules zeroed by `alloc_unwritten`.
+        let ptr = Self::alloc_unwritten(n, self.stride);
+        let kept_after = (rules - at - gone) * stride;
+        // SAFETY: `ptr` holds HEAD then `n * stride` bytes (and the
+        // zeroed tail); the copies stay inside both chains' rule bytes,
+        // and the new rule's `stride` bytes, aligned for `W` (HEAD and
+        // `stride` are multiples of its size), are zeroed before they
+        // are borrowed.
+        unsafe {
+            ptr.cast::<u32>()
+                .write(u32::try_from(n).expect("a bucket's rules fit u32"));
+            ptr.add(4).cast::<u16>().write(self.stride);
+            ptr.add(6).cast::<u16>().write(self.addr);
+            ptr.add(8)
+                .cast::<AtomicU32>()
+                .write(AtomicU32::new(OWNS_ALL));
+            let words = ptr.add(HEAD);
+            words.copy_from_nonoverlapping(old.as_ptr(), at * stride);
+            let mut next = words.add(at * stride);
+            if let Some(e) = entry {
+                next.write_bytes(0, stride);
+                let mine =
+                    std::slice::from_raw_parts_mut(next.cast::<W>(), stride / size_of::<W>());
                 let layout = Layout::new::<W>(e.rule.bounds().len(), e.value.len());
-                write_rule(words, &layout, e);
-                after
+                write_rule(mine, &layout, e);
+                next = next.add(stride);
             }
-            None => rest,
-        };
-        after.copy_from_slice(&old[(at + gone) * stride..]);
-        // SAFETY: a chain `alloc` made, as `Pointable::init` makes them.
-        Some(unsafe { Owned::from_usize(ptr) })
+            next.copy_from_nonoverlapping(old[(at + gone) * stride..].as_ptr(), kept_after);
+        }
+        // SAFETY: a chain written whole, as `Pointable::init` makes them.
+        Some(unsafe { Owned::from_usize(ptr as usize) })
     }
 
     /// The words a chain at `ptr` holds, from its header (rules times

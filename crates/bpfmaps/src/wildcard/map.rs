@@ -34,7 +34,7 @@
 //! Its work is the overflowing bucket's, not the table's: no update
 //! rebuilds a table, but for doubling its buckets.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
@@ -43,6 +43,7 @@ use parking_lot::Mutex;
 
 use super::chain::{Chain, Edit, Entry, Hit, Layout, Width, Word, answer_of, rule_order};
 use super::match_key::KeyReader;
+use super::order::RuleOrder;
 use super::prefix::PrefixIndex;
 use super::schema::{Field, FieldKind, MAX_FIELDS, Packet, Rule, Schema};
 use crate::core::error::{Error, Result, check_len};
@@ -175,9 +176,15 @@ fn probes_for(width: Width, fields: usize) -> Probes {
     }
 }
 
-/// Who holds a rule, in the writer's index: the entry, ordered by its
-/// rule and looked up by it.
+/// Who holds a rule, in the writer's index: the entry, hashed and
+/// ordered by its rule and looked up by it.
 pub(super) struct Placed(pub(super) Arc<Entry>);
+
+impl std::hash::Hash for Placed {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        self.0.rule.hash(state);
+    }
+}
 
 impl PartialEq for Placed {
     fn eq(&self, other: &Self) -> bool {
@@ -364,8 +371,12 @@ struct Writer {
     tables: BTreeMap<u64, TableState>,
     /// Table ids in the published order.
     order: Vec<u64>,
-    /// Which table holds each rule, in rule order (`get_next_key`).
-    placed: BTreeMap<Placed, u64>,
+    /// Which table holds each rule.
+    placed: HashMap<Placed, u64, foldhash::fast::RandomState>,
+    /// The rules in rule order, for [`next_rule`](WildcardMap::next_rule)
+    /// (built by the first walk, kept until the updates since wear it
+    /// out: `order.rs`).
+    rule_order: Option<RuleOrder>,
     /// A [`load`](WildcardMap::load) into an empty map is under way:
     /// `placed` is left alone until it ends, and then built from the
     /// tables in one pass ([`Writer::place_all`]).
@@ -822,18 +833,19 @@ impl WildcardMap {
 
     /// The first rule after `after` in rule order (`None`: the first
     /// rule), whether or not `after` is held. Takes the writer lock: the
-    /// rule order is kept only by the writer.
+    /// rule order is kept only by the writer. The first call after many
+    /// updates sorts the rules (`order.rs`); the calls after it search
+    /// that run.
     pub fn next_rule(&self, after: Option<&Rule>) -> Option<Rule> {
-        use std::ops::Bound::{Excluded, Unbounded};
         if let Some(index) = &self.index {
             return index.next_rule(after);
         }
-        let w = self.writer.lock();
-        let lower = after.map_or(Unbounded, Excluded);
-        w.placed
-            .range::<Rule, _>((lower, Unbounded))
-            .next()
-            .map(|(p, _)| p.0.rule.clone())
+        let mut guard = self.writer.lock();
+        let w = &mut *guard;
+        let order = w
+            .rule_order
+            .get_or_insert_with(|| RuleOrder::build(w.placed.keys().map(|p| &p.0)));
+        order.next(after, |r| w.placed.contains_key(r)).cloned()
     }
 
     /// Bytes held: tables, buckets, rules and values, and the writer's
@@ -860,9 +872,13 @@ impl WildcardMap {
             bytes += size_of::<TableState>() + state.priorities.len() * 24;
         }
         // Each entry once (an `Arc` header, the rule and the value), and
-        // its line in the writer's index.
-        let entry = 16 + size_of::<Entry>() + fields * 32 + self.value_size;
-        bytes + w.placed.len() * (entry + size_of::<(Placed, u64)>() + 8)
+        // the writer's index (a slot and a control byte each).
+        let entry =
+            16 + size_of::<Entry>() + fields * 32 + Entry::value_bytes_outside(self.value_size);
+        bytes
+            + w.placed.len() * entry
+            + w.placed.capacity() * (size_of::<(Placed, u64)>() + 1)
+            + w.rule_order.as_ref().map_or(0, RuleOrder::bytes)
     }
 
     /// Every rule with its value, in rule order (a copy).
@@ -982,7 +998,6 @@ impl WildcardMap {
             self.max_entries as usize,
         )?;
         // Into an empty map every rule is new (`given` holds each once).
-        let sorted = empty.then(|| given.clone());
         w.placing_later = empty;
         let mut entries = given;
         entries.shuffle(&mut rand::rngs::StdRng::seed_from_u64(LOAD_SEED));
@@ -1002,8 +1017,8 @@ impl WildcardMap {
             }
         }
         self.absorb(&mut w, first_new, guard);
-        if let Some(sorted) = sorted {
-            w.place_all(sorted, guard);
+        if empty {
+            w.place_all(guard);
         }
         drop(w);
         // The buckets and tables the load replaced are freed now, on the
@@ -1036,6 +1051,7 @@ impl WildcardMap {
         let mut w = self.writer.lock();
         let guard = &pin();
         let (Placed(entry), id) = w.placed.remove_entry(rule).ok_or(Error::NotFound)?;
+        w.rule_order_changed(|o| o.remove(rule));
         let state = w.tables.get_mut(&id).expect("a placed rule's table");
         assert!(chain_remove(&state.table, rule, guard), "a placed rule");
         let before = state.best();
@@ -1064,6 +1080,7 @@ impl WildcardMap {
         let guard = &pin();
         w.tables.clear();
         w.placed.clear();
+        w.rule_order = None;
         self.publish(&mut w, guard);
         self.len.store(0, Ordering::Relaxed);
     }
@@ -1366,7 +1383,8 @@ impl WildcardMap {
     /// Panics unless the writer's books agree with the tables: each
     /// table's rule count and priorities with its chains, each rule in
     /// the bucket it hashes to, of the table `placed` names, once; the
-    /// published order that of the tables' best priorities. The tests
+    /// published order that of the tables' best priorities; the rule
+    /// order, if built, every held rule once, in order. The tests
     /// call it after every change, so a broken split fails there, not
     /// later as a wrong answer or a runaway table.
     #[cfg(test)]
@@ -1414,6 +1432,16 @@ impl WildcardMap {
             (self.len(), self.len()),
             "rules counted"
         );
+        if let Some(order) = &w.rule_order {
+            let mut held: Vec<&Rule> = w.placed.keys().map(|p| &p.0.rule).collect();
+            held.sort_unstable();
+            let (mut walked, mut at) = (Vec::new(), None);
+            while let Some(r) = order.next(at, |r| w.placed.contains_key(r)) {
+                walked.push(r);
+                at = Some(r);
+            }
+            assert_eq!(walked, held, "the rule order");
+        }
         let mut order: Vec<(u32, u64)> = w.tables.iter().map(|(&id, s)| (s.best(), id)).collect();
         order.sort_unstable();
         assert_eq!(order.iter().map(|&(_, id)| id).collect::<Vec<_>>(), w.order);
@@ -1453,6 +1481,18 @@ impl Writer {
     fn place_new(&mut self, entry: &Arc<Entry>, id: u64) {
         if !self.placing_later {
             self.placed.insert(Placed(Arc::clone(entry)), id);
+            self.rule_order_changed(|o| o.add(entry));
+        }
+    }
+
+    /// Tells the rule order of a change (if there is one), and drops it
+    /// once the changes wear it out.
+    fn rule_order_changed(&mut self, change: impl FnOnce(&mut RuleOrder)) {
+        if let Some(order) = &mut self.rule_order {
+            change(order);
+            if order.worn() {
+                self.rule_order = None;
+            }
         }
     }
 
@@ -1472,23 +1512,18 @@ impl Writer {
     /// rule held? then its insert, and one for each rule a split or a
     /// merge moves) compared rules whose bounds sit in boxes scattered
     /// in memory: loads of 100K and 1M Cilium rules took 1.11-1.71x
-    /// the time (docs/benchmarks.md, "Loading into an empty map"). `sorted` is
-    /// the load's entries in rule order (from [`last_of_each`]), so the
-    /// map is built from a sorted run.
-    fn place_all(&mut self, sorted: Vec<Arc<Entry>>, guard: &Guard) {
-        let mut table_of = std::collections::HashMap::with_capacity(sorted.len());
+    /// the time (docs/benchmarks.md, "Loading into an empty map", when
+    /// the index was a B-tree).
+    fn place_all(&mut self, guard: &Guard) {
+        let rules = self.tables.values().map(|s| s.rules).sum();
+        let mut placed = HashMap::with_capacity_and_hasher(rules, Default::default());
         for (&id, state) in &self.tables {
             for e in table_entries(&state.table, guard) {
-                table_of.insert(Arc::as_ptr(&e), id);
+                placed.insert(Placed(e), id);
             }
         }
-        self.placed = sorted
-            .into_iter()
-            .map(|e| {
-                let id = table_of[&Arc::as_ptr(&e)];
-                (Placed(e), id)
-            })
-            .collect();
+        self.placed = placed;
+        self.rule_order = None;
         self.placing_later = false;
     }
 
@@ -1497,6 +1532,7 @@ impl Writer {
         chain_replace(&self.tables[&id].table, Arc::clone(&entry), guard);
         // The index holds the entry in use, not the one replaced.
         self.placed.remove(&entry.rule);
+        self.rule_order_changed(|o| o.replace(&entry));
         self.placed.insert(Placed(entry), id);
     }
 

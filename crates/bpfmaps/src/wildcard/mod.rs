@@ -26,6 +26,7 @@ pub mod classbench;
 mod contract;
 mod map;
 mod match_key;
+mod order;
 mod prefix;
 pub mod schema;
 #[cfg(test)]

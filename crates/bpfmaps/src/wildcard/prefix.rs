@@ -348,7 +348,7 @@ impl PrefixIndex {
             + 16
             + size_of::<Entry>()
             + 32
-            + self.value_size
+            + Entry::value_bytes_outside(self.value_size)
             + 3 * size_of::<Placed>() / 2;
         let values = self.values.as_ref().map_or(0, LpmTrie::memory_usage);
         self.trie.memory_usage() + values + prefixes * per_prefix + rules * per_rule

@@ -351,6 +351,53 @@ fn a_load_into_an_empty_map_leaves_books_the_updates_after_it_use() {
     }
 }
 
+/// `get_next_key`'s walk between updates (the rule order is built by a
+/// walk and kept beside the updates after it until they wear it out,
+/// `order.rs`): each step gives the model's next rule, from any rule,
+/// held or not, across inserts, replacements, removals and rebuilds.
+#[test]
+fn walks_between_updates_give_the_next_rule_held() {
+    use rand::{Rng, SeedableRng};
+    use std::ops::Bound::{Excluded, Unbounded};
+    let s = five_tuple();
+    let pool = crate::scaled(400, 60) as u32;
+    let rule = |i: u32| {
+        s.rule(i % 5)
+            .prefix("src", u128::from(0x0a00_0000 + (i << 8)), 24)
+            .build()
+            .unwrap()
+    };
+    let m = WildcardMap::new(s.clone(), 4, pool).unwrap();
+    let mut model = BTreeMap::new();
+    let mut rng = rand::rngs::StdRng::seed_from_u64(7);
+    let mut at: Option<Rule> = None;
+    for step in 0..crate::scaled(6000, 600) as u32 {
+        let i = rng.random_range(0..pool);
+        match rng.random_range(0..8) {
+            0 | 1 => {
+                m.insert(&rule(i), &v(step), BPF_ANY).unwrap();
+                model.insert(rule(i), step);
+            }
+            2 | 3 => {
+                let want = model.remove(&rule(i)).map(v).map(|x| x.to_vec());
+                assert_eq!(m.take(&rule(i)).ok(), want);
+            }
+            4 => at = rng.random_bool(0.5).then(|| rule(i)),
+            _ => {
+                let lower = at.as_ref().map_or(Unbounded, Excluded);
+                let want = model.range((lower, Unbounded)).next().map(|(r, _)| r);
+                let got = m.next_rule(at.as_ref());
+                assert_eq!(got.as_ref(), want, "step {step}");
+                at = got;
+            }
+        }
+        if step % 61 == 0 {
+            m.check_structure();
+        }
+    }
+    m.check_structure();
+}
+
 #[test]
 fn ties_go_to_the_first_rule_in_rule_order_whatever_the_insert_order() {
     let s = five_tuple();
