@@ -290,9 +290,13 @@ impl Chain {
 
     /// Each rule's entry, in rule order.
     fn entry_ptrs(&self) -> impl Iterator<Item = *const Entry> + '_ {
+        (0..self.rules as usize).map(|k| self.entry_ptr(k))
+    }
+
+    /// Rule `k`'s entry.
+    fn entry_ptr(&self, k: usize) -> *const Entry {
         let bytes: &[u8] = bytemuck::cast_slice(&self.words);
-        (0..self.rules as usize)
-            .map(move |k| entry_at(&bytes[k * usize::from(self.stride) + usize::from(self.addr)..]))
+        entry_at(&bytes[k * usize::from(self.stride) + usize::from(self.addr)..])
     }
 
     /// Its entries, in rule order (new counts of their `Arc`s).
@@ -362,12 +366,17 @@ impl crossbeam_epoch::Pointable for Chain {
         // SAFETY: the caller's: `ptr` is a live chain's, its last use.
         let chain = unsafe { Self::deref(ptr) };
         let owned = chain.owned.load(Ordering::Relaxed);
-        for (k, e) in chain.entry_ptrs().enumerate() {
-            if owned == OWNS_ALL || owned == k as u32 {
-                // SAFETY: a count the chain owns (`init`, or kept
-                // through `edited`).
-                drop(unsafe { Arc::from_raw(e) });
-            }
+        let drop_count = |e: *const Entry| {
+            // SAFETY: a count the chain owns (`init`, or kept through
+            // `edited`).
+            drop(unsafe { Arc::from_raw(e) });
+        };
+        match owned {
+            OWNS_ALL => chain.entry_ptrs().for_each(drop_count),
+            OWNS_NONE => {}
+            // An edited chain's one count: its entry read alone, not the
+            // chain walked to it.
+            k => drop_count(chain.entry_ptr(k as usize)),
         }
         let alloc = Self::alloc_layout(chain.words.len());
         // SAFETY: allocated by `init` with this layout.

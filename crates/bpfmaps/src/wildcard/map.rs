@@ -369,8 +369,9 @@ impl TableState {
 #[derive(Default)]
 struct Writer {
     tables: BTreeMap<u64, TableState>,
-    /// Table ids in the published order.
-    order: Vec<u64>,
+    /// Table ids in the published order, with their tuples (what a new
+    /// rule's search for a table it fits reads, not each table).
+    order: Vec<(u64, Tuple)>,
     /// Which table holds each rule.
     placed: HashMap<Placed, u64, foldhash::fast::RandomState>,
     /// The rules in rule order, for [`next_rule`](WildcardMap::next_rule)
@@ -1105,11 +1106,11 @@ impl WildcardMap {
     /// (moving the table's fitting rules if `whole`, else the bucket's).
     fn add(&self, w: &mut Writer, entry: Arc<Entry>, whole: bool, guard: &Guard) {
         let fixed = entry.rule.prefix_lengths(&self.schema);
-        let found = w.order.iter().copied().find(|id| {
-            w.tables
-                .get(id)
-                .is_some_and(|s| fits(&fixed, &s.table.tuple))
-        });
+        let found = w
+            .order
+            .iter()
+            .find(|(id, tuple)| fits(&fixed, tuple) && w.tables.contains_key(id))
+            .map(|&(id, _)| id);
         let (id, fresh) = match found {
             Some(id) => (id, false),
             None => {
@@ -1444,11 +1445,15 @@ impl WildcardMap {
         }
         let mut order: Vec<(u32, u64)> = w.tables.iter().map(|(&id, s)| (s.best(), id)).collect();
         order.sort_unstable();
-        assert_eq!(order.iter().map(|&(_, id)| id).collect::<Vec<_>>(), w.order);
+        let published: Vec<(u64, Tuple)> = order
+            .iter()
+            .map(|&(_, id)| (id, w.tables[&id].table.tuple))
+            .collect();
+        assert_eq!(published, w.order);
         // SAFETY: under the guard.
         let view = unsafe { self.view.load(Ordering::Acquire, guard).deref() };
         assert_eq!(view.tables.len(), w.order.len(), "the published view");
-        for ((best, table), id) in view.tables.iter().zip(&w.order) {
+        for ((best, table), (id, _)) in view.tables.iter().zip(&w.order) {
             assert_eq!(*best, w.tables[id].best());
             assert!(
                 Arc::ptr_eq(table, &w.tables[id].table),
@@ -1461,7 +1466,10 @@ impl WildcardMap {
     fn publish(&self, w: &mut Writer, guard: &Guard) {
         let mut order: Vec<(u32, u64)> = w.tables.iter().map(|(&id, s)| (s.best(), id)).collect();
         order.sort_unstable();
-        w.order = order.iter().map(|&(_, id)| id).collect();
+        w.order = order
+            .iter()
+            .map(|&(_, id)| (id, w.tables[&id].table.tuple))
+            .collect();
         let view = View {
             tables: order
                 .iter()
