@@ -446,7 +446,9 @@ impl Chain {
 
     fn find_as<W: Word>(&self, rule: &Rule) -> Option<usize> {
         let (key, n) = rule_words::<W>(rule);
-        self.word_rules::<W>().position(|r| r[..n] == key[..n])
+        // The priority first: one compare a rule, not a call.
+        self.word_rules::<W>()
+            .position(|r| r[0] == key[0] && r[..n] == key[..n])
     }
 
     /// How many of its rules come before `rule` in rule order (read
