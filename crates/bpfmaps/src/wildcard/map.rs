@@ -1706,10 +1706,13 @@ fn relax(fixed: &Tuple, schema: &Schema) -> Tuple {
 fn count(priorities: &mut BTreeMap<u32, usize>, priority: u32, add: bool) {
     if add {
         *priorities.entry(priority).or_default() += 1;
-    } else if let Some(n) = priorities.get_mut(&priority) {
-        *n -= 1;
-        if *n == 0 {
-            priorities.remove(&priority);
+    } else if let std::collections::btree_map::Entry::Occupied(mut held) =
+        priorities.entry(priority)
+    {
+        // One search, where `get_mut` then `remove` made two.
+        *held.get_mut() -= 1;
+        if *held.get() == 0 {
+            held.remove();
         }
     }
 }
