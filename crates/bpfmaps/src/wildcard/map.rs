@@ -873,12 +873,13 @@ impl WildcardMap {
             bytes += size_of::<TableState>() + state.priorities.len() * 24;
         }
         // Each entry once (an `Arc` header, the rule and the value), and
-        // the writer's index (a slot and a control byte each).
+        // the writer's index (a slot and a control byte a bucket, 7/8 of
+        // them usable).
         let entry =
             16 + size_of::<Entry>() + fields * 32 + Entry::value_bytes_outside(self.value_size);
         bytes
             + w.placed.len() * entry
-            + w.placed.capacity() * (size_of::<(Placed, u64)>() + 1)
+            + w.placed.capacity() * 8 / 7 * (size_of::<(Placed, u64)>() + 1)
             + w.rule_order.as_ref().map_or(0, RuleOrder::bytes)
     }
 
