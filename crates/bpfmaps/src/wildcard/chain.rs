@@ -21,7 +21,7 @@ use super::schema::{MAX_FIELDS, Rule, Schema};
 pub(super) struct Entry {
     pub(super) rule: Rule,
     /// Held in the entry up to [`INLINE_VALUE`] bytes (ClassBench's and
-    /// Cilium's 4): an update allocates and frees one block fewer, 7-10 %
+    /// Cilium's 4): an update allocates and frees one block fewer, 7-11 %
     /// of a cold update's time (docs/benchmarks.md, "A hash index of
     /// rules").
     pub(super) value: smallvec::SmallVec<[u8; INLINE_VALUE]>,
@@ -389,28 +389,25 @@ impl Chain {
     /// entry's address at byte `addr` of each, owning all its entries'
     /// counts (once its caller writes them): its address and the chain.
     fn alloc<'a>(rules: usize, stride: u16, addr: u16) -> (usize, &'a mut Chain) {
-        let ptr = Self::alloc_unwritten(rules, stride);
+        let ptr = Self::alloc_unwritten(rules, stride, addr);
         let words = (rules * usize::from(stride)).div_ceil(size_of::<u128>());
-        // SAFETY: `ptr`'s allocation holds `words` words after HEAD;
-        // once zeroed (the header written below), a valid chain.
+        // SAFETY: `ptr`'s allocation holds its header, written, then
+        // `words` words; once they are zeroed, a valid chain.
         let chain = unsafe {
             ptr.add(HEAD).write_bytes(0, words * size_of::<u128>());
             &mut *Self::fat(ptr as usize, words).cast_mut()
         };
-        chain.rules = u32::try_from(rules).expect("a bucket's rules fit u32");
-        chain.stride = stride;
-        chain.addr = addr;
-        chain.owned = AtomicU32::new(OWNS_ALL);
         (ptr as usize, chain)
     }
 
-    /// The allocation of a chain of `rules` rules of `stride` bytes, its
-    /// header and words not written but for the last word, zeroed (the
-    /// padding after the rules' bytes). By `malloc`, not `calloc`:
-    /// glibc's `calloc` skips the thread's cache of freed chunks and
-    /// searches the arena's bins, and an edited copy writes every byte
-    /// anyway (docs/benchmarks.md, "A hash index of rules").
-    fn alloc_unwritten(rules: usize, stride: u16) -> *mut u8 {
+    /// The allocation of a chain of `rules` rules of `stride` bytes, the
+    /// entry's address at byte `addr` of each: its header written
+    /// (owning all its entries' counts), its words not, but for the last,
+    /// zeroed (the padding after the rules' bytes). By `malloc`, not
+    /// `calloc`: glibc's `calloc` skips the thread's cache of freed
+    /// chunks and searches the arena's bins, and an edited copy writes
+    /// every byte anyway (docs/benchmarks.md, "A hash index of rules").
+    fn alloc_unwritten(rules: usize, stride: u16, addr: u16) -> *mut u8 {
         let words = (rules * usize::from(stride)).div_ceil(size_of::<u128>());
         let alloc = Self::alloc_layout(words);
         // SAFETY: the layout's size is not zero (HEAD).
@@ -418,9 +415,17 @@ impl Chain {
         if ptr.is_null() {
             std::alloc::handle_alloc_error(alloc);
         }
-        if words > 0 {
-            // SAFETY: the last of the `words` words after HEAD.
-            unsafe {
+        let chain = Self::fat(ptr as usize, words).cast_mut();
+        // SAFETY: `chain` is the allocation, sized for its header and
+        // `words` words; the fields are written through raw pointers,
+        // nothing read.
+        unsafe {
+            (&raw mut (*chain).rules)
+                .write(u32::try_from(rules).expect("a bucket's rules fit u32"));
+            (&raw mut (*chain).stride).write(stride);
+            (&raw mut (*chain).addr).write(addr);
+            (&raw mut (*chain).owned).write(AtomicU32::new(OWNS_ALL));
+            if words > 0 {
                 ptr.add(HEAD + (words - 1) * size_of::<u128>())
                     .write_bytes(0, size_of::<u128>());
             }
@@ -506,10 +511,10 @@ impl Chain {
         if n == 0 {
             return None;
         }
-        // Every byte is written once: the header, the kept rules' bytes
-        // copied, the new rule's written on zeros (its padding), the
-        // padding after the rules zeroed by `alloc_unwritten`.
-        let ptr = Self::alloc_unwritten(n, self.stride);
+        // Every byte is written once: the header and the padding after
+        // the rules by `alloc_unwritten`, the kept rules' bytes copied,
+        // the new rule's written on zeros (its padding).
+        let ptr = Self::alloc_unwritten(n, self.stride, self.addr);
         let kept_after = (rules - at - gone) * stride;
         // SAFETY: `ptr` holds HEAD then `n * stride` bytes (and the
         // zeroed tail); the copies stay inside both chains' rule bytes,
@@ -517,13 +522,6 @@ impl Chain {
         // `stride` are multiples of its size), are zeroed before they
         // are borrowed.
         unsafe {
-            ptr.cast::<u32>()
-                .write(u32::try_from(n).expect("a bucket's rules fit u32"));
-            ptr.add(4).cast::<u16>().write(self.stride);
-            ptr.add(6).cast::<u16>().write(self.addr);
-            ptr.add(8)
-                .cast::<AtomicU32>()
-                .write(AtomicU32::new(OWNS_ALL));
             let words = ptr.add(HEAD);
             words.copy_from_nonoverlapping(old.as_ptr(), at * stride);
             let mut next = words.add(at * stride);
