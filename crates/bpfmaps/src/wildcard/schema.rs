@@ -10,6 +10,9 @@
 //! set, a range written as one value) are the same rule.
 
 use std::fmt;
+use std::sync::Arc;
+
+use smallvec::SmallVec;
 
 use crate::core::error::{Error, Result};
 
@@ -167,7 +170,7 @@ impl Schema {
             schema: self,
             priority,
             bounds: self.fields.iter().map(|f| (0, f.max())).collect(),
-            set: vec![false; self.fields.len()],
+            set: 0,
             error: None,
         }
     }
@@ -312,17 +315,31 @@ pub struct Packet {
 /// intervals field by field (lower bounds first): that order breaks ties
 /// between matching rules of one priority, the same whichever order they
 /// were inserted in. A rule is identified by its intervals and priority.
+///
+/// A clone shares the intervals (an `Arc`): the map's entry for a rule
+/// inserted by reference costs no copy of them, one allocation fewer an
+/// update (docs/benchmarks.md, "Shared bounds").
 #[derive(Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct Rule {
     /// Lower wins.
     pub priority: u32,
-    bounds: Box<[(u128, u128)]>,
+    bounds: Arc<[(u128, u128)]>,
 }
 
 impl Rule {
     /// Field `i`'s interval.
     pub fn bounds(&self) -> &[(u128, u128)] {
         &self.bounds
+    }
+
+    /// A copy that shares nothing with this rule (a clone shares its
+    /// intervals): for a measure of what a map holds that must not find
+    /// the intervals already counted elsewhere.
+    pub fn unshared(&self) -> Rule {
+        Rule {
+            priority: self.priority,
+            bounds: Arc::from(&self.bounds[..]),
+        }
     }
 
     /// Whether every field of `packet` is inside this rule's interval.
@@ -362,8 +379,9 @@ impl fmt::Debug for Rule {
 pub struct RuleBuilder<'s> {
     schema: &'s Schema,
     priority: u32,
-    bounds: Vec<(u128, u128)>,
-    set: Vec<bool>,
+    bounds: SmallVec<[(u128, u128); MAX_FIELDS]>,
+    /// Bit `i`: field `i` was set.
+    set: u16,
     error: Option<Error>,
 }
 
@@ -378,7 +396,7 @@ impl RuleBuilder<'_> {
         }) {
             Ok((i, bounds)) => {
                 self.bounds[i] = bounds;
-                self.set[i] = true;
+                self.set |= 1 << i;
             }
             Err(e) => self.error = Some(e),
         }
@@ -461,8 +479,8 @@ impl RuleBuilder<'_> {
         if let Some(e) = self.error {
             return Err(e);
         }
-        if let Some(i) = (0..self.set.len())
-            .find(|&i| !self.set[i] && self.schema.fields[i].kind == FieldKind::Match)
+        if let Some(i) = (0..self.bounds.len())
+            .find(|&i| self.set & (1 << i) == 0 && self.schema.fields[i].kind == FieldKind::Match)
         {
             return Err(Error::invalid(format!(
                 "field {:?} is an exact match: it needs a value",
@@ -471,7 +489,7 @@ impl RuleBuilder<'_> {
         }
         Ok(Rule {
             priority: self.priority,
-            bounds: self.bounds.into_boxed_slice(),
+            bounds: Arc::from(&self.bounds[..]),
         })
     }
 }
