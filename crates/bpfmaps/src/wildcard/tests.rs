@@ -76,6 +76,31 @@ fn ranges_of_one_value_and_of_everything() {
 }
 
 #[test]
+fn clones_share_intervals_and_the_map_keeps_a_rule_its_caller_dropped() {
+    let s = five_tuple();
+    let rule = s
+        .parse_rule("src 10.0.0.0/8, dport 1-1024, proto 6", 3)
+        .unwrap();
+    let clone = rule.clone();
+    assert!(std::ptr::eq(rule.bounds(), clone.bounds()));
+    let copy = rule.unshared();
+    assert_eq!(copy, rule);
+    assert!(!std::ptr::eq(rule.bounds(), copy.bounds()));
+    // The map's entry shares the caller's intervals, and keeps them
+    // once the caller's rule and its clone are gone.
+    let m = WildcardMap::new(s.clone(), 4, 8).unwrap();
+    m.insert(&rule, &v(9), BPF_NOEXIST).unwrap();
+    drop((rule, clone));
+    let p = s
+        .parse_packet("src 10.1.2.3, dst 10.0.0.2, sport 5, dport 80, proto 6")
+        .unwrap();
+    assert_eq!(answer(&m, &p), Some((copy.clone(), v(9).to_vec())));
+    assert_eq!(m.rules(), vec![(copy.clone(), v(9).to_vec())]);
+    m.remove(&copy).unwrap();
+    assert_eq!(answer(&m, &p), None);
+}
+
+#[test]
 fn a_packet_value_wider_than_its_field_matches_nothing() {
     // `Packet::values` are public: a caller can hand in a value wider
     // than the field, and wider than the word the map's chains hold
