@@ -182,7 +182,7 @@ impl<V: Clone + Send + Sync + 'static> MapleTree<V> {
     /// ```
     // Inlined into its caller (its descent is already inlined into it):
     // a call returned the range and value through memory and saved and
-    // restored five registers: 1.1-1.6 ns of the kernel's `load`
+    // restored four registers: 1.1-1.6 ns of the kernel's `load`
     // shape's 8.4-8.8 (docs/benchmarks.md, "`get` inlined").
     #[inline(always)]
     pub fn get(&self, index: u64) -> Option<(RangeInclusive<u64>, V)> {

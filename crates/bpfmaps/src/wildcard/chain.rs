@@ -216,6 +216,11 @@ pub(super) struct Chain {
     words: [u128],
 }
 
+/// The `u128` words that hold `rules` rules of `stride` bytes.
+fn words_for(rules: usize, stride: usize) -> usize {
+    (rules * stride).div_ceil(size_of::<u128>())
+}
+
 /// The header's bytes before the words (`rules`, `stride`, `addr`,
 /// `owned`, padded to the words' alignment).
 const HEAD: usize = 16;
@@ -389,8 +394,7 @@ impl Chain {
     /// entry's address at byte `addr` of each, owning all its entries'
     /// counts (once its caller writes them): its address and the chain.
     fn alloc<'a>(rules: usize, stride: u16, addr: u16) -> (usize, &'a mut Chain) {
-        let ptr = Self::alloc_unwritten(rules, stride, addr);
-        let words = (rules * usize::from(stride)).div_ceil(size_of::<u128>());
+        let (ptr, words) = Self::alloc_unwritten(rules, stride, addr);
         // SAFETY: `ptr`'s allocation holds its header, written, then
         // `words` words; once they are zeroed, a valid chain.
         let chain = unsafe {
@@ -407,8 +411,9 @@ impl Chain {
     /// `calloc`: glibc's `calloc` skips the thread's cache of freed
     /// chunks and searches the arena's bins, and an edited copy writes
     /// every byte anyway (docs/benchmarks.md, "A hash index of rules").
-    fn alloc_unwritten(rules: usize, stride: u16, addr: u16) -> *mut u8 {
-        let words = (rules * usize::from(stride)).div_ceil(size_of::<u128>());
+    /// Its address and its words.
+    fn alloc_unwritten(rules: usize, stride: u16, addr: u16) -> (*mut u8, usize) {
+        let words = words_for(rules, usize::from(stride));
         let alloc = Self::alloc_layout(words);
         // SAFETY: the layout's size is not zero (HEAD).
         let ptr = unsafe { std::alloc::alloc(alloc) };
@@ -430,7 +435,7 @@ impl Chain {
                     .write_bytes(0, size_of::<u128>());
             }
         }
-        ptr
+        (ptr, words)
     }
 
     /// Its rules' bytes, each `stride` long, in rule order.
@@ -514,7 +519,7 @@ impl Chain {
         // Every byte is written once: the header and the padding after
         // the rules by `alloc_unwritten`, the kept rules' bytes copied,
         // the new rule's written on zeros (its padding).
-        let ptr = Self::alloc_unwritten(n, self.stride, self.addr);
+        let (ptr, _) = Self::alloc_unwritten(n, self.stride, self.addr);
         let kept_after = (rules - at - gone) * stride;
         // SAFETY: `ptr` holds HEAD then `n * stride` bytes (and the
         // zeroed tail); the copies stay inside both chains' rule bytes,
@@ -553,7 +558,7 @@ impl Chain {
                 p.add(4).cast::<u16>().read() as usize,
             )
         };
-        (rules * stride).div_ceil(size_of::<u128>())
+        words_for(rules, stride)
     }
 
     /// A pointer to the chain at `ptr` holding `words` words.
