@@ -529,6 +529,15 @@ impl WildcardMap {
         self.absorb(&mut w, 0, &pin());
     }
 
+    /// Each table's tuple (its first fields', as many as the schema
+    /// has), in the published order.
+    #[cfg(test)]
+    pub(super) fn tuples(&self) -> Vec<Vec<u8>> {
+        let n = self.schema.fields().len();
+        let w = self.writer.lock();
+        w.order.iter().map(|(_, t)| t[..n].to_vec()).collect()
+    }
+
     /// Buckets in the first table probed (0 without one).
     #[cfg(test)]
     pub(super) fn first_table_buckets(&self) -> usize {
@@ -1186,7 +1195,12 @@ impl WildcardMap {
             return false;
         };
         let mut target = least;
-        target[d] = least[d] + (most[d] - least[d]).div_ceil(2);
+        target[d] = match self.schema.fields()[d].kind {
+            // An exact field's rules fix all its bits or none: fewer bits
+            // split nothing more, and leave the bucket longer.
+            FieldKind::Match | FieldKind::WildcardMatch => most[d],
+            FieldKind::Prefix | FieldKind::Range => least[d] + (most[d] - least[d]).div_ceil(2),
+        };
         let source = Arc::clone(&w.tables[&id].table);
         if target == source.tuple {
             return false;

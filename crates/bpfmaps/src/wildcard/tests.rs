@@ -503,6 +503,37 @@ fn overflowing_buckets_split_tables_and_answers_stay_right() {
 }
 
 #[test]
+fn a_split_on_an_exact_field_hashes_all_its_bits() {
+    // A rule of any identity makes a table that hashes the direction
+    // alone; identities 1-24 then overflow its bucket. Their rules fix
+    // all 32 bits of the identity or none, so the split's table hashes
+    // all 32: half of them (the split's step for a prefix) would put
+    // every identity under 2^16 in one bucket again.
+    let s = Schema::new(vec![Field::wildcard("id", 4), Field::exact("dir", 1)]).unwrap();
+    let m = WildcardMap::with_collision_limit(s.clone(), 4, 100, 4).unwrap();
+    let mut o = BruteForce::new();
+    let rule = |id: u32| {
+        s.rule(id)
+            .exact("id", id.into())
+            .exact("dir", 0)
+            .build()
+            .unwrap()
+    };
+    for id in 0..25 {
+        m.insert(&rule(id), &v(id), BPF_NOEXIST).unwrap();
+        o.insert(rule(id), &v(id));
+        m.check_structure();
+    }
+    let tuples = m.tuples();
+    assert!(tuples.contains(&vec![32, 8]), "{tuples:?}");
+    assert!(tuples.iter().all(|t| t[0] == 0 || t[0] == 32), "{tuples:?}");
+    for id in 0..30u32 {
+        let p = s.packet(&[id.into(), 0]).unwrap();
+        assert_eq!(answer(&m, &p), oracle_answer(&o, &p), "identity {id}");
+    }
+}
+
+#[test]
 fn load_merges_a_table_into_a_coarser_one_its_rules_fit() {
     // Exact ports, then aligned blocks of 16: inserted in that order, the
     // first rule's table hashes all 16 bits of the port and the blocks,
