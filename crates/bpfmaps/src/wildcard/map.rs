@@ -73,6 +73,10 @@ const WHOLE_SPLIT_MAX: usize = 1 << 16;
 /// one more table probed.
 const ABSORB_MEAN: usize = 4;
 
+/// Rounds of merges and gathers a load ends with, at most
+/// ([`WildcardMap::absorb`]).
+const GATHER_ROUNDS: usize = 8;
+
 /// Buckets a table keeps for each rule it holds (at least; a power of
 /// two of them). A probe's chain scan ends on a branch that mispredicts
 /// when a bucket holds rules before the match: with one bucket a rule,
@@ -538,6 +542,15 @@ impl WildcardMap {
         w.order.iter().map(|(_, t)| t[..n].to_vec()).collect()
     }
 
+    /// The published tables' best priorities, in probe order.
+    #[cfg(test)]
+    pub(super) fn bests(&self) -> Vec<u32> {
+        let guard = &pin();
+        // SAFETY: as in `classify_counting`.
+        let view = unsafe { self.view.load(Ordering::Acquire, guard).deref() };
+        view.tables.iter().map(|(best, _)| *best).collect()
+    }
+
     /// Buckets in the first table probed (0 without one).
     #[cfg(test)]
     pub(super) fn first_table_buckets(&self) -> usize {
@@ -970,7 +983,10 @@ impl WildcardMap {
     /// priority two tables share move into one, where buckets stay short
     /// (Cilium's wildcard policies of 1,000 rules: 8 tables to 4, 4.7
     /// probes a packet to 1.7; its mixed ones of 100K: 2.1 to 1.3;
-    /// docs/benchmarks.md, "Tables merged after a load").
+    /// docs/benchmarks.md, "Tables merged after a load"), or, where the
+    /// tied rules fit neither table, gather into a table of their own
+    /// (its mixed ones of 1,000: 2.4 probes a packet to 1.3; "Tied
+    /// priorities gathered").
     ///
     /// Readers see the rules appear one by one, each whole. It returns
     /// after a grace period (as `synchronize_rcu`), having freed what it
@@ -1315,6 +1331,24 @@ impl WildcardMap {
     /// rules among the identity rules' table and the ports'). Once the
     /// whole set is in, which moves keep buckets short is known.
     fn absorb(&self, w: &mut Writer, first_new: u64, guard: &Guard) {
+        let mut changed = false;
+        // A gather can open a merge, and a merge a tie: a few rounds
+        // settle them (a bound, should they chase each other).
+        for _ in 0..GATHER_ROUNDS {
+            changed |= self.merge_and_move(w, first_new, guard);
+            if !self.gather_ties(w, first_new, guard) {
+                break;
+            }
+            changed = true;
+        }
+        if changed {
+            self.publish(w, guard);
+        }
+    }
+
+    /// [`absorb`](Self::absorb)'s merges and moves, until none is left;
+    /// unpublished. Whether it made any.
+    fn merge_and_move(&self, w: &mut Writer, first_new: u64, guard: &Guard) -> bool {
         // Pairs (from, into) refused: unchanged tables are not counted
         // again.
         let mut refused = std::collections::HashSet::new();
@@ -1358,9 +1392,73 @@ impl WildcardMap {
             self.move_rules(w, (from, staying), (into, &moving), guard);
             changed = true;
         }
-        if changed {
-            self.publish(w, guard);
+        changed
+    }
+
+    /// Where tables tie on their best priority and no move settled it
+    /// (the tied rules fit neither table's tuple, or would crowd its
+    /// buckets), gathers the rules of that priority from all of them
+    /// into a new table whose tuple each fits (per field, the fewest
+    /// bits any of them fixes), if its buckets stay short. A packet
+    /// answered at that priority then probes one table, not each of the
+    /// tied ones; one answered below it probes at most one table more.
+    /// Cilium's mixed policies: exact rules, some with port blocks,
+    /// spread over the identity rules' table and the ports' (which
+    /// neither takes whole). One gather, unpublished; whether it made
+    /// one.
+    fn gather_ties(&self, w: &mut Writer, first_new: u64, guard: &Guard) -> bool {
+        let mut by_best: BTreeMap<u32, Vec<u64>> = BTreeMap::new();
+        for (&id, state) in &w.tables {
+            by_best.entry(state.best()).or_default().push(id);
         }
+        let n = self.schema.fields().len();
+        for (best, ids) in by_best {
+            if ids.len() < 2 || ids.iter().all(|&id| id < first_new) {
+                continue;
+            }
+            let mut moving = Vec::new();
+            let mut staying = Vec::new();
+            for &id in &ids {
+                let (tied, rest): (Vec<_>, Vec<_>) = table_entries(&w.tables[&id].table, guard)
+                    .into_iter()
+                    .partition(|e| e.rule.priority == best);
+                moving.extend(tied);
+                staying.push((id, rest));
+            }
+            let mut meet = moving[0].rule.prefix_lengths(&self.schema);
+            for e in &moving[1..] {
+                let t = e.rule.prefix_lengths(&self.schema);
+                for d in 0..n {
+                    meet[d] = meet[d].min(t[d]);
+                }
+            }
+            if w.tables.values().any(|s| s.table.tuple == meet) {
+                continue;
+            }
+            let table = build_table(meet, &self.schema, slots_for(moving.len()), &moving);
+            if !is_short(&table, self.collision_limit, guard) {
+                continue;
+            }
+            for (id, rest) in staying {
+                let state = w.tables.get_mut(&id).expect("a tied table");
+                state.priorities.remove(&best);
+                state.rules = rest.len();
+                if rest.is_empty() {
+                    w.tables.remove(&id);
+                } else {
+                    let tuple = state.table.tuple;
+                    let slots = slots_for(rest.len());
+                    state.table = Arc::new(build_table(tuple, &self.schema, slots, &rest));
+                }
+            }
+            let id = w.new_table(table);
+            let state = w.tables.get_mut(&id).expect("the new table");
+            state.priorities.insert(best, moving.len());
+            state.rules = moving.len();
+            w.place(&moving, id);
+            return true;
+        }
+        false
     }
 
     /// Moves `moving` (rules of table `from` that fit table `into`) into
@@ -1856,6 +1954,24 @@ fn stays_short(moving: &[Arc<Entry>], target: &TableState, limit: usize, guard: 
     let rules: usize = held.iter().sum();
     let squares: usize = held.iter().map(|n| n * n).sum();
     held.iter().all(|&n| n <= limit) && squares <= ABSORB_MEAN * rules
+}
+
+/// Whether `table`'s buckets are short, as [`stays_short`] judges a
+/// merge's.
+fn is_short(table: &Table, limit: usize, guard: &Guard) -> bool {
+    let (mut rules, mut squares) = (0, 0);
+    for slot in table.slots.iter() {
+        // SAFETY: under the writer's guard.
+        if let Some(chain) = unsafe { slot.load(Ordering::Acquire, guard).as_ref() } {
+            let n = chain.len();
+            if n > limit {
+                return false;
+            }
+            rules += n;
+            squares += n * n;
+        }
+    }
+    squares <= ABSORB_MEAN * rules
 }
 
 /// Buckets of a table holding `target`'s rules and `adding` more.

@@ -534,6 +534,87 @@ fn a_split_on_an_exact_field_hashes_all_its_bits() {
 }
 
 #[test]
+fn load_gathers_rules_of_a_tied_priority_that_fit_neither_table() {
+    // Cilium's mixed policy: exact rules (priority 0), a third of them
+    // on port blocks, beside rules that leave out the identity (1), the
+    // port (2), or both (3). The exact rules fit the identity rules'
+    // table and, but for the blocks, the ports' table: spread over
+    // both, each packet they answer probes both. After the load no two
+    // tables share a best priority, and every answer is the oracle's.
+    let s = Schema::new(vec![
+        Field::wildcard("id", 4),
+        Field::range("dport", 2),
+        Field::wildcard("proto", 1),
+        Field::exact("dir", 1),
+    ])
+    .unwrap();
+    // A seed whose set, loaded without the gather, left three tables
+    // tied at priority 1.
+    let mut seed = 1u64;
+    let mut next = |n: u64| {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        seed % n
+    };
+    // Cilium's lookups' patterns, most specific first: which of
+    // identity, port and protocol each leaves out.
+    let patterns = [
+        (false, false, false),
+        (true, false, false),
+        (false, true, false),
+        (true, true, false),
+        (false, true, true),
+        (true, true, true),
+    ];
+    let n = crate::scaled(1000, 200) as u64;
+    let ids: Vec<u128> = (0..n / 8).map(|_| 1 + u128::from(next(1 << 24))).collect();
+    let mut rules = std::collections::BTreeSet::new();
+    for i in 0..n {
+        let pattern = if i % 2 == 0 { 0 } else { 1 + next(5) as usize };
+        let (any_id, any_port, any_proto) = patterns[pattern];
+        let mut b = s.rule(pattern as u32).exact("dir", next(2).into());
+        if !any_id {
+            b = b.exact("id", ids[next(ids.len() as u64) as usize]);
+        }
+        if !any_port {
+            let (lo, hi) = if next(10) < 3 {
+                let width = 1u128 << (1 + next(4));
+                let lo = (1 + u128::from(next(65535)) / width) * width;
+                (lo, (lo + width - 1).min(65535))
+            } else {
+                let port = 1 + u128::from(next(65535));
+                (port, port)
+            };
+            b = b.range("dport", lo, hi);
+        }
+        if !any_proto {
+            b = b.exact("proto", [6, 17, 1, 132][next(4) as usize]);
+        }
+        rules.insert(b.build().unwrap());
+    }
+    let m = WildcardMap::new(s.clone(), 4, rules.len() as u32).unwrap();
+    let mut o = BruteForce::new();
+    m.load(rules.iter().map(|r| (r, v(r.priority))), BPF_NOEXIST)
+        .unwrap();
+    for r in &rules {
+        o.insert(r.clone(), &v(r.priority));
+    }
+    m.check_structure();
+    let bests = m.bests();
+    let mut distinct = bests.clone();
+    distinct.dedup();
+    assert_eq!(bests, distinct, "tables {:?}", m.tuples());
+    for r in &rules {
+        let (lo, hi): (Vec<u128>, Vec<u128>) = r.bounds().iter().copied().unzip();
+        for values in [lo, hi] {
+            let p = s.packet(&values).unwrap();
+            assert_eq!(answer(&m, &p), oracle_answer(&o, &p), "{values:?}");
+        }
+    }
+}
+
+#[test]
 fn load_merges_a_table_into_a_coarser_one_its_rules_fit() {
     // Exact ports, then aligned blocks of 16: inserted in that order, the
     // first rule's table hashes all 16 bits of the port and the blocks,
