@@ -1401,7 +1401,9 @@ impl WildcardMap {
     /// into a new table whose tuple each fits (per field, the fewest
     /// bits any of them fixes), if its buckets stay short. A packet
     /// answered at that priority then probes one table, not each of the
-    /// tied ones; one answered below it probes at most one table more.
+    /// tied ones; one answered below it probes at most one table more,
+    /// so only where the tied rules outnumber the tables' other rules
+    /// (times the tables less one).
     /// Cilium's mixed policies: exact rules, some with port blocks,
     /// spread over the identity rules' table and the ports' (which
     /// neither takes whole). One gather, unpublished; whether it made
@@ -1424,6 +1426,14 @@ impl WildcardMap {
                     .partition(|e| e.rule.priority == best);
                 moving.extend(tied);
                 staying.push((id, rest));
+            }
+            // A packet answered at `best` saves a probe of each tied
+            // table but one; one answered worse may pay one more (the new
+            // table). With packets in proportion to rules, worth it when
+            // the first outweigh the second.
+            let worse: usize = staying.iter().map(|(_, rest)| rest.len()).sum();
+            if moving.len() * (ids.len() - 1) < worse {
+                continue;
             }
             let mut meet = moving[0].rule.prefix_lengths(&self.schema);
             for e in &moving[1..] {
