@@ -567,7 +567,7 @@ fn load_gathers_rules_of_a_tied_priority_that_fit_neither_table() {
         (false, true, true),
         (true, true, true),
     ];
-    let n = crate::scaled(1000, 200) as u64;
+    let n = crate::scaled(1000, 48) as u64;
     let ids: Vec<u128> = (0..n / 8).map(|_| 1 + u128::from(next(1 << 24))).collect();
     let mut rules = std::collections::BTreeSet::new();
     for i in 0..n {
