@@ -985,8 +985,8 @@ impl WildcardMap {
     /// probes a packet to 1.7; its mixed ones of 100K: 2.1 to 1.3;
     /// docs/benchmarks.md, "Tables merged after a load"), or, where the
     /// tied rules fit neither table, gather into a table of their own
-    /// (its mixed ones of 1,000: 2.4 probes a packet to 1.3; "Tied
-    /// priorities gathered").
+    /// (its mixed ones of 1,000: 2.4 probes a packet to 1.3; "Exact
+    /// fields split whole; tied priorities gathered").
     ///
     /// Readers see the rules appear one by one, each whole. It returns
     /// after a grace period (as `synchronize_rcu`), having freed what it
@@ -1402,8 +1402,9 @@ impl WildcardMap {
     /// bits any of them fixes), if its buckets stay short. A packet
     /// answered at that priority then probes one table, not each of the
     /// tied ones; one answered below it probes at most one table more,
-    /// so only where the tied rules outnumber the tables' other rules
-    /// (times the tables less one).
+    /// so only where the tied rules (times the tables less one)
+    /// outnumber the tables' other rules.
+    ///
     /// Cilium's mixed policies: exact rules, some with port blocks,
     /// spread over the identity rules' table and the ports' (which
     /// neither takes whole). One gather, unpublished; whether it made

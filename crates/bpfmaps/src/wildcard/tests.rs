@@ -535,12 +535,13 @@ fn a_split_on_an_exact_field_hashes_all_its_bits() {
 
 #[test]
 fn load_gathers_rules_of_a_tied_priority_that_fit_neither_table() {
-    // Cilium's mixed policy: exact rules (priority 0), a third of them
-    // on port blocks, beside rules that leave out the identity (1), the
-    // port (2), or both (3). The exact rules fit the identity rules'
-    // table and, but for the blocks, the ports' table: spread over
-    // both, each packet they answer probes both. After the load no two
-    // tables share a best priority, and every answer is the oracle's.
+    // Cilium's mixed policy (the `wildcard-cilium` suite's): half the
+    // rules exact (priority 0), the rest leaving out some of identity,
+    // port and protocol (priorities 1-5, in Cilium's order), a third of
+    // the ports blocks of 2-16. Rules of one priority can land in
+    // tables whose tuples the others do not fit, and every packet they
+    // answer probes each such table. After the load no two tables share
+    // a best priority, and every answer is the oracle's.
     let s = Schema::new(vec![
         Field::wildcard("id", 4),
         Field::range("dport", 2),
