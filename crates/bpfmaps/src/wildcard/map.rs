@@ -1962,25 +1962,31 @@ fn stays_short(moving: &[Arc<Entry>], target: &TableState, limit: usize, guard: 
             chain.entry_refs().for_each(|e| add(&e.rule));
         }
     }
-    let rules: usize = held.iter().sum();
-    let squares: usize = held.iter().map(|n| n * n).sum();
-    held.iter().all(|&n| n <= limit) && squares <= ABSORB_MEAN * rules
+    short(held.into_iter(), limit)
 }
 
-/// Whether `table`'s buckets are short, as [`stays_short`] judges a
-/// merge's.
+/// Whether `table`'s buckets are short ([`short`]).
 fn is_short(table: &Table, limit: usize, guard: &Guard) -> bool {
+    // SAFETY: under the writer's guard.
+    let held = table
+        .slots
+        .iter()
+        .filter_map(|slot| unsafe { slot.load(Ordering::Acquire, guard).as_ref() })
+        .map(Chain::len);
+    short(held, limit)
+}
+
+/// Whether buckets holding `held` rules each are short: none over
+/// `limit` (the collision limit), and the bucket a rule sits in holding
+/// at most [`ABSORB_MEAN`] rules on average.
+fn short(held: impl Iterator<Item = usize>, limit: usize) -> bool {
     let (mut rules, mut squares) = (0, 0);
-    for slot in table.slots.iter() {
-        // SAFETY: under the writer's guard.
-        if let Some(chain) = unsafe { slot.load(Ordering::Acquire, guard).as_ref() } {
-            let n = chain.len();
-            if n > limit {
-                return false;
-            }
-            rules += n;
-            squares += n * n;
+    for n in held {
+        if n > limit {
+            return false;
         }
+        rules += n;
+        squares += n * n;
     }
     squares <= ABSORB_MEAN * rules
 }
