@@ -77,6 +77,13 @@ const ABSORB_MEAN: usize = 4;
 /// ([`WildcardMap::absorb`]).
 const GATHER_ROUNDS: usize = 8;
 
+/// Splits of crowded tables a load ends with, at most
+/// ([`WildcardMap::split_crowded`]).
+const CROWDED_SPLITS: usize = 16;
+
+/// A probe's cost in rules scanned, for [`WildcardMap::split_crowded`].
+const PROBE_COST: usize = 4;
+
 /// Buckets a table keeps for each rule it holds (at least; a power of
 /// two of them). A probe's chain scan ends on a branch that mispredicts
 /// when a bucket holds rules before the match: with one bucket a rule,
@@ -549,6 +556,19 @@ impl WildcardMap {
         // SAFETY: as in `classify_counting`.
         let view = unsafe { self.view.load(Ordering::Acquire, guard).deref() };
         view.tables.iter().map(|(best, _)| *best).collect()
+    }
+
+    /// The most rules any bucket of any table holds.
+    #[cfg(test)]
+    pub(super) fn longest_bucket(&self) -> usize {
+        let w = self.writer.lock();
+        let guard = &pin();
+        w.tables
+            .values()
+            .flat_map(|s| s.table.slots.iter())
+            .map(|slot| chain_entries(slot, guard).len())
+            .max()
+            .unwrap_or(0)
     }
 
     /// Buckets in the first table probed (0 without one).
@@ -1321,7 +1341,10 @@ impl WildcardMap {
     /// to those tables at any priority, so no packet probes more. At
     /// least one of the two tables is one this load made (its id
     /// `first_new` or later), so a small load into a large map does not
-    /// count its old tables again. Publishes the result once.
+    /// count its old tables again. Then gathers tied rules
+    /// ([`gather_ties`](Self::gather_ties)) and, last, splits crowded
+    /// tables ([`split_crowded`](Self::split_crowded)). Publishes the
+    /// result once.
     ///
     /// Why: rules arrive in any order, so a table made for the first
     /// rule of a shape may be finer than the table its later kin needed
@@ -1341,9 +1364,156 @@ impl WildcardMap {
             }
             changed = true;
         }
+        changed |= self.split_crowded(w, first_new, guard);
         if changed {
             self.publish(w, guard);
         }
+    }
+
+    /// Splits crowded tables this load made while a split pays (at most
+    /// [`CROWDED_SPLITS`] of them, the best first): the rules that fix at
+    /// least `L` bits of one field go to a new table hashing `L` bits of
+    /// it, the rest stay. Unpublished; whether it split.
+    ///
+    /// Why: a table hashes what its first rule fixed (relaxed), and may
+    /// hash too little of its later rules to tell them apart, with no
+    /// bucket over the collision limit to split it: acl1_10k's rules of
+    /// a /21-/32 source and a /14-/32 destination shared 127 buckets of a
+    /// table hashing 21 bits of the source alone, 28 rules in a rule's
+    /// bucket (docs/benchmarks.md, "Crowded tables split").
+    fn split_crowded(&self, w: &mut Writer, first_new: u64, guard: &Guard) -> bool {
+        // Each table's best split, kept while it is unchanged: a split
+        // moves rules between two tables only, so the others' scores
+        // stand (unless their split's tuple came to exist).
+        let mut scored: HashMap<u64, Option<(usize, Tuple)>> = HashMap::new();
+        let mut changed = false;
+        for _ in 0..CROWDED_SPLITS {
+            let taken = |tuple: &Tuple| w.tables.values().any(|s| s.table.tuple == *tuple);
+            let stale: Vec<u64> = w
+                .tables
+                .keys()
+                .copied()
+                .filter(|&id| id >= first_new)
+                .filter(|id| {
+                    scored
+                        .get(id)
+                        .is_none_or(|s| s.is_some_and(|(_, t)| taken(&t)))
+                })
+                .collect();
+            for id in stale {
+                scored.insert(id, self.best_split(w, id, guard));
+            }
+            let Some((from, tuple)) = scored
+                .iter()
+                .filter_map(|(&id, s)| s.map(|(gain, t)| (gain, id, t)))
+                .max()
+                .map(|(_, id, t)| (id, t))
+            else {
+                break;
+            };
+            let (moving, staying): (Vec<_>, Vec<_>) = table_entries(&w.tables[&from].table, guard)
+                .into_iter()
+                .partition(|e| fits(&e.rule.prefix_lengths(&self.schema), &tuple));
+            let into = w.new_table(Table::new(tuple, &self.schema, 8));
+            self.move_rules(w, (from, staying), (into, &moving), guard);
+            scored.remove(&from);
+            changed = true;
+        }
+        changed
+    }
+
+    /// The split of table `id` that saves the most rules scanned, and
+    /// how many, if any does ([`split_crowded`](Self::split_crowded)).
+    /// Scored with packets in proportion to rules: a rule's packet scans
+    /// about half its bucket (its rules summed over the rules, halved);
+    /// a packet probes each half whose best priority is at or above its
+    /// answer's, and a probe costs [`PROBE_COST`] rules scanned. Only
+    /// tables whose rules' buckets hold over [`ABSORB_MEAN`] on average,
+    /// of at most [`WHOLE_SPLIT_MAX`] rules (a bound on the work).
+    fn best_split(&self, w: &Writer, id: u64, guard: &Guard) -> Option<(usize, Tuple)> {
+        let state = &w.tables[&id];
+        if state.rules > WHOLE_SPLIT_MAX {
+            return None;
+        }
+        let entries = table_entries(&state.table, guard);
+        let fixed: Vec<Tuple> = entries
+            .iter()
+            .map(|e| e.rule.prefix_lengths(&self.schema))
+            .collect();
+        let lows: Vec<_> = entries.iter().map(|e| lows(&e.rule)).collect();
+        let all: Vec<usize> = (0..entries.len()).collect();
+        let now = self.crowding(state.table.tuple, &lows, &all);
+        if now <= ABSORB_MEAN * entries.len() {
+            return None;
+        }
+        // The other tables' rules' priorities, sorted: how many answer
+        // below a priority is a binary search.
+        let mut others: Vec<u32> = w
+            .tables
+            .iter()
+            .filter(|&(&other, _)| other != id)
+            .flat_map(|(_, s)| s.priorities.iter())
+            .flat_map(|(&p, &n)| std::iter::repeat_n(p, n))
+            .collect();
+        others.sort_unstable();
+        let mut best = None;
+        for d in 0..self.schema.fields().len() {
+            let mut lengths: Vec<u8> = fixed
+                .iter()
+                .map(|t| t[d])
+                .filter(|&l| l > state.table.tuple[d])
+                .collect();
+            lengths.sort_unstable();
+            lengths.dedup();
+            for l in lengths {
+                let mut tuple = state.table.tuple;
+                tuple[d] = l;
+                if w.tables.values().any(|s| s.table.tuple == tuple) {
+                    continue;
+                }
+                let (moving, staying): (Vec<usize>, Vec<usize>) =
+                    all.iter().partition(|&&i| fits(&fixed[i], &tuple));
+                let best_of = |ix: &[usize]| {
+                    ix.iter()
+                        .map(|&i| entries[i].rule.priority)
+                        .min()
+                        .unwrap_or(u32::MAX)
+                };
+                let (best_moving, best_staying) = (best_of(&moving), best_of(&staying));
+                let answered_below = |half: &[usize], best: u32| {
+                    half.iter()
+                        .filter(|&&i| entries[i].rule.priority >= best)
+                        .count()
+                };
+                // Packets answered by other tables below both halves'
+                // best probe both, where they probed one table.
+                let through =
+                    others.len() - others.partition_point(|&p| p < best_moving.max(best_staying));
+                let probes = through
+                    + answered_below(&moving, best_staying)
+                    + answered_below(&staying, best_moving);
+                let cost = self.crowding(tuple, &lows, &moving)
+                    + self.crowding(state.table.tuple, &lows, &staying)
+                    + 2 * PROBE_COST * probes;
+                if cost < now && best.is_none_or(|(gain, _)| now - cost > gain) {
+                    best = Some((now - cost, tuple));
+                }
+            }
+        }
+        best
+    }
+
+    /// The rules at `which` (of those whose low bounds are `lows`), in a
+    /// table of `tuple` and [`slots_for`] them: the sum over them of
+    /// their bucket's rules.
+    fn crowding(&self, tuple: Tuple, lows: &[[u128; MAX_FIELDS]], which: &[usize]) -> usize {
+        let table = Table::new(tuple, &self.schema, 1);
+        let slots = slots_for(which.len());
+        let mut held = vec![0u32; slots];
+        for &i in which {
+            held[bucket_index(table.hash(&lows[i]), slots)] += 1;
+        }
+        held.iter().map(|&n| (n as usize) * (n as usize)).sum()
     }
 
     /// [`absorb`](Self::absorb)'s merges and moves, until none is left;

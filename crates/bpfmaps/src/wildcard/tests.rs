@@ -616,6 +616,54 @@ fn load_gathers_rules_of_a_tied_priority_that_fit_neither_table() {
 }
 
 #[test]
+fn load_splits_a_table_whose_buckets_its_tuple_cannot_tell_apart() {
+    // acl1's shape: sources from two /24s, each rule its own /16
+    // destination. The first rule's table hashes 22 bits of the source
+    // and none of the destination (16 bits is more than 4 shorter than
+    // the source's 24), so every rule falls in one of two buckets; all
+    // fix the same bits, so no bucket's split tells them apart. A few
+    // rules of worse priority leave the destination out. After the load
+    // the destinations are hashed: no bucket holds more than the wide
+    // rules of one source, and every answer is the oracle's.
+    let s = Schema::new(vec![Field::prefix("src", 4), Field::prefix("dst", 4)]).unwrap();
+    let n = crate::scaled(200, 40) as u32;
+    let mut rules = Vec::new();
+    for i in 0..n {
+        let src = 0x0a00_0000 | ((i % 2) << 8);
+        let wide = i % 20 == 19;
+        let b = s.rule(if wide { n + i } else { i });
+        let b = b.prefix("src", src.into(), 24);
+        let b = if wide {
+            b
+        } else {
+            b.prefix("dst", (0xac00_0000 | (i << 16)).into(), 16)
+        };
+        rules.push(b.build().unwrap());
+    }
+    let m = WildcardMap::new(s.clone(), 4, n).unwrap();
+    let mut o = BruteForce::new();
+    m.load(rules.iter().map(|r| (r, v(r.priority))), BPF_NOEXIST)
+        .unwrap();
+    for r in &rules {
+        o.insert(r.clone(), &v(r.priority));
+    }
+    m.check_structure();
+    let longest = m.longest_bucket();
+    assert!(
+        longest <= n as usize / 10,
+        "{longest}: tables {:?}",
+        m.tuples()
+    );
+    for r in &rules {
+        let (lo, hi): (Vec<u128>, Vec<u128>) = r.bounds().iter().copied().unzip();
+        for values in [lo, hi] {
+            let p = s.packet(&values).unwrap();
+            assert_eq!(answer(&m, &p), oracle_answer(&o, &p), "{values:?}");
+        }
+    }
+}
+
+#[test]
 fn load_merges_a_table_into_a_coarser_one_its_rules_fit() {
     // Exact ports, then aligned blocks of 16: inserted in that order, the
     // first rule's table hashes all 16 bits of the port and the blocks,
@@ -877,6 +925,21 @@ proptest! {
         against_the_oracle(&m, &schema, &ops)?;
     }
 
+    /// One load of many rules into a map with the default collision
+    /// limit, so that its tables crowd (their rules are drawn around a few
+    /// values) and the load ends by splitting them; then the operations.
+    #[test]
+    fn a_crowded_load_matches_the_brute_force_oracle(
+        schema in arb_schema(),
+        rules in prop::collection::vec((0..8u32, prop::collection::vec(any::<u64>(), 4)), 1..crate::scaled(120, 40)),
+        ops in arb_ops(crate::scaled(60, 12)),
+    ) {
+        let m = WildcardMap::new(schema.clone(), 4, 200).unwrap();
+        let mut all = vec![Op::Load(rules, BPF_ANY)];
+        all.extend(ops);
+        against_the_oracle(&m, &schema, &all)?;
+    }
+
     /// The engine of one-prefix-field schemas (an LPM trie of each
     /// prefix's best rule among its own and its ancestors'), the same
     /// way: nested prefixes from /0 to full length with random
@@ -912,7 +975,7 @@ fn against_the_oracle(m: &WildcardMap, schema: &Schema, ops: &[Op]) -> Result<()
                     let want = match (*flags, there) {
                         (BPF_NOEXIST, true) => Err(Error::Exists),
                         (BPF_EXIST, false) => Err(Error::NotFound),
-                        (_, false) if o.len() >= 40 => Err(Error::Full),
+                        (_, false) if o.len() >= m.max_entries() as usize => Err(Error::Full),
                         _ => Ok(()),
                     };
                     prop_assert_eq!(m.insert(&rule, &v(i as u32), *flags), want.clone());
@@ -953,7 +1016,7 @@ fn against_the_oracle(m: &WildcardMap, schema: &Schema, ops: &[Op]) -> Result<()
                         }
                     }
                     let fresh = given.keys().filter(|r| o.get(r).is_none()).count();
-                    if want.is_ok() && o.len() + fresh > 40 {
+                    if want.is_ok() && o.len() + fresh > m.max_entries() as usize {
                         want = Err(Error::Full);
                     }
                     prop_assert_eq!(m.load(items, *flags), want.clone());
