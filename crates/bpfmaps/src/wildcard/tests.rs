@@ -26,6 +26,38 @@ fn oracle_answer(o: &BruteForce, p: &Packet) -> Option<(Rule, Vec<u8>)> {
     o.classify(p).map(|(r, v)| (r.clone(), v.to_vec()))
 }
 
+/// `rules` loaded into `m` (each valued by its priority) and into an
+/// oracle, which it returns; `m`'s structure checked.
+fn load_both<'a>(m: &WildcardMap, rules: impl IntoIterator<Item = &'a Rule> + Clone) -> BruteForce {
+    m.load(
+        rules.clone().into_iter().map(|r| (r, v(r.priority))),
+        BPF_NOEXIST,
+    )
+    .unwrap();
+    m.check_structure();
+    let mut o = BruteForce::new();
+    for r in rules {
+        o.insert(r.clone(), &v(r.priority));
+    }
+    o
+}
+
+/// Each rule's two corners (every field at its low bound, then its
+/// high) classified by `m` as by the oracle `o`.
+fn corners_as_the_oracle<'a>(
+    m: &WildcardMap,
+    o: &BruteForce,
+    rules: impl IntoIterator<Item = &'a Rule>,
+) {
+    for r in rules {
+        let (lo, hi): (Vec<u128>, Vec<u128>) = r.bounds().iter().copied().unzip();
+        for values in [lo, hi] {
+            let p = m.schema().packet(&values).unwrap();
+            assert_eq!(answer(m, &p), oracle_answer(o, &p), "{values:?}");
+        }
+    }
+}
+
 #[test]
 fn prefixes_from_zero_to_full_length() {
     let s = Schema::new(vec![Field::prefix("a", 4)]).unwrap();
@@ -595,24 +627,12 @@ fn load_gathers_rules_of_a_tied_priority_that_fit_neither_table() {
         rules.insert(b.build().unwrap());
     }
     let m = WildcardMap::new(s.clone(), 4, rules.len() as u32).unwrap();
-    let mut o = BruteForce::new();
-    m.load(rules.iter().map(|r| (r, v(r.priority))), BPF_NOEXIST)
-        .unwrap();
-    for r in &rules {
-        o.insert(r.clone(), &v(r.priority));
-    }
-    m.check_structure();
+    let o = load_both(&m, &rules);
     let bests = m.bests();
     let mut distinct = bests.clone();
     distinct.dedup();
     assert_eq!(bests, distinct, "tables {:?}", m.tuples());
-    for r in &rules {
-        let (lo, hi): (Vec<u128>, Vec<u128>) = r.bounds().iter().copied().unzip();
-        for values in [lo, hi] {
-            let p = s.packet(&values).unwrap();
-            assert_eq!(answer(&m, &p), oracle_answer(&o, &p), "{values:?}");
-        }
-    }
+    corners_as_the_oracle(&m, &o, &rules);
 }
 
 #[test]
@@ -641,26 +661,14 @@ fn load_splits_a_table_whose_buckets_its_tuple_cannot_tell_apart() {
         rules.push(b.build().unwrap());
     }
     let m = WildcardMap::new(s.clone(), 4, n).unwrap();
-    let mut o = BruteForce::new();
-    m.load(rules.iter().map(|r| (r, v(r.priority))), BPF_NOEXIST)
-        .unwrap();
-    for r in &rules {
-        o.insert(r.clone(), &v(r.priority));
-    }
-    m.check_structure();
+    let o = load_both(&m, &rules);
     let longest = m.longest_bucket();
     assert!(
         longest <= n as usize / 10,
         "{longest}: tables {:?}",
         m.tuples()
     );
-    for r in &rules {
-        let (lo, hi): (Vec<u128>, Vec<u128>) = r.bounds().iter().copied().unzip();
-        for values in [lo, hi] {
-            let p = s.packet(&values).unwrap();
-            assert_eq!(answer(&m, &p), oracle_answer(&o, &p), "{values:?}");
-        }
-    }
+    corners_as_the_oracle(&m, &o, &rules);
 }
 
 #[test]
