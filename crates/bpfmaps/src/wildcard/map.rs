@@ -1388,7 +1388,6 @@ impl WildcardMap {
         let mut scored: HashMap<u64, Option<(usize, Tuple)>> = HashMap::new();
         let mut changed = false;
         for _ in 0..CROWDED_SPLITS {
-            let taken = |tuple: &Tuple| w.tables.values().any(|s| s.table.tuple == *tuple);
             let stale: Vec<u64> = w
                 .tables
                 .keys()
@@ -1397,7 +1396,7 @@ impl WildcardMap {
                 .filter(|id| {
                     scored
                         .get(id)
-                        .is_none_or(|s| s.is_some_and(|(_, t)| taken(&t)))
+                        .is_none_or(|s| s.is_some_and(|(_, t)| w.has_table_of(&t)))
                 })
                 .collect();
             for id in stale {
@@ -1468,7 +1467,7 @@ impl WildcardMap {
             for l in lengths {
                 let mut tuple = state.table.tuple;
                 tuple[d] = l;
-                if w.tables.values().any(|s| s.table.tuple == tuple) {
+                if w.has_table_of(&tuple) {
                     continue;
                 }
                 let (moving, staying): (Vec<usize>, Vec<usize>) =
@@ -1613,7 +1612,7 @@ impl WildcardMap {
                     meet[d] = meet[d].min(t[d]);
                 }
             }
-            if w.tables.values().any(|s| s.table.tuple == meet) {
+            if w.has_table_of(&meet) {
                 continue;
             }
             let table = build_table(meet, &self.schema, slots_for(moving.len()), &moving);
@@ -1836,6 +1835,11 @@ impl Writer {
         self.placed.remove(&entry.rule);
         self.rule_order_changed(|o| o.replace(&entry));
         self.placed.insert(Placed(entry), id);
+    }
+
+    /// Whether a table of `tuple` exists.
+    fn has_table_of(&self, tuple: &Tuple) -> bool {
+        self.tables.values().any(|s| s.table.tuple == *tuple)
     }
 
     fn new_table(&mut self, table: Table) -> u64 {
