@@ -1131,16 +1131,13 @@ impl WildcardMap {
     /// pass of updates took 4-14 % less time (docs/benchmarks.md, "The
     /// bucket asked for before the index").
     fn ask_for_bucket(&self, w: &Writer, rule: &Rule, guard: &Guard) {
-        let fixed = rule.prefix_lengths(&self.schema);
-        let Some(state) = w
-            .order
-            .iter()
-            .filter(|(_, tuple)| fits(&fixed, tuple))
-            .find_map(|(id, _)| w.tables.get(id))
-        else {
+        let Some(id) = w.first_fit(&rule.prefix_lengths(&self.schema)) else {
             return;
         };
-        let chain = state.table.slot(&lows(rule)).load(Ordering::Relaxed, guard);
+        let chain = w.tables[&id]
+            .table
+            .slot(&lows(rule))
+            .load(Ordering::Relaxed, guard);
         if !chain.is_null() {
             for line in 0..CHAIN_LINES_ASKED {
                 prefetch(std::ptr::without_provenance::<u8>(
@@ -1186,12 +1183,7 @@ impl WildcardMap {
     /// (moving the table's fitting rules if `whole`, else the bucket's).
     fn add(&self, w: &mut Writer, entry: Arc<Entry>, whole: bool, guard: &Guard) {
         let fixed = entry.rule.prefix_lengths(&self.schema);
-        let found = w
-            .order
-            .iter()
-            .find(|(id, tuple)| fits(&fixed, tuple) && w.tables.contains_key(id))
-            .map(|&(id, _)| id);
-        let (id, fresh) = match found {
+        let (id, fresh) = match w.first_fit(&fixed) {
             Some(id) => (id, false),
             None => {
                 let tuple = relax(&fixed, &self.schema);
@@ -1869,6 +1861,16 @@ impl Writer {
         self.placed.remove(&entry.rule);
         self.rule_order_changed(|o| o.replace(&entry));
         self.placed.insert(Placed(entry), id);
+    }
+
+    /// The first table, in published order, whose tuple a rule fixing
+    /// `fixed` bits fits: where [`WildcardMap::add`] puts a new rule, and
+    /// so where a remove first looks for one.
+    fn first_fit(&self, fixed: &Tuple) -> Option<u64> {
+        self.order
+            .iter()
+            .find(|(id, tuple)| fits(fixed, tuple) && self.tables.contains_key(id))
+            .map(|&(id, _)| id)
     }
 
     /// Whether a table of `tuple` exists.
