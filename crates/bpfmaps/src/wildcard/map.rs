@@ -289,6 +289,13 @@ impl Table {
     /// Fibonacci hashing, and no finalizer is needed. (Two 32-bit fields
     /// to a lane would halve the multiplies, but spreads ClassBench's
     /// rules worse: 2.3 more rules scanned a packet of acl1_10k.)
+    ///
+    /// Scalar on purpose: the compiler vectorizes this loop once a
+    /// word's masks sit side by side (or under AVX2), and the vector
+    /// hash took 1.5-15 % fewer instructions but 4-20 % more time a
+    /// ClassBench packet, likely since the bucket's address then waits
+    /// on lane shuffles and extracts (docs/benchmarks.md, "A vector hash
+    /// and probes compiled for AVX2"). Hence `masks` are `u128`s.
     #[inline(always)]
     fn hash<W: Word, const N: usize>(&self, values: &[W; N]) -> u64 {
         let mut h = 0u64;
