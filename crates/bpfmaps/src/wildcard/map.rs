@@ -293,9 +293,10 @@ impl Table {
     /// Scalar on purpose: the compiler vectorizes this loop once a
     /// word's masks sit side by side (or under AVX2), and the vector
     /// hash took 1.5-15 % fewer instructions but 4-20 % more time a
-    /// ClassBench packet, likely since the bucket's address then waits
-    /// on lane shuffles and extracts (docs/benchmarks.md, "A vector hash
-    /// and probes compiled for AVX2"). Hence `masks` are `u128`s.
+    /// ClassBench packet. Its latency, not its instructions, counts:
+    /// the bucket's address waits on it, and 9 cycles more of it cost
+    /// a packet 8-13 (docs/benchmarks.md, "A vector hash and probes
+    /// compiled for AVX2"). Hence `masks` are `u128`s.
     #[inline(always)]
     fn hash<W: Word, const N: usize>(&self, values: &[W; N]) -> u64 {
         let mut h = 0u64;
