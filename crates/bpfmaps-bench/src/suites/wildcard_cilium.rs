@@ -58,7 +58,7 @@ const EMULATION: &str = "6-lookup-hash";
 /// The map through `classify_many`, bursts of [`BURST`] packets.
 const MAP_BURSTS: &str = "bpfmaps-wildcard-bursts";
 /// Packets a burst hands `classify_many`: a dataplane's receive batch.
-const BURST: usize = 32;
+pub(super) const BURST: usize = 32;
 const SHAPES: [&str; 3] = ["exact", "wildcard", "mixed"];
 const PROTOS: [u8; 4] = [6, 17, 1, 132];
 
@@ -238,7 +238,10 @@ fn packet_of(id: u32, port: u16, proto: u8, dir: u8) -> (Packet, [u8; 8]) {
 
 /// Classifies `packets` in turn, [`BURST`] at a time through
 /// `classify_many`, as [`answer_loop`] does one at a time.
-fn burst_loop<'a>(map: &'a WildcardMap, packets: &'a [Packet]) -> Box<dyn FnMut() -> u64 + 'a> {
+pub(super) fn burst_loop<'a>(
+    map: &'a WildcardMap,
+    packets: &'a [Packet],
+) -> Box<dyn FnMut() -> u64 + 'a> {
     let mut at = 0;
     Box::new(move || {
         let guard = bpfmaps::pin();

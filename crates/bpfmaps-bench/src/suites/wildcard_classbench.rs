@@ -87,6 +87,9 @@ const MAP: &str = "bpfmaps-wildcard";
 const MAP_KEY: &str = "bpfmaps-wildcard-key";
 /// A 5-tuple's key bytes: addresses, ports, protocol.
 const KEY_BYTES: usize = 13;
+/// The map through `classify_many`, bursts of 32 packets (a
+/// dataplane's receive batch; `rte_acl` classifies 256 a call).
+const MAP_BURSTS: &str = "bpfmaps-wildcard-bursts";
 const BRUTE: &str = "brute-force";
 const RTE_ACL: &str = dpdk_acl::NAME;
 
@@ -410,12 +413,18 @@ impl Suite for WildcardClassbench {
             };
             let (wrong, probed) = {
                 let guard = bpfmaps::pin();
+                let mut in_bursts = vec![None; sample.len()];
+                map.classify_many(sample, &guard, &mut in_bursts)
+                    .expect("room for each answer");
                 let wrong = sample
                     .iter()
                     .zip(&keys)
-                    .filter(|&(p, k)| {
+                    .zip(&in_bursts)
+                    .filter(|&((p, k), b)| {
                         let right = by_brute(p, &guard);
-                        answer(p, &guard) != right || by_key(k, &guard) != right
+                        answer(p, &guard) != right
+                            || by_key(k, &guard) != right
+                            || b.map_or(u32::MAX, |(_, v)| value_u32(v)) != right
                     })
                     .count();
                 let probed: usize = packets
@@ -428,6 +437,7 @@ impl Suite for WildcardClassbench {
                 answer_loop(&packets, answer),
                 answer_loop(sample, by_brute),
                 answer_loop(&keys, by_key),
+                super::wildcard_cilium::burst_loop(&map, &packets),
             ];
             let rates = rate_samples_interleaved(ctx.plan(), &mut loops);
             drop(loops);
@@ -450,7 +460,7 @@ impl Suite for WildcardClassbench {
                 })
                 .collect();
             let mut recs = Vec::new();
-            for (name, samples) in [MAP, BRUTE, MAP_KEY].into_iter().zip(&rates) {
+            for (name, samples) in [MAP, BRUTE, MAP_KEY, MAP_BURSTS].into_iter().zip(&rates) {
                 recs.push(Record::stats(
                     Self::NAME,
                     &c,
@@ -508,6 +518,8 @@ impl Suite for WildcardClassbench {
                 "speed vs rte_acl",
                 "key ns/packet",
                 "key vs rte_acl",
+                "bursts ns/packet",
+                "bursts vs rte_acl",
                 "B/rule",
                 "rte_acl B/rule",
                 "build ms",
@@ -522,7 +534,7 @@ impl Suite for WildcardClassbench {
         .with_note("Medians; `probed` is the mean number of tables a packet probed, `wrong` the sampled packets classified unlike the brute force. \
             rte_acl: DPDK 22.11's `dpdk-test-acl` on the same rules and packets (256 a call, mean of 3 passes, one run; `-` where it is not installed); \
             `speed vs rte_acl` is rte_acl's ns/packet over bpfmaps', above 1 when bpfmaps is faster; \
-            `ns/packet` is the map's `classify` on typed `Packet`s (16 bytes a field, 144 a packet), `key ns/packet` its `classify_key` on the packets' 13 header bytes, as rte_acl reads them; \
+            `ns/packet` is the map's `classify` on typed `Packet`s (16 bytes a field, 144 a packet), `key ns/packet` its `classify_key` on the packets' 13 header bytes, as rte_acl reads them, `bursts ns/packet` its `classify_many`, 32 packets a call; \
             `rte_acl build ms` is a full `rte_acl_build` (rules read and compiled), what each rule change costs it, beside bpfmaps' `updates/s`; \
             `B/rule`: the map's bytes held (the allocator's count after the build) a rule, `rte_acl B/rule` its runtime tables as `rte_acl_build` logs them.");
         for c in cases(records) {
@@ -546,6 +558,11 @@ impl Suite for WildcardClassbench {
                 fmt_ratio(ratio(
                     get(RTE_ACL, NS_PER_LOOKUP.name),
                     get(MAP_KEY, NS_PER_LOOKUP.name),
+                )),
+                val(MAP_BURSTS, NS_PER_LOOKUP.name, 1),
+                fmt_ratio(ratio(
+                    get(RTE_ACL, NS_PER_LOOKUP.name),
+                    get(MAP_BURSTS, NS_PER_LOOKUP.name),
                 )),
                 val(MAP, MEM_BYTES_PER_KEY.name, 0),
                 val(RTE_ACL, MEM_BYTES_PER_KEY.name, 0),

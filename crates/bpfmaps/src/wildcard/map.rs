@@ -145,6 +145,11 @@ type Tuple = [u8; MAX_FIELDS];
 /// rule and a value slice went through memory: 8 more instructions).
 type Probe = for<'g> fn(&WildcardMap, &Packet, &'g Guard) -> (Option<Hit<'g>>, usize);
 
+/// Classifies a run of packets, each answer into its place in `out`
+/// (at least as long as the packets).
+type ManyProbe =
+    for<'g> fn(&WildcardMap, &[Packet], &'g Guard, &mut [Option<(&'g Rule, &'g [u8])>]);
+
 /// A probe of a concrete key's bytes (of the schema's key size).
 type KeyProbe = for<'g> fn(&WildcardMap, &[u8], &'g Guard) -> Option<Hit<'g>>;
 
@@ -156,6 +161,7 @@ type Prefetch = fn(&Table, &[Packet], &Guard);
 #[derive(Clone, Copy)]
 struct Probes {
     classify: Probe,
+    classify_many: ManyProbe,
     classify_key: KeyProbe,
     prefetch: Prefetch,
 }
@@ -164,6 +170,7 @@ impl Probes {
     fn of<W: Word, const N: usize>() -> Probes {
         Probes {
             classify: WildcardMap::classify_in::<W, N>,
+            classify_many: WildcardMap::classify_many_in::<W, N>,
             classify_key: WildcardMap::classify_key_in::<W, N>,
             prefetch: Table::prefetch_buckets::<W, N>,
         }
@@ -342,6 +349,24 @@ impl Table {
                 prefetch(std::ptr::without_provenance::<u8>(chain + 64));
             }
         }
+    }
+}
+
+/// `out[i] = probe(stage(packets[i]))` for each packet, each packet
+/// staged (its buckets found and asked for) before the one before it is
+/// probed; a packet `stage` turns away gets `None`.
+#[inline(always)]
+fn pipeline<S: Copy, A>(
+    packets: &[Packet],
+    out: &mut [Option<A>],
+    stage: impl Fn(&Packet) -> Option<S>,
+    probe: impl Fn(S) -> Option<A>,
+) {
+    let mut next = packets.first().and_then(&stage);
+    for (i, o) in out.iter_mut().enumerate().take(packets.len()) {
+        let this = next;
+        next = packets.get(i + 1).and_then(&stage);
+        *o = this.and_then(&probe);
     }
 }
 
@@ -683,6 +708,64 @@ impl WildcardMap {
         self.probe(&values, guard).0
     }
 
+    /// [`classify_many`](WildcardMap::classify_many) of a view of
+    /// several tables, on chains of `W` words, for a schema of `N`
+    /// fields: a pipeline across packets. The next packet's buckets in
+    /// the first two tables are found and asked for before this one is
+    /// probed, so their hashes and misses overlap this probe (and
+    /// survive its mispredicted branches), where one `classify` at a
+    /// time starts each packet with them.
+    fn classify_many_in<'g, W: Word, const N: usize>(
+        &self,
+        packets: &[Packet],
+        guard: &'g Guard,
+        out: &mut [Option<(&'g Rule, &'g [u8])>],
+    ) {
+        // SAFETY: as in `probe`.
+        let view = unsafe { self.view.load(Ordering::Acquire, guard).deref() };
+        let tables = &view.tables[..];
+        // A packet's words (`None` for a packet wider than every field:
+        // it matches no rule).
+        let words = |p: &Packet| {
+            if p.values[..N].iter().fold(0, |all, &v| all | v) > W::MAX {
+                return None;
+            }
+            Some(std::array::from_fn::<W, N, _>(|i| W::of(p.values[i])))
+        };
+        match tables {
+            [] => out.iter_mut().take(packets.len()).for_each(|o| *o = None),
+            [(_, only)] => pipeline(
+                packets,
+                out,
+                |p| {
+                    let values = words(p)?;
+                    let slot = only.slot(&values);
+                    prefetch(slot);
+                    Some((values, slot))
+                },
+                |(values, slot)| {
+                    self.scan_slot(slot, &values, None, guard)
+                        .map(|words| self.answer(Hit::of(words)))
+                },
+            ),
+            [(_, first), (_, second), ..] => pipeline(
+                packets,
+                out,
+                |p| {
+                    let values = words(p)?;
+                    let ahead = [first.slot(&values), second.slot(&values)];
+                    ahead.iter().for_each(|s| prefetch(*s));
+                    Some((values, ahead))
+                },
+                |(values, [a, b])| {
+                    self.probe_tables_from(&values, tables, [Some(a), Some(b)], guard)
+                        .0
+                        .map(|h| self.answer(h))
+                },
+            ),
+        }
+    }
+
     /// The best rule matching `values`, a packet's fields as words of
     /// the map's chains, and the number of tables probed.
     #[inline(always)]
@@ -716,15 +799,28 @@ impl WildcardMap {
         tables: &'g [(u32, Arc<Table>)],
         guard: &'g Guard,
     ) -> (Option<Hit<'g>>, usize) {
-        // The best match's words in its chain.
-        let mut best: Option<&'g [W]> = None;
-        let mut probed = 0;
         // The probes of different tables are independent: while one
         // table's chain is read, the next table's chain and the bucket
         // after it are already asked for, so their misses overlap.
         let slot_of = |i: usize| tables.get(i).map(|(_, t)| t.slot(values));
-        let mut ahead = [slot_of(0), slot_of(1)];
+        let ahead = [slot_of(0), slot_of(1)];
         ahead.iter().flatten().for_each(|s| prefetch(*s));
+        self.probe_tables_from(values, tables, ahead, guard)
+    }
+
+    /// [`probe_tables`](Self::probe_tables) with the buckets of the
+    /// first two tables already found (and asked for).
+    #[inline(always)]
+    fn probe_tables_from<'g, W: Word, const N: usize>(
+        &self,
+        values: &[W; N],
+        tables: &'g [(u32, Arc<Table>)],
+        mut ahead: [Option<&'g Atomic<Chain>>; 2],
+        guard: &'g Guard,
+    ) -> (Option<Hit<'g>>, usize) {
+        let mut best: Option<&'g [W]> = None;
+        let mut probed = 0;
+        let slot_of = |i: usize| tables.get(i).map(|(_, t)| t.slot(values));
         for (i, (top, _)) in tables.iter().enumerate() {
             if best.is_some_and(|b| W::of(u128::from(*top)) > b[0]) {
                 break;
@@ -747,7 +843,7 @@ impl WildcardMap {
 
     /// The better of `best` and the first match for `values` in the
     /// chain of `slot`, a bucket of this map's tables.
-    #[inline]
+    #[inline(always)]
     fn scan_slot<'g, W: Word, const N: usize>(
         &self,
         slot: &Atomic<Chain>,
@@ -823,13 +919,22 @@ impl WildcardMap {
     /// [`classify`](Self::classify) for each packet, into `out[i]`;
     /// `EINVAL` if `out` is shorter than `packets`.
     ///
+    /// The packets go through a pipeline: the next packet's buckets in
+    /// the first two tables (the only one, in a view of one) are found
+    /// and asked for before this one is probed, so that their hashes
+    /// and misses overlap this probe, where one `classify` at a time
+    /// starts each packet waiting on them (ClassBench's 10K sets, 32
+    /// packets a call: 1.14-1.22x less time a packet than `classify`
+    /// one at a time; docs/benchmarks.md, "Packets in a pipeline").
+    ///
     /// Where the first table outgrows a core's L2 (the buckets of 2^14
     /// rules or more), the packets go in bursts of 16: each burst's
     /// buckets in that table, and then their chains, are asked for
     /// before the first packet is probed, so their misses overlap (a
     /// million exact rules of Cilium's key: 1.8-2.0x less time a packet
     /// than one `classify` at a time, docs/benchmarks.md, "One table,
-    /// probed alone").
+    /// probed alone"); a burst over several tables then goes through
+    /// the pipeline.
     pub fn classify_many<'g>(
         &self,
         packets: &[Packet],
@@ -843,24 +948,30 @@ impl WildcardMap {
                 out.len()
             )));
         }
-        if self.index.is_none() {
-            // SAFETY: as in `classify_counting`.
-            let view = unsafe { self.view.load(Ordering::Acquire, guard).deref() };
-            if let Some((_, first)) = view.tables.first()
-                && first.slots.len() >= BURST_TABLE_SLOTS
-            {
-                for (burst, outs) in packets.chunks(BURST).zip(out.chunks_mut(BURST)) {
-                    (self.probes.prefetch)(first, burst, guard);
+        if self.index.is_some() {
+            for (p, o) in packets.iter().zip(out.iter_mut()) {
+                *o = self.classify(p, guard);
+            }
+            return Ok(());
+        }
+        // SAFETY: as in `classify_counting`.
+        let view = unsafe { self.view.load(Ordering::Acquire, guard).deref() };
+        if let Some((_, first)) = view.tables.first()
+            && first.slots.len() >= BURST_TABLE_SLOTS
+        {
+            for (burst, outs) in packets.chunks(BURST).zip(out.chunks_mut(BURST)) {
+                (self.probes.prefetch)(first, burst, guard);
+                if view.tables.len() == 1 {
                     for (p, o) in burst.iter().zip(outs) {
                         *o = self.classify(p, guard);
                     }
+                } else {
+                    (self.probes.classify_many)(self, burst, guard, outs);
                 }
-                return Ok(());
             }
+            return Ok(());
         }
-        for (p, o) in packets.iter().zip(out.iter_mut()) {
-            *o = self.classify(p, guard);
-        }
+        (self.probes.classify_many)(self, packets, guard, out);
         Ok(())
     }
 

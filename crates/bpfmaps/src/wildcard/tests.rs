@@ -138,9 +138,13 @@ fn a_packet_value_wider_than_its_field_matches_nothing() {
     // than the field, and wider than the word the map's chains hold
     // (32 bits for these fields, 64 for an 8-byte one). Cut to the word,
     // such a value would read as a small one and match.
-    for (size, word_bits) in [(2, 32), (8, 64)] {
+    // With a collision limit of 1 the two rules split into two tables:
+    // `classify_many`'s pipeline of several tables, beside its one.
+    for (size, word_bits, limit, tables) in
+        [(2, 32, 48, 1), (8, 64, 48, 1), (2, 32, 1, 2), (8, 64, 1, 2)]
+    {
         let s = Schema::new(vec![Field::range("p", size), Field::exact("proto", 1)]).unwrap();
-        let m = WildcardMap::new(s.clone(), 4, 10).unwrap();
+        let m = WildcardMap::with_collision_limit(s.clone(), 4, 10, limit).unwrap();
         let everything = s.parse_rule("p *, proto 6", 1).unwrap();
         let five = s.parse_rule("p 5, proto 6", 0).unwrap();
         m.insert(&everything, &v(1), BPF_NOEXIST).unwrap();
@@ -159,6 +163,25 @@ fn a_packet_value_wider_than_its_field_matches_nothing() {
                 "{wide:#x}, {size}-byte field"
             );
         }
+        assert_eq!(m.tables(), tables);
+        let wide = (1 << word_bits) + 5;
+        let mixed = [
+            packet(5),
+            packet(wide),
+            packet(7),
+            packet(u128::MAX - 250),
+            packet(5),
+        ];
+        let mut out = [None; 5];
+        let guard = pin();
+        m.classify_many(&mixed, &guard, &mut out).unwrap();
+        let values: Vec<_> = out.iter().map(|o| o.map(|(_, v)| v.to_vec())).collect();
+        let (zero, one) = (Some(v(0).to_vec()), Some(v(1).to_vec()));
+        assert_eq!(
+            values,
+            [zero.clone(), None, one, None, zero],
+            "{size}-byte field"
+        );
     }
 }
 
@@ -842,6 +865,57 @@ fn classify_many_in_bursts_answers_as_classify() {
     assert!((300..700).contains(&hits.count()), "hits and misses both");
 }
 
+/// The same past 2^14 rules when the map has several tables: each burst
+/// asked for in the first, then through the pipeline of the first two.
+#[test]
+#[cfg_attr(miri, ignore = "20,000 rules")]
+fn classify_many_in_bursts_over_several_tables_answers_as_classify() {
+    let s = Schema::new(vec![Field::wildcard("id", 4), Field::wildcard("port", 2)]).unwrap();
+    let m = WildcardMap::new(s.clone(), 4, 20_100).unwrap();
+    // Exact rules first in probe order, then a rule for each port and any
+    // identity (a table of its own, of a worse priority).
+    let rule = |id: u32, port: u32| {
+        s.rule(u32::from(id == 0) + 1)
+            .exact("id", u128::from(id))
+            .exact("port", u128::from(port))
+            .build()
+            .unwrap()
+    };
+    let exact = (1..=20_000u32).map(|i| (rule(i, i % 7 + 1), v(i)));
+    let any_id = (1..=7u32).map(|port| (rule(0, port), v(port + 1_000_000)));
+    m.load(exact.chain(any_id), BPF_NOEXIST).unwrap();
+    assert!(m.tables() >= 2, "{} tables", m.tables());
+    assert!(m.first_table_buckets() >= super::map::BURST_TABLE_SLOTS);
+    let packets: Vec<Packet> = (0..1_000u32)
+        .map(|k| {
+            let i = k.wrapping_mul(2_654_435_761) % 40_000 + 1;
+            let port = match k % 5 {
+                0 => 9,
+                1 => k % 7 + 1,
+                _ => i % 7 + 1,
+            };
+            s.packet(&[u128::from(i), u128::from(port)]).unwrap()
+        })
+        .collect();
+    let guard = pin();
+    for n in [1, 2, 15, 16, 17, 1_000] {
+        let mut out = vec![None; n];
+        m.classify_many(&packets[..n], &guard, &mut out).unwrap();
+        for (p, o) in packets.iter().zip(&out) {
+            assert_eq!(*o, m.classify(p, &guard));
+        }
+    }
+    let wildcard_hits = packets
+        .iter()
+        .filter_map(|p| m.classify(p, &guard))
+        .filter(|(r, _)| r.priority == 2)
+        .count();
+    assert!(
+        wildcard_hits > 20,
+        "{wildcard_hits} packets answered by the second table"
+    );
+}
+
 /// A small random schema: 1 to 4 fields of every kind, narrow enough that
 /// random rules overlap.
 fn arb_schema() -> impl Strategy<Value = Schema> {
@@ -980,6 +1054,8 @@ fn against_the_oracle(m: &WildcardMap, schema: &Schema, ops: &[Op]) -> Result<()
         let schema = schema.clone();
         let mut o = BruteForce::new();
         let mut held: Vec<Rule> = Vec::new();
+        // The last packets classified, classified again together.
+        let mut recent: Vec<Packet> = Vec::new();
         let guard = pin();
         for (i, op) in ops.iter().enumerate() {
             match op {
@@ -1068,6 +1144,25 @@ fn against_the_oracle(m: &WildcardMap, schema: &Schema, ops: &[Op]) -> Result<()
                     prop_assert_eq!(answer(m, &p), want.clone());
                     let by_key = m.classify_key(&schema.packet_key(&p), &guard).unwrap();
                     prop_assert_eq!(by_key.map(|(r, v)| (r.clone(), v.to_vec())), want);
+                    // `classify_many`'s pipeline: each packet's answer in
+                    // its place, over the rules held now.
+                    recent.push(p);
+                    if recent.len() > 5 {
+                        recent.remove(0);
+                    }
+                    let sentinel = rule_from(&schema, 0, &[0; 4]);
+                    let mut out = vec![None; recent.len() + 1];
+                    out[recent.len()] = Some((&sentinel, &[7u8][..]));
+                    m.classify_many(&recent, &guard, &mut out).unwrap();
+                    for (q, got) in recent.iter().zip(&out) {
+                        let got = got.map(|(r, v)| (r.clone(), v.to_vec()));
+                        prop_assert_eq!(got, oracle_answer(&o, q));
+                    }
+                    prop_assert_eq!(
+                        out[recent.len()].unwrap().1,
+                        &[7u8][..],
+                        "past the packets, untouched"
+                    );
                 }
             }
             prop_assert_eq!(m.len(), o.len());
@@ -1164,8 +1259,17 @@ fn classbench_sets_classify_as_the_oracle_does() {
             );
         }
         let guard = pin();
+        let mut in_bursts = vec![None; packets.len()];
+        loaded
+            .classify_many(&packets, &guard, &mut in_bursts)
+            .unwrap();
         for (i, p) in packets.iter().enumerate() {
             let want = o.classify(p).map(|(r, _)| r);
+            let got = in_bursts[i].map(|(r, _)| r);
+            assert_eq!(
+                got, want,
+                "{rules_file}, loaded, classify_many: packet {i} {p:?}"
+            );
             let got = m.classify(p, &guard).map(|(r, _)| r);
             assert_eq!(got, want, "{rules_file}: packet {i} {p:?}");
             let got = loaded.classify(p, &guard).map(|(r, _)| r);
