@@ -924,7 +924,7 @@ impl WildcardMap {
     /// and asked for before this one is probed, so that their hashes
     /// and misses overlap this probe, where one `classify` at a time
     /// starts each packet waiting on them (ClassBench's 10K sets, 32
-    /// packets a call: 1.14-1.22x less time a packet than `classify`
+    /// packets a call: 1.10-1.22x less time a packet than `classify`
     /// one at a time; docs/benchmarks.md, "Packets in a pipeline").
     ///
     /// Where the first table outgrows a core's L2 (the buckets of 2^14
