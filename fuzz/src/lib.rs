@@ -462,6 +462,8 @@ pub fn run_wildcard(data: &[u8]) {
     }
     .unwrap();
     let mut oracle = BruteForce::new();
+    // The last packets classified, classified again together.
+    let mut recent = Vec::new();
     for (step, op) in ops.chunks_exact(6).enumerate() {
         let val = (step as u16).to_ne_bytes();
         match op[0] % 4 {
@@ -536,6 +538,19 @@ pub fn run_wildcard(data: &[u8]) {
                     .expect("a key of the schema's size")
                     .map(|(r, v)| (r.clone(), v.to_vec()));
                 assert_eq!(by_key, want, "{p:?} by its key");
+                // `classify_many`'s pipeline over the last packets.
+                recent.push(p);
+                if recent.len() > 4 {
+                    recent.remove(0);
+                }
+                let mut out = vec![None; recent.len()];
+                map.classify_many(&recent, &guard, &mut out)
+                    .expect("room for each answer");
+                for (q, got) in recent.iter().zip(out) {
+                    let want = oracle.classify(q).map(|(r, v)| (r.clone(), v.to_vec()));
+                    let got = got.map(|(r, v)| (r.clone(), v.to_vec()));
+                    assert_eq!(got, want, "{q:?} in a batch");
+                }
             }
         }
         assert_eq!(map.len(), oracle.len());
