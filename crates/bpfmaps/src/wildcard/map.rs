@@ -145,10 +145,15 @@ type Tuple = [u8; MAX_FIELDS];
 /// rule and a value slice went through memory: 8 more instructions).
 type Probe = for<'g> fn(&WildcardMap, &Packet, &'g Guard) -> (Option<Hit<'g>>, usize);
 
-/// Classifies a run of packets, each answer into its place in `out`
-/// (at least as long as the packets).
-type ManyProbe =
-    for<'g> fn(&WildcardMap, &[Packet], &'g Guard, &mut [Option<(&'g Rule, &'g [u8])>]);
+/// Classifies a run of packets in a view's tables, each answer into its
+/// place in `out` (at least as long as the packets).
+type ManyProbe = for<'g> fn(
+    &WildcardMap,
+    &'g [(u32, Arc<Table>)],
+    &[Packet],
+    &'g Guard,
+    &mut [Option<(&'g Rule, &'g [u8])>],
+);
 
 /// A probe of a concrete key's bytes (of the schema's key size).
 type KeyProbe = for<'g> fn(&WildcardMap, &[u8], &'g Guard) -> Option<Hit<'g>>;
@@ -350,6 +355,17 @@ impl Table {
             }
         }
     }
+}
+
+/// A packet's first `N` values as words of `W`; `None` for a value wider
+/// than every field, which matches no rule. (One test of all the values'
+/// bits: a compare of each `u128` is four instructions and a branch.)
+#[inline(always)]
+fn words_of<W: Word, const N: usize>(packet: &Packet) -> Option<[W; N]> {
+    if packet.values[..N].iter().fold(0, |all, &v| all | v) > W::MAX {
+        return None;
+    }
+    Some(std::array::from_fn(|i| W::of(packet.values[i])))
 }
 
 /// `out[i] = probe(stage(packets[i]))` for each packet, each packet
@@ -687,14 +703,10 @@ impl WildcardMap {
         guard: &'g Guard,
     ) -> (Option<Hit<'g>>, usize) {
         debug_assert_eq!(N, self.schema.fields().len());
-        // A value wider than every field matches no rule. (One test of
-        // all the values' bits: a compare of each `u128` is four
-        // instructions and a branch.)
-        if packet.values[..N].iter().fold(0, |all, &v| all | v) > W::MAX {
-            return (None, 0);
+        match words_of::<W, N>(packet) {
+            Some(values) => self.probe(&values, guard),
+            None => (None, 0),
         }
-        let values: [W; N] = std::array::from_fn(|i| W::of(packet.values[i]));
-        self.probe(&values, guard)
     }
 
     /// [`classify_key`](Self::classify_key)'s probe on chains of `W`
@@ -709,7 +721,8 @@ impl WildcardMap {
     }
 
     /// [`classify_many`](WildcardMap::classify_many) on chains of `W`
-    /// words, for a schema of `N` fields: a pipeline across packets.
+    /// words, for a schema of `N` fields, in `tables` (the view the call
+    /// loaded once): a pipeline across packets.
     /// The next packet's buckets in the first two tables (the only one,
     /// in a view of one) are found and asked for before this one is
     /// probed, so their hashes and misses overlap this probe (and
@@ -717,21 +730,12 @@ impl WildcardMap {
     /// time starts each packet with them.
     fn classify_many_in<'g, W: Word, const N: usize>(
         &self,
+        tables: &'g [(u32, Arc<Table>)],
         packets: &[Packet],
         guard: &'g Guard,
         out: &mut [Option<(&'g Rule, &'g [u8])>],
     ) {
-        // SAFETY: as in `probe`.
-        let view = unsafe { self.view.load(Ordering::Acquire, guard).deref() };
-        let tables = &view.tables[..];
-        // A packet's words (`None` for a packet wider than every field:
-        // it matches no rule).
-        let words = |p: &Packet| {
-            if p.values[..N].iter().fold(0, |all, &v| all | v) > W::MAX {
-                return None;
-            }
-            Some(std::array::from_fn::<W, N, _>(|i| W::of(p.values[i])))
-        };
+        let words = words_of::<W, N>;
         match tables {
             [] => out.iter_mut().take(packets.len()).for_each(|o| *o = None),
             [(_, only)] => pipeline(
@@ -971,12 +975,12 @@ impl WildcardMap {
                         *o = self.classify(p, guard);
                     }
                 } else {
-                    (self.probes.classify_many)(self, burst, guard, outs);
+                    (self.probes.classify_many)(self, &view.tables, burst, guard, outs);
                 }
             }
             return Ok(());
         }
-        (self.probes.classify_many)(self, packets, guard, out);
+        (self.probes.classify_many)(self, &view.tables, packets, guard, out);
         Ok(())
     }
 
