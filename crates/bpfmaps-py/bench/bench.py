@@ -179,13 +179,19 @@ def hash_map(n: int, reps: int) -> list[dict]:
         for k in t:
             pass
 
+    def batch_walk():
+        # What BCC's users write: its items_lookup_batch() is a generator.
+        for k, v in t.items_lookup_batch():
+            pass
+
     def walk_items():
         # What BCC's items() does: the walk, and a lookup of each key.
         for k in t:
             t[k]
 
     cases = {
-        "bpfmaps_rs.Table.items_lookup_batch": t.items_lookup_batch,
+        "for k, v in table.items_lookup_batch()": batch_walk,
+        "list(table.items_lookup_batch())": lambda: list(t.items_lookup_batch()),
         "bpfmaps_rs.Table.items_many": t.items_many,
         "for k in table": walk,
         "for k in table: table[k]": walk_items,

@@ -28,7 +28,7 @@ use numpy::{
 use pyo3::IntoPyObjectExt;
 use pyo3::exceptions::{PyKeyError, PyOSError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
-use pyo3::types::{PyBytes, PyList, PyString, PyTuple};
+use pyo3::types::{PyBytes, PyString, PyTuple};
 
 /// Keys and values as numpy rows of bytes.
 type Rows<'py> = (Bound<'py, PyArray2<u8>>, Bound<'py, PyArray2<u8>>);
@@ -117,6 +117,93 @@ impl RawMap {
 
     fn layout(&self) -> BatchKeys {
         BatchKeys::of(&*self.map)
+    }
+}
+
+/// The pairs of `RawMap::batch_items`: one native batch in its buffers
+/// at a time, so no list of every pair is ever alive. A batch goes on
+/// after the last key of the one before, as `lookup_batch` does.
+#[pyclass(module = "bpfmaps_rs._native")]
+struct BatchItems {
+    map: Py<RawMap>,
+    layout: BatchKeys,
+    value_size: usize,
+    keys: Vec<u8>,
+    values: Vec<u8>,
+    /// Entries a native batch asks for.
+    count: usize,
+    /// Pairs in the buffers, and the next to hand out.
+    len: usize,
+    next: usize,
+    /// Whether the map may hold more: the last batch came back full.
+    more: bool,
+    key_ints: Option<bool>,
+    value_ints: Option<bool>,
+    /// The pair handed out last, filled again in place when nothing else
+    /// holds it (as CPython's `zip` reuses its tuple): a loop that
+    /// unpacks each pair then makes no tuple a step.
+    pair: Option<Py<PyTuple>>,
+}
+
+impl BatchItems {
+    /// Reads the next batch after the last key of this one; false when
+    /// the walk is over.
+    fn refill(&mut self, py: Python<'_>) -> PyResult<bool> {
+        if !self.more {
+            return Ok(false);
+        }
+        let map = self.map.get();
+        let after = match self.len.checked_sub(1) {
+            Some(last) => Some(self.layout.key(&self.keys, last).map_err(py_err)?.to_vec()),
+            None => None,
+        };
+        let (keys, values) = (&mut self.keys, &mut self.values);
+        let n = py
+            .allow_threads(|| map.map.lookup_batch(after.as_deref(), keys, values))
+            .map_err(|e| batch_err(py, e))?;
+        self.more = n == self.count;
+        (self.len, self.next) = (n, 0);
+        Ok(n > 0)
+    }
+}
+
+#[pymethods]
+impl BatchItems {
+    fn __iter__(slf: PyRef<'_, Self>) -> PyRef<'_, Self> {
+        slf
+    }
+
+    fn __next__<'py>(&mut self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyTuple>>> {
+        if self.next == self.len && !self.refill(py)? {
+            return Ok(None);
+        }
+        let i = self.next;
+        self.next += 1;
+        let key = self.layout.key(&self.keys, i).map_err(py_err)?;
+        let k = as_py(py, key, self.key_ints)?;
+        let value = &self.values[i * self.value_size..][..self.value_size];
+        let v = as_py(py, value, self.value_ints)?;
+        if let Some(pair) = &self.pair {
+            let pair = pair.bind(py);
+            // SAFETY: a live tuple of two items that only `self` holds
+            // (one reference), so no one sees it change; `PyTuple_SetItem`
+            // takes the new items' references and drops the old ones'.
+            unsafe {
+                if pyo3::ffi::Py_REFCNT(pair.as_ptr()) == 1 {
+                    pyo3::ffi::PyTuple_SetItem(pair.as_ptr(), 0, k.into_ptr());
+                    pyo3::ffi::PyTuple_SetItem(pair.as_ptr(), 1, v.into_ptr());
+                    return Ok(Some(pair.clone()));
+                }
+            }
+        }
+        let pair = PyTuple::new(py, [k, v])?;
+        // Ints and bytes hold no references, so the pair can be in no
+        // cycle: off the collector's lists, as CPython's own collector
+        // leaves such tuples (`_PyTuple_MaybeUntrack`).
+        // SAFETY: a live tuple, tracked since its creation.
+        unsafe { pyo3::ffi::PyObject_GC_UnTrack(pair.as_ptr().cast()) };
+        self.pair = Some(pair.clone().unbind());
+        Ok(Some(pair))
     }
 }
 
@@ -260,50 +347,37 @@ impl RawMap {
         Ok((PyBytes::new(py, &keys), PyBytes::new(py, &values), n))
     }
 
-    /// `lookup_batch` with the pairs built here rather than in Python:
-    /// up to `count` (key, value) pairs after `after`, and the last key
-    /// (to go on from; `None` if none was copied). Keys and values come
-    /// as `bytes` (a variable-length key without its length), or as ints
-    /// of their size in native byte order where `key_ints` /
-    /// `value_ints` say signed (`True`) or unsigned (`False`).
-    #[pyo3(signature = (after, count, key_ints=None, value_ints=None))]
-    fn lookup_batch_items<'py>(
-        &self,
-        py: Python<'py>,
-        after: Option<&[u8]>,
+    /// Every (key, value) pair, read `count` entries a native batch and
+    /// handed out one pair at a time (BCC's `items_lookup_batch()`
+    /// generator). Keys and values come as `bytes` (a variable-length key
+    /// without its length), or as ints of their size in native byte order
+    /// where `key_ints` / `value_ints` say signed (`True`) or unsigned
+    /// (`False`).
+    #[pyo3(signature = (count, key_ints=None, value_ints=None))]
+    fn batch_items(
+        slf: Bound<'_, Self>,
         count: usize,
         key_ints: Option<bool>,
         value_ints: Option<bool>,
-    ) -> PyResult<(Bound<'py, PyList>, Option<Bound<'py, PyBytes>>)> {
-        if let Some(k) = after {
-            self.check_key(k)?;
+    ) -> PyResult<BatchItems> {
+        if count == 0 {
+            return Err(PyValueError::new_err("a batch of 0 entries"));
         }
-        let layout = self.layout();
-        let mut keys = vec![0u8; count * layout.stride()];
-        let mut values = vec![0u8; count * self.value_size];
-        let n = py
-            .allow_threads(|| self.map.lookup_batch(after, &mut keys, &mut values))
-            .map_err(|e| batch_err(py, e))?;
-        let key = |i| layout.key(&keys, i).map_err(py_err);
-        let pairs = (0..n).map(|i| {
-            let k = as_py(py, key(i)?, key_ints)?;
-            let v = as_py(
-                py,
-                &values[i * self.value_size..][..self.value_size],
-                value_ints,
-            )?;
-            let pair = PyTuple::new(py, [k, v])?;
-            // Ints and bytes hold no references, so the pair can be in no
-            // cycle: off the collector's lists, as CPython's own
-            // collector leaves such tuples (`_PyTuple_MaybeUntrack`), or
-            // the collections that 100K new pairs set off walk them all.
-            // SAFETY: a live tuple, tracked since its creation.
-            unsafe { pyo3::ffi::PyObject_GC_UnTrack(pair.as_ptr().cast()) };
-            Ok(pair)
-        });
-        let list = PyList::new(py, pairs.collect::<PyResult<Vec<_>>>()?)?;
-        let last = n.checked_sub(1).map(key).transpose()?;
-        Ok((list, last.map(|k| PyBytes::new(py, k))))
+        let (layout, value_size) = (slf.get().layout(), slf.get().value_size);
+        Ok(BatchItems {
+            keys: vec![0u8; count * layout.stride()],
+            values: vec![0u8; count * value_size],
+            layout,
+            value_size,
+            map: slf.unbind(),
+            count,
+            len: 0,
+            next: 0,
+            more: true,
+            key_ints,
+            value_ints,
+            pair: None,
+        })
     }
 
     /// Moves up to `count` entries out: (keys, values, moved).
@@ -1249,6 +1323,7 @@ const CLASSIFY_CHUNK: usize = 256;
 #[pymodule]
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<RawMap>()?;
+    m.add_class::<BatchItems>()?;
     m.add_class::<Lpm>()?;
     m.add_class::<StrMap>()?;
     m.add_class::<Maple>()?;

@@ -37,7 +37,7 @@ def test_variable_length_keys_in_order():
         t[k] = v
     assert list(t) == [b"ab", b"ab\0", b"abc", b"vfs_read"]
     assert t[b"ab\0"].value == 2
-    assert t.items_lookup_batch() == [(b"ab", 3), (b"ab\0", 2), (b"abc", 1), (b"vfs_read", 4)]
+    assert list(t.items_lookup_batch()) == [(b"ab", 3), (b"ab\0", 2), (b"abc", 1), (b"vfs_read", 4)]
     assert t.items_update_batch([b"x", b"yy"], [7, 8]) == 2
     with pytest.raises(ValueError):
         t[b""] = 1

@@ -111,7 +111,7 @@ def test_batches_partial_progress_and_emptying():
         t.items_update_batch([6000, 6001, 1, 6002], [1, 2, 3, 4], b.BPF_NOEXIST)
     assert e.value.errno == errno.EEXIST and e.value.processed == 2
     assert 6001 in t and 6002 not in t
-    items = t.items_lookup_batch()
+    items = list(t.items_lookup_batch())
     assert len(items) == 5002
     assert dict(items) == {k.value: v.value for k, v in t.items()}
     with pytest.raises(KeyError) as e:
@@ -123,6 +123,28 @@ def test_batches_partial_progress_and_emptying():
     assert all(v == 10 * k for k, v in moved)
     t.items_update_batch([1, 2], [3, 4])
     assert t.items_delete_batch() == 2 and len(t) == 0
+
+
+def test_batch_items_are_an_iterator_whose_pairs_stay_as_handed_out():
+    t = table(max_entries=20_000)
+    model = {k: 7 * k for k in range(9000)}  # three native batches
+    t.items_update_batch(model.keys(), model.values())
+    it = t.items_lookup_batch()
+    assert iter(it) is it
+    walked = {}
+    for k, v in it:  # unpacked: the iterator may fill its pair again
+        walked[k] = v
+    assert walked == model
+    assert next(it, None) is None and next(it, None) is None
+    held = list(t.items_lookup_batch())  # held: every pair its own
+    assert len({id(p) for p in held}) == len(held) == 9000
+    assert dict(held) == model and [k for k, _ in held] == [k.value for k in t]
+    it = t.items_lookup_batch()
+    first = next(it)
+    second = next(it)
+    assert first != second and {first[0], second[0]} <= model.keys()
+    assert first[1] == 7 * first[0] and second[1] == 7 * second[0]
+    assert list(table(max_entries=4).items_lookup_batch()) == []
 
 
 def test_numpy_batches_match_single_lookups():
@@ -146,7 +168,7 @@ def test_signed_batches_and_numpy_dumps_match_the_walk():
     t = b.Table(b.MAP_TYPE_HASH, ctypes.c_int16, ctypes.c_int64, 10_000)
     model = {k: -(k * 1_000_003) for k in range(-3000, 3000, 3)}
     t.items_update_batch(model.keys(), model.values())
-    items = t.items_lookup_batch()  # more than one native batch
+    items = list(t.items_lookup_batch())  # more than one native batch
     assert len(items) == len(model) and dict(items) == model
     assert [k for k, _ in items] == [k.value for k in t]  # get_next_key order
     keys, values = t.items_many()

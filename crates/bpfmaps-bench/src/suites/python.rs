@@ -110,9 +110,9 @@ impl Suite for Python {
         numpy `uint32` array and over the list of dotted-quad strings, for addresses uniform over IPv4 and inside stored prefixes (as \
         `lpm-real` draws them); every table's answers compared first. Hash map, 100K `u32` \
         keys: `t[k]` on a `bpfmaps_rs.Table` against a `dict`, `lookup_many`, and the whole \
-        table read by `items_lookup_batch` (pairs of ints) and `items_many` (numpy arrays) \
-        against a `for k in table` walk, bare and with `table[k]` for each key (BCC's \
-        `items()`). Medians of \
+        table read by `items_lookup_batch` (pairs of ints, walked with `for k, v in` and \
+        collected by `list`) and `items_many` (numpy arrays) against a `for k in table` walk, \
+        bare and with `table[k]` for each key (BCC's `items()`). Medians of \
         repetitions timed in turns.";
     const BASELINE: &'static str = "pytricia.get";
 
@@ -217,12 +217,17 @@ impl Suite for Python {
             ("hash,op=lookup", "bpfmaps_rs.Table.lookup_many", "dict[k]"),
             (
                 "hash,op=read_all",
-                "bpfmaps_rs.Table.items_lookup_batch",
+                "for k, v in table.items_lookup_batch()",
                 "for k in table",
             ),
             (
                 "hash,op=read_all",
-                "bpfmaps_rs.Table.items_lookup_batch",
+                "list(table.items_lookup_batch())",
+                "for k in table",
+            ),
+            (
+                "hash,op=read_all",
+                "for k, v in table.items_lookup_batch()",
                 "for k in table: table[k]",
             ),
             (

@@ -300,27 +300,30 @@ class Table(MutableMapping):
             out.append(len(b).to_bytes(4, sys.byteorder) + b.ljust(self.key_size, b"\0"))
         return b"".join(out)
 
-    def items_lookup_batch(self) -> list:
+    def items_lookup_batch(self) -> Iterator[tuple[Any, Any]]:
         """Every (key, value), read in batches (the kernel's
-        ``BPF_MAP_LOOKUP_BATCH``); keys and values as BCC gives them, the
+        ``BPF_MAP_LOOKUP_BATCH``) and yielded one pair at a time, as BCC's
+        generator yields them; keys and values as BCC gives them, the
         items of ctypes arrays of ``Key`` and ``Leaf`` (ints for simple
-        types such as ``c_uint32``)."""
+        types such as ``c_uint32``). ``list(...)`` for a list.
+
+        Each native batch goes on after the last key of the one before,
+        as ``for k in table`` goes on after each key: a loop that deletes
+        that key makes a hash map start over from its first key (the
+        kernel's ``get_next_key`` rule), so take ``list(...)`` first to
+        change the map while reading it."""
         if self._native_pairs:
-            # Pairs of ints (and bytes keys) built natively, in one pass.
-            out, after = [], None
-            while True:
-                pairs, after = self._map.lookup_batch_items(
-                    after, _BATCH, self._key_ints, self._value_ints
-                )
-                out.extend(pairs)
-                if len(pairs) < _BATCH:
-                    return out
-        out, after = [], None
+            # Pairs of ints (and bytes keys) made natively, a pair a step.
+            return self._map.batch_items(_BATCH, self._key_ints, self._value_ints)
+        return self._batch_items()
+
+    def _batch_items(self) -> Iterator[tuple[Any, Any]]:
+        after = None
         while True:
             keys, values, n = self._map.lookup_batch(after, _BATCH)
-            out.extend(self._unpack(keys, values, n))
+            yield from self._unpack(keys, values, n)
             if n < _BATCH:
-                return out
+                return
             stride = self._map.batch_stride
             last = keys[(n - 1) * stride : n * stride]
             if self.var_keys:

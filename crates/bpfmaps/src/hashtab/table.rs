@@ -34,8 +34,13 @@ use super::slab::{ElemHeader, ElemLayout, ElemPtr, Slab, WordKey};
 use crate::core::bytes;
 use crate::core::error::{Error, Result};
 use crate::core::flags::UpdateFlag;
+use crate::core::prefetch::prefetch;
 use crate::core::reclaim::{Guard, pin};
 use crate::hash::HashPolicy;
+
+/// How many buckets ahead a batch walk asks for the element a bucket
+/// holds (its first; the chains are short).
+const WALK_PREFETCH_BUCKETS: usize = 16;
 
 /// One hash bucket: its chain head and the stripe its writers lock. Heads
 /// are a dense array of pointers (8 bytes a bucket, all a pinned reader
@@ -508,6 +513,12 @@ impl RawTable {
             if copied - pinned_at >= repin_every {
                 guard.repin();
                 pinned_at = copied;
+            }
+            // The element some buckets on: a walk in bucket order meets
+            // elements in no order of memory, so its miss is asked for
+            // now and overlaps the copies before it.
+            if let Some(ahead) = self.heads.get(bucket + WALK_PREFETCH_BUCKETS) {
+                prefetch(ahead.load(Ordering::Relaxed));
             }
             p = head.load(Ordering::Acquire);
             bucket += 1;
