@@ -18,6 +18,7 @@
 //! errno `OSError(errno, message)`.
 
 use std::net::{Ipv4Addr, Ipv6Addr};
+use std::sync::OnceLock;
 
 use bpfmaps::lpm::{Ipv4Lpm, Ipv6Lpm};
 use bpfmaps::{BatchError, BatchKeys, Caps, Error, Map, MapSpec, MapType};
@@ -28,7 +29,7 @@ use numpy::{
 use pyo3::IntoPyObjectExt;
 use pyo3::exceptions::{PyKeyError, PyOSError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
-use pyo3::types::{PyBytes, PyString, PyTuple};
+use pyo3::types::{PyBytes, PyInt, PyList, PyString, PyTuple};
 
 /// Keys and values as numpy rows of bytes.
 type Rows<'py> = (Bound<'py, PyArray2<u8>>, Bound<'py, PyArray2<u8>>);
@@ -548,24 +549,16 @@ enum Table {
 #[pyclass(frozen, module = "bpfmaps_rs._native", name = "Lpm")]
 struct Lpm {
     table: Table,
+    /// The Python table's list of values once it holds handles (see
+    /// `_ObjectValues`): `value` gives `objects[stored]`.
+    objects: OnceLock<Py<PyList>>,
 }
 
 /// An address given as a string, an int, packed bytes or an `ipaddress`
 /// address.
 fn address<const N: usize>(obj: &Bound<'_, PyAny>) -> PyResult<[u8; N]> {
     if let Ok(s) = obj.downcast::<PyString>() {
-        let s = s.to_cow()?;
-        let bytes: Option<Vec<u8>> = if N == 4 {
-            s.parse::<Ipv4Addr>().ok().map(|a| a.octets().to_vec())
-        } else {
-            s.parse::<Ipv6Addr>().ok().map(|a| a.octets().to_vec())
-        };
-        return bytes.and_then(|b| b.try_into().ok()).ok_or_else(|| {
-            PyValueError::new_err(format!(
-                "{s:?} is not an IPv{} address",
-                if N == 4 { 4 } else { 6 }
-            ))
-        });
+        return address_str(&s.to_cow()?);
     }
     if let Ok(b) = obj.downcast::<PyBytes>() {
         return b
@@ -596,39 +589,88 @@ fn address<const N: usize>(obj: &Bound<'_, PyAny>) -> PyResult<[u8; N]> {
     ))
 }
 
+/// An address written as text ("10.1.2.3", "2001:db8::1").
+fn address_str<const N: usize>(s: &str) -> PyResult<[u8; N]> {
+    let bytes: Option<Vec<u8>> = if N == 4 {
+        s.parse::<Ipv4Addr>().ok().map(|a| a.octets().to_vec())
+    } else {
+        s.parse::<Ipv6Addr>().ok().map(|a| a.octets().to_vec())
+    };
+    bytes.and_then(|b| b.try_into().ok()).ok_or_else(|| {
+        PyValueError::new_err(format!(
+            "{s:?} is not an IPv{} address",
+            if N == 4 { 4 } else { 6 }
+        ))
+    })
+}
+
+/// `(addr, len)` once `len` is checked against the address's bits.
+fn checked_prefix<const N: usize>(addr: [u8; N], len: u64) -> PyResult<([u8; N], u8)> {
+    let bits = (N * 8) as u64;
+    if len > bits {
+        return Err(PyValueError::new_err(format!(
+            "prefix length {len} is past {bits}"
+        )));
+    }
+    Ok((addr, len as u8))
+}
+
+/// A prefix written as text: "addr/len", or a bare address (a
+/// full-length prefix).
+fn prefix_str<const N: usize>(s: &str) -> PyResult<([u8; N], u8)> {
+    match s.split_once('/') {
+        Some((a, l)) => {
+            let len: u64 = l
+                .parse()
+                .map_err(|_| PyValueError::new_err(format!("{s:?}: bad prefix length")))?;
+            checked_prefix(address_str(a)?, len)
+        }
+        None => checked_prefix(address_str(s)?, (N * 8) as u64),
+    }
+}
+
 /// A prefix given as "addr/len" (or a bare address: a full-length
 /// prefix), an `ipaddress` network, or an (address, length) pair.
 fn prefix<const N: usize>(obj: &Bound<'_, PyAny>) -> PyResult<([u8; N], u8)> {
-    let bits = (N * 8) as u8;
-    let checked = |addr: [u8; N], len: u64| -> PyResult<([u8; N], u8)> {
-        if len > u64::from(bits) {
-            return Err(PyValueError::new_err(format!(
-                "prefix length {len} is past {bits}"
-            )));
-        }
-        Ok((addr, len as u8))
-    };
     if let Ok(s) = obj.downcast::<PyString>() {
-        let s = s.to_cow()?;
-        return match s.split_once('/') {
-            Some((a, l)) => {
-                let len: u64 = l
-                    .parse()
-                    .map_err(|_| PyValueError::new_err(format!("{s:?}: bad prefix length")))?;
-                checked(address::<N>(&PyString::new(obj.py(), a).into_any())?, len)
-            }
-            None => checked(address::<N>(obj)?, u64::from(bits)),
-        };
+        return prefix_str(&s.to_cow()?);
     }
     if let Ok((a, l)) = obj.extract::<(Bound<'_, PyAny>, u64)>() {
-        return checked(address::<N>(&a)?, l);
+        return checked_prefix(address::<N>(&a)?, l);
     }
     if let (Ok(a), Ok(l)) = (obj.getattr("network_address"), obj.getattr("prefixlen")) {
-        return checked(address::<N>(&a)?, l.extract()?);
+        return checked_prefix(address::<N>(&a)?, l.extract()?);
     }
     Err(PyTypeError::new_err(
         "a prefix: \"addr/len\", an ipaddress network or (addr, len)",
     ))
+}
+
+/// What `Lpm`'s readers are given: an address, or a prefix ("addr/len",
+/// an (addr, len) pair, an `ipaddress` network), told apart as the
+/// Python side's `Lpm._is_prefix` does.
+enum LpmKey<const N: usize> {
+    Address([u8; N]),
+    Prefix(([u8; N], u8)),
+}
+
+impl<const N: usize> LpmKey<N> {
+    fn of(key: &Bound<'_, PyAny>) -> PyResult<Self> {
+        if let Ok(s) = key.downcast::<PyString>() {
+            // One conversion of the text: the per-address path.
+            let s = s.to_cow()?;
+            return Ok(if s.contains('/') {
+                LpmKey::Prefix(prefix_str(&s)?)
+            } else {
+                LpmKey::Address(address_str(&s)?)
+            });
+        }
+        let plain = key.is_instance_of::<PyInt>() || key.is_instance_of::<PyBytes>();
+        if !plain && (key.is_instance_of::<PyTuple>() || key.hasattr("prefixlen")?) {
+            return Ok(LpmKey::Prefix(prefix(key)?));
+        }
+        Ok(LpmKey::Address(address(key)?))
+    }
 }
 
 fn v4net((a, l): ([u8; 4], u8)) -> Ipv4Net {
@@ -653,7 +695,10 @@ impl Lpm {
             6 => Table::V6(Ipv6Lpm::new(max_entries).map_err(py_err)?),
             _ => return Err(PyValueError::new_err("version is 4 or 6")),
         };
-        Ok(Lpm { table })
+        Ok(Lpm {
+            table,
+            objects: OnceLock::new(),
+        })
     }
 
     #[getter]
@@ -696,6 +741,45 @@ impl Lpm {
             Table::V4(t) => t.get(Ipv4Addr::from(address::<4>(addr)?), &guard),
             Table::V6(t) => t.get(Ipv6Addr::from(address::<16>(addr)?), &guard),
         })
+    }
+
+    /// The Python table's `get` in one call: the value of the longest
+    /// stored prefix holding `key` (an address or a prefix, as `LpmKey`
+    /// tells), read through the list of values once `use_objects` gave
+    /// one, or `default`.
+    #[pyo3(signature = (key, default=None))]
+    fn value<'py>(
+        &self,
+        key: &Bound<'py, PyAny>,
+        default: Option<Bound<'py, PyAny>>,
+    ) -> PyResult<Option<Bound<'py, PyAny>>> {
+        let py = key.py();
+        let guard = bpfmaps::pin();
+        let stored = match &self.table {
+            Table::V4(t) => match LpmKey::<4>::of(key)? {
+                LpmKey::Address(a) => t.get(Ipv4Addr::from(a), &guard),
+                LpmKey::Prefix(p) => t.covering(v4net(p)).last().map(|&(_, v)| v),
+            },
+            Table::V6(t) => match LpmKey::<16>::of(key)? {
+                LpmKey::Address(a) => t.get(Ipv6Addr::from(a), &guard),
+                LpmKey::Prefix(p) => t.covering(v6net(p)).last().map(|&(_, v)| v),
+            },
+        };
+        let Some(stored) = stored else {
+            return Ok(default);
+        };
+        Ok(Some(match self.objects.get() {
+            Some(objects) => objects.bind(py).get_item(stored as usize)?,
+            None => stored.into_bound_py_any(py)?,
+        }))
+    }
+
+    /// From now on `value` reads values through `objects` (the table
+    /// turned to handles, once).
+    fn use_objects(&self, objects: Bound<'_, PyList>) -> PyResult<()> {
+        self.objects
+            .set(objects.unbind())
+            .map_err(|_| PyValueError::new_err("the table holds handles already"))
     }
 
     /// The longest prefix holding `addr` as "addr/len", with its value.

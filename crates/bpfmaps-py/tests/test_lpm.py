@@ -20,6 +20,8 @@ def test_pytricia_shape():
     assert t[ipaddress.ip_address("192.168.0.77")] == 3
     assert t[0x0A010203] == 2 and t[bytes([10, 1, 2, 3])] == 2
     assert t["10.1.0.0/24"] == 2  # a prefix: its longest covering one
+    assert t[("10.1.0.0", 24)] == 2 and t[ipaddress.ip_network("10.1.0.0/24")] == 2
+    assert t.get("10.0.0.0/7") is None and "10.0.0.0/7" not in t and "10.0.0.0/9" in t
     assert t.get("11.0.0.1") is None and t.get("11.0.0.1", 7) == 7
     with pytest.raises(KeyError):
         t["11.0.0.1"]
@@ -151,6 +153,17 @@ def test_any_values_as_pytricia_holds_them(ops, probes):
         found, want = brute_found(stored, p)
         got = t.get(p, miss)
         assert (got is miss) if not found else same(got, want)
+        # The same answer for the address as text, and for its
+        # full-length prefix in each form a reader takes.
+        text = str(ipaddress.IPv4Address(p))
+        for key in (text, text + "/32", (p, 32), ipaddress.ip_network(text)):
+            assert same(t.get(key, miss), got)
+        assert (p in t) == found and (text in t) == found
+        if found:
+            assert same(t[text], want)
+        else:
+            with pytest.raises(KeyError):
+                t[(text, 32)]
     listed = {(int(ipaddress.ip_network(k).network_address), ipaddress.ip_network(k).prefixlen): v for k, v in t.items()}
     assert listed.keys() == stored.keys() and all(same(listed[k], stored[k]) for k in stored)
     vals, found = t.lookup_many(np.array(probes, dtype=np.uint32))

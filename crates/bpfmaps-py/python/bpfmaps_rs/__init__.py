@@ -59,6 +59,9 @@ __all__ = ["Table", "Lpm", "MAP_TYPES", "BPF_ANY", "BPF_NOEXIST", "BPF_EXIST"]
 
 _BATCH = 4096
 
+# A default no value can be: tells a miss from a stored None.
+_MISSING = object()
+
 
 def _ctype(spec: Any, what: str) -> type:
     """The ctypes type for a key or value given as a size or a type."""
@@ -431,6 +434,10 @@ class _ObjectValues:
     def _raw_store(self, key: Any, stored: int) -> None:
         raise NotImplementedError
 
+    def _use_objects(self, objs: list) -> None:
+        """Called once, when the table turns to handles: ``objs`` is the
+        list of values from then on."""
+
     def _put(self, value: Any) -> int:
         """The ``u64`` to store for ``value``: itself, or a new handle."""
         if self._objs is None:
@@ -441,6 +448,7 @@ class _ObjectValues:
                 objs.append(v)
                 self._raw_store(key, len(objs) - 1)
             self._objs = objs
+            self._use_objects(objs)
         self._array = None
         if self._free:
             handle = self._free.pop()
@@ -541,27 +549,22 @@ class Lpm(_ObjectValues):
             m = self._t.longest_match(key)
         return None if m is None else (m[0], self._obj(m[1]))
 
+    def _use_objects(self, objs: list) -> None:
+        self._t.use_objects(objs)
+
     def __getitem__(self, key: Any) -> Any:
         """The value of the longest prefix holding ``key`` (an address or
         a prefix); ``KeyError`` if none does."""
-        if self._is_prefix(key):
-            m = self._match(key)
-            if m is None:
-                raise KeyError(key)
-            return m[1]
-        stored = self._t.get(key)
-        if stored is None:
+        value = self._t.value(key, _MISSING)
+        if value is _MISSING:
             raise KeyError(key)
-        objs = self._objs  # inline: this is the per-address path
-        return stored if objs is None else objs[stored]
+        return value
 
     def get(self, key: Any, default: Any = None) -> Any:
-        """The value of the longest prefix holding ``key``, or
-        ``default``."""
-        try:
-            return self[key]
-        except KeyError:
-            return default
+        """The value of the longest prefix holding ``key`` (an address or
+        a prefix), or ``default``: one native call, values read through
+        the handles natively."""
+        return self._t.value(key, default)
 
     def get_key(self, key: Any) -> Optional[str]:
         """The longest stored prefix holding ``key``, as ``"addr/len"``."""
@@ -569,7 +572,7 @@ class Lpm(_ObjectValues):
         return None if m is None else m[0]
 
     def __contains__(self, key: Any) -> bool:
-        return self._match(key) is not None
+        return self._t.value(key, _MISSING) is not _MISSING
 
     def has_key(self, prefix: Any) -> bool:
         """Whether exactly ``prefix`` is stored."""
