@@ -1,6 +1,7 @@
 """Table: BCC's table shape over the hash maps, against a dict."""
 
 import ctypes
+import sys
 import errno
 
 import numpy as np
@@ -153,6 +154,27 @@ def test_batch_items_are_an_iterator_whose_pairs_stay_as_handed_out(kind):
     assert first[1] == model[first[0]] and second[1] == model[second[0]]
     empty = b.Table(b.MAP_TYPE_QP_TRIE, 8, 8, 4) if kind != "ints" else table(max_entries=4)
     assert list(empty.items_lookup_batch()) == []
+
+
+def test_byte_swapped_int_types_read_back_what_was_written():
+    # Ints given for a byte-swapped type (big-endian on this machine)
+    # take that type's order, as ctypes makes them, on every path.
+    other = "__ctype_be__" if sys.byteorder == "little" else "__ctype_le__"
+    key, leaf = getattr(ctypes.c_uint16, other), getattr(ctypes.c_int64, other)
+    t = b.Table(b.MAP_TYPE_HASH, key, leaf, 64)
+    t[258] = -3
+    t.items_update_batch([1, 2], [3, -4])
+    model = {258: -3, 1: 3, 2: -4}
+    assert t._map.lookup(bytes(key(258))) == bytes(leaf(-3))
+    assert {k: t[k].value for k in model} == model
+    assert dict(t.items_lookup_batch()) == model
+    assert sorted(k.value for k in t) == sorted(model)
+    keys, values = t.items_many()
+    assert dict(zip(keys.tolist(), values.tolist())) == model
+    values, found = t.lookup_many(np.array([258, 7], dtype=keys.dtype))
+    assert found.tolist() == [True, False] and values[0] == -3
+    with pytest.raises(ValueError):
+        t[70_000] = 1
 
 
 def test_numpy_batches_match_single_lookups():

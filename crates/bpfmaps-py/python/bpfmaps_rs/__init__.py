@@ -78,19 +78,37 @@ def _ctype(spec: Any, what: str) -> type:
     raise TypeError(f"{what}: a size in bytes or a ctypes type, not {spec!r}")
 
 
+def _is_int_type(ctype: type) -> bool:
+    return issubclass(ctype, ctypes._SimpleCData) and ctype._type_ in "bBhHiIlLqQ"
+
+
+def _byteorder(ctype: type) -> str:
+    """The byte order an int takes as a value of ``ctype``: that of a
+    byte-swapped ctypes integer type (``c_uint16.__ctype_be__`` on a
+    little-endian machine), else the machine's."""
+    if _is_int_type(ctype):
+        if getattr(ctype, "__ctype_be__", None) is ctype:
+            return "big"
+        if getattr(ctype, "__ctype_le__", None) is ctype:
+            return "little"
+    return sys.byteorder
+
+
 def _packer(ctype: type) -> Any:
-    """``struct``'s packing of one value of a ctypes integer type, in
-    native size and order; None for any other type."""
-    if _int_kind(ctype) is None:
+    """``struct``'s packing of one value of a ctypes integer type, in its
+    size and byte order; None for any other type."""
+    if not _is_int_type(ctype):
         return None
-    packer = struct.Struct("@" + ctype._type_)
-    return packer.pack if packer.size == ctypes.sizeof(ctype) else None
+    code = {1: "b", 2: "h", 4: "i", 8: "q"}[ctypes.sizeof(ctype)]
+    order = ">" if _byteorder(ctype) == "big" else "<"
+    return struct.Struct(order + (code.upper() if ctype._type_.isupper() else code)).pack
 
 
 def _int_kind(ctype: type) -> Optional[bool]:
-    """For a ctypes integer type, whether it is signed; None for any
-    other type."""
-    if issubclass(ctype, ctypes._SimpleCData) and ctype._type_ in "bBhHiIlLqQ":
+    """For a ctypes integer type in the machine's byte order, whether it
+    is signed; None for any other type (a byte-swapped one goes through
+    ctypes, which swaps)."""
+    if _is_int_type(ctype) and _byteorder(ctype) == sys.byteorder:
         return ctype._type_ in "bhilq"
     return None
 
@@ -101,8 +119,9 @@ class Table(MutableMapping):
     ``key`` and ``leaf`` are sizes in bytes or ctypes types (exposed as
     ``Key`` and ``Leaf``, as in BCC). Keys and values may be given as
     ``bytes``, instances of those types, or ints when the size is 1, 2, 4
-    or 8 bytes (native byte order). Values come back as ``Leaf``
-    instances and keys as ``Key`` instances (``bytes`` for maps whose
+    or 8 bytes (in the type's byte order: the machine's, or a
+    byte-swapped ctypes type's such as ``c_uint16.__ctype_be__``). Values
+    come back as ``Leaf`` instances and keys as ``Key`` instances (``bytes`` for maps whose
     keys vary in length, the qp-trie and TST maps).
 
     Iteration follows ``get_next_key``: key order for the ordered maps,
@@ -149,7 +168,7 @@ class Table(MutableMapping):
     # -- conversions ---------------------------------------------------
 
     @staticmethod
-    def _bytes(obj: Any, size: int, what: str, exact: bool = True) -> bytes:
+    def _bytes(obj: Any, size: int, what: str, exact: bool = True, order: str = sys.byteorder) -> bytes:
         if isinstance(obj, (bytes, bytearray, memoryview)):
             b = bytes(obj)
         elif isinstance(obj, str):
@@ -160,7 +179,7 @@ class Table(MutableMapping):
             if size not in (1, 2, 4, 8):
                 raise TypeError(f"{what}: an int only for sizes 1, 2, 4 and 8, not {size}")
             try:
-                b = obj.to_bytes(size, sys.byteorder, signed=obj < 0)
+                b = obj.to_bytes(size, order, signed=obj < 0)
             except OverflowError:
                 raise ValueError(f"{what} {obj} does not fit in {size} bytes") from None
         elif isinstance(obj, (ctypes._SimpleCData, ctypes.Structure, ctypes.Union, ctypes.Array)):
@@ -179,7 +198,7 @@ class Table(MutableMapping):
                 pass  # negative or too large: the general path says which
         elif type(key) is self.Key:
             return bytes(key)  # what iteration gives back
-        return self._bytes(key, self.key_size, "key", exact=not self.var_keys)
+        return self._bytes(key, self.key_size, "key", not self.var_keys, _byteorder(self.Key))
 
     def _value(self, value: Any) -> bytes:
         if type(value) is int and self._pack_value is not None:
@@ -187,7 +206,7 @@ class Table(MutableMapping):
                 return self._pack_value(value)
             except struct.error:
                 pass
-        return self._bytes(value, self.value_size, "value")
+        return self._bytes(value, self.value_size, "value", True, _byteorder(self.Leaf))
 
     def _key_out(self, b: bytes) -> Any:
         return b if self.var_keys else self.Key.from_buffer_copy(b)
