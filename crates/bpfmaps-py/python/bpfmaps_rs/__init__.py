@@ -121,8 +121,9 @@ class Table(MutableMapping):
     ``bytes``, instances of those types, or ints when the size is 1, 2, 4
     or 8 bytes (in the type's byte order: the machine's, or a
     byte-swapped ctypes type's such as ``c_uint16.__ctype_be__``). Values
-    come back as ``Leaf`` instances and keys as ``Key`` instances (``bytes`` for maps whose
-    keys vary in length, the qp-trie and TST maps).
+    come back as ``Leaf`` instances and keys as ``Key`` instances
+    (``bytes`` for maps whose keys vary in length, the qp-trie and TST
+    maps).
 
     Iteration follows ``get_next_key``: key order for the ordered maps,
     table order for the hash maps.
@@ -149,6 +150,7 @@ class Table(MutableMapping):
         # conversion's time, which is most of a single lookup's.
         self._pack_key = None if self.var_keys else _packer(self.Key)
         self._pack_value = _packer(self.Leaf)
+        self._key_order, self._value_order = _byteorder(self.Key), _byteorder(self.Leaf)
         # Batches hand out ints for integer types (True: signed) and bytes
         # for variable-length keys; those pairs the native side builds.
         self._key_ints = None if self.var_keys else _int_kind(self.Key)
@@ -198,7 +200,7 @@ class Table(MutableMapping):
                 pass  # negative or too large: the general path says which
         elif type(key) is self.Key:
             return bytes(key)  # what iteration gives back
-        return self._bytes(key, self.key_size, "key", not self.var_keys, _byteorder(self.Key))
+        return self._bytes(key, self.key_size, "key", not self.var_keys, self._key_order)
 
     def _value(self, value: Any) -> bytes:
         if type(value) is int and self._pack_value is not None:
@@ -206,7 +208,7 @@ class Table(MutableMapping):
                 return self._pack_value(value)
             except struct.error:
                 pass
-        return self._bytes(value, self.value_size, "value", True, _byteorder(self.Leaf))
+        return self._bytes(value, self.value_size, "value", True, self._value_order)
 
     def _key_out(self, b: bytes) -> Any:
         return b if self.var_keys else self.Key.from_buffer_copy(b)
