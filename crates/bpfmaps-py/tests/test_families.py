@@ -93,10 +93,22 @@ def test_create_fill_close_loop_holds_rss_flat():
     def cycle():
         t = b.Table(b.MAP_TYPE_HASH, ctypes.c_uint32, ctypes.c_uint64, 20_000)
         t.items_update_batch(range(20_000), range(20_000))
+        for k, v in t.items_lookup_batch():  # the arrays' iterator
+            pass
+        # 5,000: two native batches, and pairs enough that a reference
+        # leaked a pair would pass the bound below.
+        s = b.Table(b.MAP_TYPE_QP_TRIE, 8, ctypes.c_uint64, 5000)
+        s.items_update_batch([b"k%d" % i for i in range(5000)], range(5000))
+        for k, v in s.items_lookup_batch():  # the native one, its pair filled again
+            pass
+        held = list(s.items_lookup_batch())  # a pair each
+        next(s.items_lookup_batch())  # left part way
         lpm = b.Lpm()
         for i in range(2000):
             lpm[(i << 12, 20)] = i
-        del t, lpm
+        lpm["0.0.0.0/0"] = "default"  # handles, read natively
+        assert lpm.get("255.1.2.3") == "default" and lpm["0.0.16.1"] == 1
+        del t, s, held, lpm
 
     for _ in range(20):  # warm-up: allocator and epoch garbage settle
         cycle()
