@@ -1,8 +1,9 @@
 """Table: BCC's table shape over the hash maps, against a dict."""
 
 import ctypes
-import sys
 import errno
+import sys
+import threading
 
 import numpy as np
 import pytest
@@ -154,6 +155,43 @@ def test_batch_items_are_an_iterator_whose_pairs_stay_as_handed_out(kind):
     assert first[1] == model[first[0]] and second[1] == model[second[0]]
     empty = b.Table(b.MAP_TYPE_QP_TRIE, 8, 8, 4) if kind != "ints" else table(max_entries=4)
     assert list(empty.items_lookup_batch()) == []
+
+
+@pytest.mark.parametrize("kind", ["ints", "bytes keys"])
+def test_batch_items_beside_a_writer_thread(kind):
+    # The GIL is let go while a native batch is read, so a writer thread
+    # runs between and beside the batches. Each pair must be one that was
+    # written (the value names its key: nothing torn), of a key the map
+    # holds; the walk ends.
+    n, scale = 12_000, 1 << 20
+    if kind == "ints":
+        t, key, ident = table(max_entries=n), lambda i: i, lambda k: k
+    else:
+        t = b.Table(b.MAP_TYPE_QP_TRIE, 8, ctypes.c_uint64, n)
+        key, ident = lambda i: b"k%d" % i, lambda k: int(k[1:])
+    t.items_update_batch([key(i) for i in range(n)], [i * scale for i in range(n)])
+    stop = threading.Event()
+
+    def writer():
+        version = 1
+        while not stop.is_set():
+            ks = range(version % 5, n, 5)
+            t.items_update_batch([key(i) for i in ks], [i * scale + version for i in ks])
+            version = version % (scale - 1) + 1
+
+    w = threading.Thread(target=writer)
+    w.start()
+    try:
+        for _ in range(4):
+            seen = 0
+            for k, v in t.items_lookup_batch():
+                assert v // scale == ident(k) < n
+                seen += 1
+            assert seen > 0
+    finally:
+        stop.set()
+        w.join()
+    assert len(t) == n
 
 
 def test_byte_swapped_int_types_read_back_what_was_written():
