@@ -734,15 +734,6 @@ impl Lpm {
         .map_err(py_err)
     }
 
-    /// The value of the longest prefix holding `addr`, or `None`.
-    fn get(&self, addr: &Bound<'_, PyAny>) -> PyResult<Option<u64>> {
-        let guard = bpfmaps::pin();
-        Ok(match &self.table {
-            Table::V4(t) => t.get(Ipv4Addr::from(address::<4>(addr)?), &guard),
-            Table::V6(t) => t.get(Ipv6Addr::from(address::<16>(addr)?), &guard),
-        })
-    }
-
     /// The Python table's `get` in one call: the value of the longest
     /// stored prefix holding `key` (an address or a prefix, as `LpmKey`
     /// tells), read through the list of values once `use_objects` gave
