@@ -31,6 +31,40 @@ def test_lpm_tries_through_the_byte_contract(kind):
     assert e.value.errno == errno.EINVAL
 
 
+class Counts(ctypes.Structure):
+    _fields_ = [("packets", ctypes.c_uint64), ("bytes", ctypes.c_uint32)]
+
+
+def as_bytes(obj):
+    return obj if isinstance(obj, bytes) else bytes(obj)
+
+
+@pytest.mark.parametrize("kind", ["hash", "lru_hash", "qp_trie", "lpm_trie", "hash of structures"])
+def test_items_and_values_read_in_batches_as_lookups_give_them(kind):
+    n = 5000  # two native batches
+    if kind == "qp_trie":
+        t, key = b.Table(b.MAP_TYPE_QP_TRIE, 8, ctypes.c_uint64, n), lambda i: b"k%d" % i
+    elif kind == "lpm_trie":
+        t = b.Table(b.MAP_TYPE_LPM_TRIE, LpmKey, ctypes.c_uint64, n, flags=b.BPF_F_NO_PREALLOC)
+        key = lambda i: LpmKey(24, (10, i >> 8, i & 255, 0))  # noqa: E731
+    elif kind == "hash of structures":
+        t = b.Table(b.MAP_TYPE_HASH, LpmKey, Counts, n)
+        key = lambda i: LpmKey(i, (1, 2, 3, 4))  # noqa: E731
+    else:
+        t, key = b.Table(b.MAP_TYPES[kind], ctypes.c_uint32, ctypes.c_uint64, n), lambda i: i
+    for i in range(n):
+        t[key(i)] = Counts(i, 7 * i) if kind == "hash of structures" else 3 * i
+    # What a walk with a lookup of each key gives (the view's old way),
+    # compared as bytes, in the same order, each as its own type.
+    want = [(as_bytes(k), bytes(t[k])) for k in t]
+    items = list(t.items())
+    assert [(as_bytes(k), bytes(v)) for k, v in items] == want
+    assert all(type(v) is t.Leaf for _, v in items)
+    assert all(type(k) is (bytes if kind == "qp_trie" else t.Key) for k, _ in items)
+    assert [bytes(v) for v in t.values()] == [v for _, v in want]
+    assert len(t.items()) == len(t.values()) == len(t) == len(want)
+
+
 def test_variable_length_keys_in_order():
     t = b.Table(b.MAP_TYPE_QP_TRIE, 16, ctypes.c_uint32, 100)
     for k, v in [(b"abc", 1), (b"ab\0", 2), (b"ab", 3), ("vfs_read", 4)]:

@@ -35,7 +35,7 @@ import ctypes
 import itertools
 import struct
 import sys
-from collections.abc import MutableMapping
+from collections.abc import ItemsView, MutableMapping, ValuesView
 from typing import Any, Iterable, Iterator, Optional
 
 import numpy as np
@@ -355,21 +355,13 @@ class Table(MutableMapping):
             return self._map.batch_items(_BATCH, self._key_ints, self._value_ints)
         return self._batch_items()
 
-    def _array_batches(self) -> Iterator[Iterator[tuple[int, int]]]:
-        key_code, value_code = self._array_codes
+    def _raw_batches(self) -> Iterator[tuple[bytes, bytes, int]]:
+        """The map's native batches, ``(keys, values, count)``, each going
+        on after the last key of the one before."""
         after = None
         while True:
             keys, values, n = self._map.lookup_batch(after, _BATCH)
-            yield zip(array.array(key_code, keys), array.array(value_code, values))
-            if n < _BATCH:
-                return
-            after = keys[-self.key_size :]
-
-    def _batch_items(self) -> Iterator[tuple[Any, Any]]:
-        after = None
-        while True:
-            keys, values, n = self._map.lookup_batch(after, _BATCH)
-            yield from self._unpack(keys, values, n)
+            yield keys, values, n
             if n < _BATCH:
                 return
             stride = self._map.batch_stride
@@ -377,6 +369,46 @@ class Table(MutableMapping):
             if self.var_keys:
                 last = last[4 : 4 + int.from_bytes(last[:4], sys.byteorder)]
             after = last
+
+    def _array_batches(self) -> Iterator[Iterator[tuple[int, int]]]:
+        key_code, value_code = self._array_codes
+        for keys, values, _ in self._raw_batches():
+            yield zip(array.array(key_code, keys), array.array(value_code, values))
+
+    def _batch_items(self) -> Iterator[tuple[Any, Any]]:
+        for batch in self._raw_batches():
+            yield from self._unpack(*batch)
+
+    def _objects(self, ctype: type, packed: bytes, n: int, size: int) -> Iterator[Any]:
+        """``n`` objects of ``ctype`` copied out of ``packed``, ``size``
+        bytes each, as a lookup gives them (``map``: no Python frame an
+        object)."""
+        return map(ctype.from_buffer_copy, itertools.repeat(packed, n), range(0, n * size, size))
+
+    def _leaf_batches(self) -> Iterator[Any]:
+        """Every value as a ``Leaf``, read in native batches."""
+        for _, values, n in self._raw_batches():
+            yield from self._objects(self.Leaf, values, n, self.value_size)
+
+    def _object_batches(self) -> Iterator[tuple[Any, Any]]:
+        """Every (key, value) as iteration and lookups give them (``Key``
+        or ``bytes``, ``Leaf``), read in native batches."""
+        for keys, values, n in self._raw_batches():
+            leaves = self._objects(self.Leaf, values, n, self.value_size)
+            if self.var_keys:
+                yield from zip((k for k, _ in self._unpack(keys, values, n)), leaves)
+            else:
+                yield from zip(self._objects(self.Key, keys, n, self.key_size), leaves)
+
+    def items(self) -> ItemsView:
+        """The (key, value) pairs a lookup of each key would give, read
+        in native batches (no lookup a key: about a quarter of the time)."""
+        return _BatchedItems(self)
+
+    def values(self) -> ValuesView:
+        """The values a lookup of each key would give, read in native
+        batches."""
+        return _BatchedValues(self)
 
     def items_update_batch(self, keys: Iterable[Any], values: Iterable[Any], flags: int = BPF_ANY) -> int:
         """Stores each key with its value, in order; how many were stored.
@@ -453,6 +485,21 @@ class Table(MutableMapping):
             self._rows(values, self.value_size, "values"),
             flags,
         )
+
+
+class _BatchedItems(ItemsView):
+    """``Table.items()``: a mapping's items view whose walk reads the map
+    in native batches."""
+
+    def __iter__(self) -> Iterator[tuple[Any, Any]]:
+        return self._mapping._object_batches()
+
+
+class _BatchedValues(ValuesView):
+    """``Table.values()``, walked in native batches."""
+
+    def __iter__(self) -> Iterator[Any]:
+        return self._mapping._leaf_batches()
 
 
 class _ObjectValues:
