@@ -189,12 +189,18 @@ def hash_map(n: int, reps: int) -> list[dict]:
         for k in t:
             t[k]
 
+    def items():
+        # The same pairs (Key and Leaf objects), read in native batches.
+        for k, v in t.items():
+            pass
+
     cases = {
         "for k, v in table.items_lookup_batch()": batch_walk,
         "list(table.items_lookup_batch())": lambda: list(t.items_lookup_batch()),
         "bpfmaps_rs.Table.items_many": t.items_many,
         "for k in table": walk,
         "for k in table: table[k]": walk_items,
+        "for k, v in table.items()": items,
     }
     for name, r in in_turns(cases, n, reps).items():
         rows.append({"case": "hash,op=read_all", "impl": name, **r})

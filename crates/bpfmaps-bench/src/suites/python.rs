@@ -112,7 +112,8 @@ impl Suite for Python {
         keys: `t[k]` on a `bpfmaps_rs.Table` against a `dict`, `lookup_many`, and the whole \
         table read by `items_lookup_batch` (pairs of ints, walked with `for k, v in` and \
         collected by `list`) and `items_many` (numpy arrays) against a `for k in table` walk, \
-        bare and with `table[k]` for each key (BCC's `items()`). Medians of \
+        bare and with `table[k]` for each key (BCC's `items()`, against `table.items()`, the \
+        same objects read in batches). Medians of \
         repetitions timed in turns.";
     const BASELINE: &'static str = "pytricia.get";
 
@@ -228,6 +229,11 @@ impl Suite for Python {
             (
                 "hash,op=read_all",
                 "for k, v in table.items_lookup_batch()",
+                "for k in table: table[k]",
+            ),
+            (
+                "hash,op=read_all",
+                "for k, v in table.items()",
                 "for k in table: table[k]",
             ),
             (
