@@ -138,7 +138,6 @@ struct BatchItems {
     next: usize,
     /// Whether the map may hold more: the last batch came back full.
     more: bool,
-    key_ints: Option<bool>,
     value_ints: Option<bool>,
     /// The pair handed out last, filled again in place when nothing else
     /// holds it (as CPython's `zip` reuses its tuple): a loop that
@@ -181,7 +180,7 @@ impl BatchItems {
         let i = self.next;
         self.next += 1;
         let key = self.layout.key(&self.keys, i).map_err(py_err)?;
-        let k = as_py(py, key, self.key_ints)?;
+        let k = PyBytes::new(py, key).into_any();
         let value = &self.values[i * self.value_size..][..self.value_size];
         let v = as_py(py, value, self.value_ints)?;
         if let Some(pair) = &self.pair {
@@ -350,15 +349,15 @@ impl RawMap {
 
     /// Every (key, value) pair, read `count` entries a native batch and
     /// handed out one pair at a time (BCC's `items_lookup_batch()`
-    /// generator). Keys and values come as `bytes` (a variable-length key
-    /// without its length), or as ints of their size in native byte order
-    /// where `key_ints` / `value_ints` say signed (`True`) or unsigned
-    /// (`False`).
-    #[pyo3(signature = (count, key_ints=None, value_ints=None))]
+    /// generator), for the maps whose keys vary in length (integer keys
+    /// take arrays, on the Python side). Keys come as `bytes` without
+    /// their length; values as `bytes`, or as ints of their size in
+    /// native byte order where `value_ints` says signed (`True`) or
+    /// unsigned (`False`).
+    #[pyo3(signature = (count, value_ints=None))]
     fn batch_items(
         slf: Bound<'_, Self>,
         count: usize,
-        key_ints: Option<bool>,
         value_ints: Option<bool>,
     ) -> PyResult<BatchItems> {
         if count == 0 {
@@ -375,7 +374,6 @@ impl RawMap {
             len: 0,
             next: 0,
             more: true,
-            key_ints,
             value_ints,
             pair: None,
         })
@@ -647,8 +645,7 @@ fn prefix<const N: usize>(obj: &Bound<'_, PyAny>) -> PyResult<([u8; N], u8)> {
 }
 
 /// What `Lpm`'s readers are given: an address, or a prefix ("addr/len",
-/// an (addr, len) pair, an `ipaddress` network), told apart as the
-/// Python side's `Lpm._is_prefix` does.
+/// an (addr, len) pair, an `ipaddress` network).
 enum LpmKey<const N: usize> {
     Address([u8; N]),
     Prefix(([u8; N], u8)),
@@ -749,11 +746,11 @@ impl Lpm {
         let stored = match &self.table {
             Table::V4(t) => match LpmKey::<4>::of(key)? {
                 LpmKey::Address(a) => t.get(Ipv4Addr::from(a), &guard),
-                LpmKey::Prefix(p) => t.covering(v4net(p)).last().map(|&(_, v)| v),
+                LpmKey::Prefix(p) => t.covering(v4net(p)).pop().map(|(_, v)| v),
             },
             Table::V6(t) => match LpmKey::<16>::of(key)? {
                 LpmKey::Address(a) => t.get(Ipv6Addr::from(a), &guard),
-                LpmKey::Prefix(p) => t.covering(v6net(p)).last().map(|&(_, v)| v),
+                LpmKey::Prefix(p) => t.covering(v6net(p)).pop().map(|(_, v)| v),
             },
         };
         let Some(stored) = stored else {
@@ -773,15 +770,20 @@ impl Lpm {
             .map_err(|_| PyValueError::new_err("the table holds handles already"))
     }
 
-    /// The longest prefix holding `addr` as "addr/len", with its value.
-    fn longest_match(&self, addr: &Bound<'_, PyAny>) -> PyResult<Option<(String, u64)>> {
+    /// The longest stored prefix holding `key` (an address or a prefix,
+    /// as `LpmKey` tells) as "addr/len", with its value.
+    fn longest_match(&self, key: &Bound<'_, PyAny>) -> PyResult<Option<(String, u64)>> {
         Ok(match &self.table {
-            Table::V4(t) => t
-                .longest_match(Ipv4Addr::from(address::<4>(addr)?))
-                .map(|(p, v)| (p.to_string(), v)),
-            Table::V6(t) => t
-                .longest_match(Ipv6Addr::from(address::<16>(addr)?))
-                .map(|(p, v)| (p.to_string(), v)),
+            Table::V4(t) => match LpmKey::<4>::of(key)? {
+                LpmKey::Address(a) => t.longest_match(Ipv4Addr::from(a)),
+                LpmKey::Prefix(p) => t.covering(v4net(p)).pop(),
+            }
+            .map(|(p, v)| (p.to_string(), v)),
+            Table::V6(t) => match LpmKey::<16>::of(key)? {
+                LpmKey::Address(a) => t.longest_match(Ipv6Addr::from(a)),
+                LpmKey::Prefix(p) => t.covering(v6net(p)).pop(),
+            }
+            .map(|(p, v)| (p.to_string(), v)),
         })
     }
 

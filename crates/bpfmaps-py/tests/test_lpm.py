@@ -26,6 +26,8 @@ def test_pytricia_shape():
     with pytest.raises(KeyError):
         t["11.0.0.1"]
     assert t.get_key("10.1.2.3") == "10.1.0.0/16" and t.get_key("11.0.0.0") is None
+    assert t.get_key("10.1.2.0/24") == "10.1.0.0/16" and t.get_key(("10.0.0.0", 9)) == "10.0.0.0/8"
+    assert t.get_key("10.0.0.0/7") is None
     assert "10.200.0.1" in t and "11.0.0.0" not in t
     assert t.has_key("10.0.0.0/8") and not t.has_key("10.0.0.0/9")
     assert t.covering("10.1.2.0/24") == [("10.0.0.0/8", 1), ("10.1.0.0/16", 2)]

@@ -352,7 +352,7 @@ class Table(MutableMapping):
             return itertools.chain.from_iterable(self._array_batches())
         if self._native_pairs:
             # Bytes keys: the pairs made natively, a pair a step.
-            return self._map.batch_items(_BATCH, self._key_ints, self._value_ints)
+            return self._map.batch_items(_BATCH, self._value_ints)
         return self._batch_items()
 
     def _raw_batches(self) -> Iterator[tuple[bytes, bytes, int]]:
@@ -628,19 +628,6 @@ class Lpm(_ObjectValues):
 
     insert = __setitem__
 
-    @staticmethod
-    def _is_prefix(key: Any) -> bool:
-        return (isinstance(key, str) and "/" in key) or isinstance(key, tuple) or hasattr(key, "prefixlen")
-
-    def _match(self, key: Any) -> Optional[tuple]:
-        """The longest stored prefix holding ``key`` and its value."""
-        if self._is_prefix(key):
-            found = self._t.covering(key)
-            m = found[-1] if found else None
-        else:
-            m = self._t.longest_match(key)
-        return None if m is None else (m[0], self._obj(m[1]))
-
     def _use_objects(self, objs: list) -> None:
         self._t.use_objects(objs)
 
@@ -660,7 +647,7 @@ class Lpm(_ObjectValues):
 
     def get_key(self, key: Any) -> Optional[str]:
         """The longest stored prefix holding ``key``, as ``"addr/len"``."""
-        m = self._match(key)
+        m = self._t.longest_match(key)
         return None if m is None else m[0]
 
     def __contains__(self, key: Any) -> bool:
