@@ -11,7 +11,7 @@
 //! protocol u8, direction u8), the pools values are drawn from, one
 //! seed. Every packet must get the same rule from both.
 
-use std::collections::HashSet;
+use std::collections::{BTreeMap, HashSet};
 use std::time::Instant;
 
 use bpfmaps::hashtab::TypedHashMap;
@@ -292,6 +292,14 @@ fn six_lookups(h: &TypedHashMap<[u8; 8], u32>, k: &[u8; 8], guard: &Guard) -> Op
     None
 }
 
+/// `key count, ...` for each key of `m` in order.
+fn counts<K: Ord>(m: &BTreeMap<K, usize>, key: impl Fn(&K) -> String) -> String {
+    m.iter()
+        .map(|(k, v)| format!("{} {v}", key(k)))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
 /// The map holding `rules` (each rule's value its index).
 fn build_map(schema: &Schema, rules: &[Policy]) -> WildcardMap {
     let map = WildcardMap::new(schema.clone(), 4, rules.len() as u32).expect("a map");
@@ -389,13 +397,43 @@ fn one_case(ctx: &Ctx, shape: &str, n: usize, n_packets: usize) -> Vec<Record> {
             ])
         };
         let (mut wrong, mut probed, mut matched) = (0, 0, 0);
+        // Packets by the priority of their answer (`None`: no rule), and
+        // by the tables probed for them; the six lookups' probes.
+        let mut by_priority = BTreeMap::<Option<u32>, usize>::new();
+        let mut by_probed = BTreeMap::<usize, usize>::new();
+        let mut six_probes = 0;
         let guard = bpfmaps::pin();
         for (p, k) in packets.iter().zip(&keys) {
             let answer = by_map(k, &guard);
             wrong += usize::from(answer != by_hash(k, &guard));
             wrong += usize::from(by_packet(p, &guard) != answer);
             matched += usize::from(answer != u32::MAX);
-            probed += map.classify_counting(p, &guard).1;
+            let (hit, n) = map.classify_counting(p, &guard);
+            probed += n;
+            *by_priority.entry(hit.map(|(r, _)| r.priority)).or_default() += 1;
+            *by_probed.entry(n).or_default() += 1;
+            // Cilium's order: a rule's pattern is its priority, and the
+            // lookups up to it are made.
+            six_probes += rules
+                .get(answer as usize)
+                .map_or(PATTERNS.len(), |r| r.pattern + 1);
+        }
+        if traffic == "inside" {
+            ctx.note(&format!(
+                "wildcard-cilium {shape} {}: rules by priority: {}; packets by their answer's \
+                 priority: {}; by the tables probed: {}; the six lookups' probes a packet {:.2}",
+                rules.len(),
+                counts(
+                    &rules.iter().fold(BTreeMap::new(), |mut m, r| {
+                        *m.entry(r.pattern).or_default() += 1;
+                        m
+                    }),
+                    usize::to_string
+                ),
+                counts(&by_priority, |p| p.map_or("none".into(), |p| p.to_string())),
+                counts(&by_probed, usize::to_string),
+                six_probes as f64 / packets.len() as f64
+            ));
         }
         // The bursts' answers, checked too.
         let mut out = vec![None; packets.len()];
