@@ -358,6 +358,11 @@ fn one_case(ctx: &Ctx, shape: &str, n: usize, n_packets: usize) -> Vec<Record> {
     let (rules, ids) = policies(shape, n, &mut rng);
     let hash_keys: usize = rules.iter().map(|p| p.hash_keys().count()).sum();
     let c = case(&[("shape", &shape), ("rules", &rules.len())]);
+    // A rule's pattern is its priority (Cilium's order).
+    let mut rules_by_priority = BTreeMap::<usize, usize>::new();
+    for r in &rules {
+        *rules_by_priority.entry(r.pattern).or_default() += 1;
+    }
 
     flush_deferred();
     let probe = MemProbe::start();
@@ -423,13 +428,7 @@ fn one_case(ctx: &Ctx, shape: &str, n: usize, n_packets: usize) -> Vec<Record> {
                 "wildcard-cilium {shape} {}: rules by priority: {}; packets by their answer's \
                  priority: {}; by the tables probed: {}; the six lookups' probes a packet {:.2}",
                 rules.len(),
-                counts(
-                    &rules.iter().fold(BTreeMap::new(), |mut m, r| {
-                        *m.entry(r.pattern).or_default() += 1;
-                        m
-                    }),
-                    usize::to_string
-                ),
+                counts(&rules_by_priority, usize::to_string),
                 counts(&by_priority, |p| p.map_or("none".into(), |p| p.to_string())),
                 counts(&by_probed, usize::to_string),
                 six_probes as f64 / packets.len() as f64
