@@ -435,7 +435,11 @@ fn a_load_into_an_empty_map_leaves_books_the_updates_after_it_use() {
 /// walk and kept beside the updates after it until they wear it out,
 /// `order.rs`): each step gives the model's next rule, from any rule,
 /// held or not, across inserts, replacements, removals and rebuilds.
+/// Not under Miri: the walk is safe code under the writer lock
+/// (`order.rs`), and the oracle tests take the updates' unsafe paths
+/// there (this test was 74 s of Miri's wall time, docs/testing.md).
 #[test]
+#[cfg_attr(miri, ignore = "safe code: the rule order under the writer lock")]
 fn walks_between_updates_give_the_next_rule_held() {
     use rand::{Rng, SeedableRng};
     use std::ops::Bound::{Excluded, Unbounded};
@@ -1166,7 +1170,11 @@ fn against_the_oracle(m: &WildcardMap, schema: &Schema, ops: &[Op]) -> Result<()
                 }
             }
             prop_assert_eq!(m.len(), o.len());
-            m.check_structure();
+            // Under Miri every fourth step and the last: the check is
+            // safe code, and most of those tests' time there.
+            if !cfg!(miri) || i % 4 == 3 || i + 1 == ops.len() {
+                m.check_structure();
+            }
         }
         for rule in &held {
             prop_assert_eq!(m.get(rule, &guard), o.get(rule));
@@ -1300,7 +1308,7 @@ fn classbench_sets_classify_as_the_oracle_does() {
 fn readers_never_miss_a_stable_rule_while_a_writer_churns() {
     let s = five_tuple();
     let m = WildcardMap::with_collision_limit(s.clone(), 4, 10_000, 3).unwrap();
-    readers_under_churn(m, &[1, 80, 443, 6], crate::scaled(3000, 40));
+    readers_under_churn(m, &[1, 80, 443, 6], crate::scaled(3000, 20));
 }
 
 /// The same with the engine of one-prefix-field schemas: readers see
@@ -1311,8 +1319,9 @@ fn prefix_engine_readers_never_miss_a_stable_rule_while_a_writer_churns() {
     let m = WildcardMap::new(s, 4, 10_000).unwrap();
     // Fewer rounds under Miri, where each insert's walk of the trie for
     // the prefixes above it made 40 rounds take about 5 minutes of wall
-    // time (docs/testing.md, Miri).
-    readers_under_churn(m, &[], crate::scaled(3000, 16));
+    // time, 16 about 2 (docs/testing.md, Miri). 8 still load, insert,
+    // rewrite and remove (the window is 6 there).
+    readers_under_churn(m, &[], crate::scaled(3000, 8));
 }
 
 /// Two readers classify while a writer churns rules of better priority
