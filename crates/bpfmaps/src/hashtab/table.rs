@@ -38,9 +38,48 @@ use crate::core::prefetch::prefetch;
 use crate::core::reclaim::{Guard, pin};
 use crate::hash::HashPolicy;
 
-/// How many buckets ahead a batch walk asks for the element a bucket
-/// holds (its first; the chains are short).
-const WALK_PREFETCH_BUCKETS: usize = 16;
+/// Buckets a batch walk reads at a time (`lookup_batch`). 16, 32 and 64
+/// walked a 100K-entry map equally fast (docs/benchmarks.md, "The batch
+/// walk in windows").
+const WALK_WINDOW: usize = 32;
+
+/// Where a batch walk copies its entries, back to back.
+struct Out<'a> {
+    keys: &'a mut [u8],
+    values: &'a mut [u8],
+    layout: ElemLayout,
+    room: usize,
+}
+
+impl Out<'_> {
+    /// Copies the chain from `p` on, from entry `copied` on; false once
+    /// the room is full.
+    #[inline(always)]
+    fn chain(&mut self, mut p: *mut ElemHeader, copied: &mut usize) -> bool {
+        let (ks, vs) = (self.layout.key_size, self.layout.value_size);
+        while let Some(e) = ptr::NonNull::new(p) {
+            if *copied == self.room {
+                return false;
+            }
+            let e = ElemPtr(e);
+            // SAFETY: reachable under the walk's guard; a reachable
+            // element's key and value are never written (invariant 2).
+            unsafe {
+                self.keys[*copied * ks..][..ks].copy_from_slice(e.key(&self.layout));
+                bytes::copy(
+                    &mut self.values[*copied * vs..][..vs],
+                    e.value(&self.layout),
+                );
+                p = e.header().next.load(Ordering::Acquire);
+            }
+            *copied += 1;
+        }
+        true
+    }
+}
+
+/// The first elements of a window's non-empty buckets, in bucket order.
+type Firsts = [*mut ElemHeader; WALK_WINDOW];
 
 /// One hash bucket: its chain head and the stripe its writers lock. Heads
 /// are a dense array of pointers (8 bytes a bucket, all a pinned reader
@@ -469,8 +508,16 @@ impl RawTable {
     /// restart of [`next_key`](Self::next_key): a missing `after` starts
     /// from the first bucket) into `keys` and `values`, back to back.
     /// Each value is one element's, whole (invariant 2). The guard is
-    /// renewed between buckets, every `repin_every` entries or so, so a
-    /// long batch does not hold back reclamation.
+    /// renewed between windows of buckets, every `repin_every` entries or
+    /// so, so a long batch does not hold back reclamation.
+    ///
+    /// The buckets go in windows of [`WALK_WINDOW`], a pipeline of three
+    /// steps a window apart: the window ahead's heads are read and their
+    /// first elements asked for; this window's second elements are asked
+    /// for (their firsts came in a window ago); then this window is
+    /// copied. A walk bucket by bucket waited on each element in turn and
+    /// mispredicted the empty buckets, about half of a full table's;
+    /// here the heads are gathered without a branch.
     pub fn lookup_batch(
         &self,
         after: Option<&[u8]>,
@@ -480,50 +527,74 @@ impl RawTable {
         repin_every: usize,
     ) -> usize {
         let layout = *self.layout();
-        let (ks, vs) = (layout.key_size, layout.value_size);
+        let mut copied = 0;
+        let mut out = Out {
+            keys,
+            values,
+            layout,
+            room,
+        };
         let mut guard = pin();
-        let mut p = ptr::null_mut();
-        let mut bucket = 0;
+        let mut start = 0;
         if let Some(key) = after {
             let hash = self.hash(key);
             if let Some(e) = self.find(key, hash, &guard) {
+                // The rest of the chain `after` sits in.
                 // SAFETY: reachable under the guard.
-                p = unsafe { e.header() }.next.load(Ordering::Acquire);
-                bucket = (hash as usize & self.mask) + 1;
+                let rest = unsafe { e.header() }.next.load(Ordering::Acquire);
+                if !out.chain(rest, &mut copied) {
+                    return room;
+                }
+                start = (hash as usize & self.mask) + 1;
             }
         }
-        let (mut copied, mut pinned_at) = (0, 0);
-        while copied < room {
-            if let Some(e) = ptr::NonNull::new(p) {
-                let e = ElemPtr(e);
-                // SAFETY: reachable under the guard; a reachable element's
-                // key and value are never written (invariant 2).
-                unsafe {
-                    keys[copied * ks..][..ks].copy_from_slice(e.key(&layout));
-                    bytes::copy(&mut values[copied * vs..][..vs], e.value(&layout));
-                    p = e.header().next.load(Ordering::Acquire);
-                }
-                copied += 1;
-                continue;
+        let mut firsts: Firsts = [ptr::null_mut(); WALK_WINDOW];
+        let mut ahead = firsts;
+        let (mut len, mut end) = self.read_window(start, &mut firsts);
+        let mut pinned_at = 0;
+        loop {
+            let (ahead_len, ahead_end) = self.read_window(end, &mut ahead);
+            for &first in &firsts[..len] {
+                // SAFETY: read from a head under the guard.
+                prefetch(unsafe { &*first }.next.load(Ordering::Relaxed));
             }
-            let Some(head) = self.heads.get(bucket) else {
-                break;
-            };
-            // Between buckets no element is held: the guard may move on.
+            for &first in &firsts[..len] {
+                if !out.chain(first, &mut copied) {
+                    return room;
+                }
+            }
+            if ahead_end == end {
+                return copied;
+            }
+            // Between windows the guard may move on; the window ahead was
+            // read under the old one, so it is read again.
             if copied - pinned_at >= repin_every {
                 guard.repin();
                 pinned_at = copied;
+                (len, end) = self.read_window(end, &mut firsts);
+            } else {
+                std::mem::swap(&mut firsts, &mut ahead);
+                (len, end) = (ahead_len, ahead_end);
             }
-            // The element some buckets on: a walk in bucket order meets
-            // elements in no order of memory, so its miss is asked for
-            // now and overlaps the copies before it.
-            if let Some(ahead) = self.heads.get(bucket + WALK_PREFETCH_BUCKETS) {
-                prefetch(ahead.load(Ordering::Relaxed));
-            }
-            p = head.load(Ordering::Acquire);
-            bucket += 1;
         }
-        copied
+    }
+
+    /// Reads the heads of a window of buckets from `start` on into
+    /// `firsts`: the non-empty ones gathered without a branch, their first
+    /// elements asked for. Returns how many, and where the window ends.
+    /// The caller holds the guard they are read under.
+    fn read_window(&self, start: usize, firsts: &mut Firsts) -> (usize, usize) {
+        let end = (start + WALK_WINDOW).min(self.heads.len());
+        let mut len = 0;
+        for head in &self.heads[start.min(end)..end] {
+            let first = head.load(Ordering::Acquire);
+            firsts[len] = first;
+            len += usize::from(!first.is_null());
+        }
+        for &first in &firsts[..len] {
+            prefetch(first);
+        }
+        (len, end)
     }
 
     /// Visits every live element (weakly consistent under concurrent writes).

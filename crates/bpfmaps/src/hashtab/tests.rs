@@ -619,6 +619,66 @@ fn concurrent_writers_lose_nothing() {
     );
 }
 
+/// Whole-map batch walks beside a writer that inserts, rewrites and
+/// deletes other keys in the same buckets: every key the writer never
+/// touches comes out exactly once with its value, and each key it
+/// touches at most once with a value it wrote, never torn. The walk reads
+/// its windows of bucket heads ahead of their copies and renews its guard
+/// between windows (`RawTable::lookup_batch`), both under the writer here.
+#[test]
+fn batch_walks_beside_a_writer_see_every_stable_key_once() {
+    use std::collections::HashSet;
+    let (stable, churned) = if cfg!(miri) { (60, 20) } else { (3000, 1000) };
+    let rounds = crate::scaled(200, 3);
+    let max = stable + churned;
+    let map = Arc::new(HashMap::new(4, 8, max).unwrap());
+    for i in 0..stable {
+        map.update(&k(i), &v(u64::from(i) * 7), BPF_NOEXIST)
+            .unwrap();
+    }
+    // A churned key's value: its key in the high half, a round below.
+    let stamp = |key: u32, round: u64| (u64::from(key) << 32) | round;
+    let done = Arc::new(AtomicBool::new(false));
+    let writer = {
+        let (map, done) = (map.clone(), done.clone());
+        std::thread::spawn(move || {
+            let mut round = 0u64;
+            while !done.load(Ordering::Relaxed) {
+                round += 1;
+                for key in stable..max {
+                    match (u64::from(key) + round) % 3 {
+                        0 => drop(map.delete(&k(key))),
+                        _ => map.update(&k(key), &v(stamp(key, round)), BPF_ANY).unwrap(),
+                    }
+                }
+            }
+        })
+    };
+    let room = max as usize;
+    let (mut keys, mut values) = (vec![0u8; 4 * room], vec![0u8; 8 * room]);
+    for _ in 0..rounds {
+        let n = map.lookup_batch(None, &mut keys, &mut values).unwrap();
+        let mut seen = HashSet::new();
+        for i in 0..n {
+            let key = u32::from_ne_bytes(keys[4 * i..][..4].try_into().unwrap());
+            let value = u64::from_ne_bytes(values[8 * i..][..8].try_into().unwrap());
+            assert!(seen.insert(key), "key {key} twice in one walk");
+            if key < stable {
+                assert_eq!(value, u64::from(key) * 7, "stable key {key}");
+            } else {
+                assert!(key < max, "a key never written: {key}");
+                assert_eq!(value >> 32, u64::from(key), "torn value of key {key}");
+            }
+        }
+        assert!(
+            (0..stable).all(|key| seen.contains(&key)),
+            "a stable key missed"
+        );
+    }
+    done.store(true, Ordering::Relaxed);
+    writer.join().unwrap();
+}
+
 #[test]
 fn lru_under_concurrent_inserts_stays_within_capacity() {
     let map = Arc::new(LruHashMap::new(4, 8, 256).unwrap());
