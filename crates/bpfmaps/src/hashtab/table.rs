@@ -44,14 +44,14 @@ use crate::hash::HashPolicy;
 const WALK_WINDOW: usize = 32;
 
 /// Where a batch walk copies its entries, back to back.
-struct Out<'a> {
+struct BatchOut<'a> {
     keys: &'a mut [u8],
     values: &'a mut [u8],
     layout: ElemLayout,
     room: usize,
 }
 
-impl Out<'_> {
+impl BatchOut<'_> {
     /// Copies the chain from `p` on, from entry `copied` on; false once
     /// the room is full.
     #[inline(always)]
@@ -528,7 +528,7 @@ impl RawTable {
     ) -> usize {
         let layout = *self.layout();
         let mut copied = 0;
-        let mut out = Out {
+        let mut out = BatchOut {
             keys,
             values,
             layout,
