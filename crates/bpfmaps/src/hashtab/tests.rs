@@ -636,7 +636,8 @@ fn batch_walks_beside_a_writer_see_every_stable_key_once() {
         map.update(&k(i), &v(u64::from(i) * 7), BPF_NOEXIST)
             .unwrap();
     }
-    // A churned key's value: its key in the high half, a round below.
+    // A churned key's value: its key in the high half, the round in the
+    // low half, so a value of another key or a torn one shows.
     let stamp = |key: u32, round: u64| (u64::from(key) << 32) | round;
     let done = Arc::new(AtomicBool::new(false));
     let writer = {

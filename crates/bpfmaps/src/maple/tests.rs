@@ -1492,8 +1492,9 @@ fn get_answers_as_load() {
         let g = pin();
         // Every index natively; under Miri every thirteenth, which still
         // meets each kind of slot (four indices a range, then a gap; 13
-        // is 1 more than a multiple of 4). Every seventh took 82 s of wall time
-        // beside the other Miri half; every thirteenth 64 s alone.
+        // is 1 more than a multiple of 4). Every seventh took 82 s of
+        // wall time beside the other Miri half; every thirteenth 64 s
+        // alone.
         let every = scaled(1, 13);
         for index in (0..n * 4 + 8)
             .step_by(every)
