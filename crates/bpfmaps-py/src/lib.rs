@@ -1,4 +1,4 @@
-//! `bpfmaps_rs._native`: the Rust side of the Python package. Two
+//! `bpfmaps_rs._native`: the Rust side of the Python package. Its
 //! classes, kept small; the Python side (`python/bpfmaps_rs/`) gives them
 //! BCC's table shape and the typed helpers.
 //!
@@ -10,12 +10,17 @@
 //!   objects, parsed here (a Python-side parse would cost more than the
 //!   lookup); `lookup_many` over a numpy array without a Python loop.
 //!
+//! - `Pairs` (`pairs.rs`): the iterator `items_lookup_batch()` returns,
+//!   made with the C API so that a loop pays no trampoline a pair.
+//!
 //! - `StrMap`, `MapleTree`, `Wildcard`: the qp-trie, the maple tree and
 //!   the wildcard map through their typed APIs (ordered and prefix
 //!   walks, ranges and free areas, rules written as text).
 //!
 //! Errors: `ENOENT` is `KeyError`, a wrong size `ValueError`, any other
 //! errno `OSError(errno, message)`.
+
+mod pairs;
 
 use std::net::{Ipv4Addr, Ipv6Addr};
 use std::sync::OnceLock;
@@ -69,29 +74,6 @@ fn check_size(what: &str, got: usize, want: usize) -> PyResult<()> {
     }
 }
 
-/// Bytes as Python sees them: `bytes`, or an int of their size (1, 2, 4
-/// or 8 bytes, native order), signed if `ints` is `Some(true)`.
-fn as_py<'py>(py: Python<'py>, b: &[u8], ints: Option<bool>) -> PyResult<Bound<'py, PyAny>> {
-    macro_rules! int {
-        ($u:ty, $i:ty) => {{
-            let raw = b.try_into().expect("size matched");
-            if ints == Some(true) {
-                <$i>::from_ne_bytes(raw).into_bound_py_any(py)
-            } else {
-                <$u>::from_ne_bytes(raw).into_bound_py_any(py)
-            }
-        }};
-    }
-    match (ints, b.len()) {
-        (None, _) => Ok(PyBytes::new(py, b).into_any()),
-        (Some(_), 1) => int!(u8, i8),
-        (Some(_), 2) => int!(u16, i16),
-        (Some(_), 4) => int!(u32, i32),
-        (Some(_), 8) => int!(u64, i64),
-        (Some(_), n) => Err(PyTypeError::new_err(format!("no int of {n} bytes"))),
-    }
-}
-
 /// Any map of the registry, through the byte contract.
 #[pyclass(frozen, module = "bpfmaps_rs._native")]
 struct RawMap {
@@ -118,92 +100,6 @@ impl RawMap {
 
     fn layout(&self) -> BatchKeys {
         BatchKeys::of(&*self.map)
-    }
-}
-
-/// The pairs of `RawMap::batch_items`: one native batch in its buffers
-/// at a time, so no list of every pair is ever alive. A batch goes on
-/// after the last key of the one before, as `lookup_batch` does.
-#[pyclass(module = "bpfmaps_rs._native")]
-struct BatchItems {
-    map: Py<RawMap>,
-    layout: BatchKeys,
-    value_size: usize,
-    keys: Vec<u8>,
-    values: Vec<u8>,
-    /// Entries a native batch asks for.
-    count: usize,
-    /// Pairs in the buffers, and the next to hand out.
-    len: usize,
-    next: usize,
-    /// Whether the map may hold more: the last batch came back full.
-    more: bool,
-    value_ints: Option<bool>,
-    /// The pair handed out last, filled again in place when nothing else
-    /// holds it (as CPython's `zip` reuses its tuple): a loop that
-    /// unpacks each pair then makes no tuple a step.
-    pair: Option<Py<PyTuple>>,
-}
-
-impl BatchItems {
-    /// Reads the next batch after the last key of this one; false when
-    /// the walk is over.
-    fn refill(&mut self, py: Python<'_>) -> PyResult<bool> {
-        if !self.more {
-            return Ok(false);
-        }
-        let map = self.map.get();
-        let after = match self.len.checked_sub(1) {
-            Some(last) => Some(self.layout.key(&self.keys, last).map_err(py_err)?.to_vec()),
-            None => None,
-        };
-        let (keys, values) = (&mut self.keys, &mut self.values);
-        let n = py
-            .allow_threads(|| map.map.lookup_batch(after.as_deref(), keys, values))
-            .map_err(|e| batch_err(py, e))?;
-        self.more = n == self.count;
-        (self.len, self.next) = (n, 0);
-        Ok(n > 0)
-    }
-}
-
-#[pymethods]
-impl BatchItems {
-    fn __iter__(slf: PyRef<'_, Self>) -> PyRef<'_, Self> {
-        slf
-    }
-
-    fn __next__<'py>(&mut self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyTuple>>> {
-        if self.next == self.len && !self.refill(py)? {
-            return Ok(None);
-        }
-        let i = self.next;
-        self.next += 1;
-        let key = self.layout.key(&self.keys, i).map_err(py_err)?;
-        let k = PyBytes::new(py, key).into_any();
-        let value = &self.values[i * self.value_size..][..self.value_size];
-        let v = as_py(py, value, self.value_ints)?;
-        if let Some(pair) = &self.pair {
-            let pair = pair.bind(py);
-            // SAFETY: a live tuple of two items that only `self` holds
-            // (one reference), so no one sees it change; `PyTuple_SetItem`
-            // takes the new items' references and drops the old ones'.
-            unsafe {
-                if pyo3::ffi::Py_REFCNT(pair.as_ptr()) == 1 {
-                    pyo3::ffi::PyTuple_SetItem(pair.as_ptr(), 0, k.into_ptr());
-                    pyo3::ffi::PyTuple_SetItem(pair.as_ptr(), 1, v.into_ptr());
-                    return Ok(Some(pair.clone()));
-                }
-            }
-        }
-        let pair = PyTuple::new(py, [k, v])?;
-        // Ints and bytes hold no references, so the pair can be in no
-        // cycle: off the collector's lists, as CPython's own collector
-        // leaves such tuples (`_PyTuple_MaybeUntrack`).
-        // SAFETY: a live tuple, tracked since its creation.
-        unsafe { pyo3::ffi::PyObject_GC_UnTrack(pair.as_ptr().cast()) };
-        self.pair = Some(pair.clone().unbind());
-        Ok(Some(pair))
     }
 }
 
@@ -349,34 +245,22 @@ impl RawMap {
 
     /// Every (key, value) pair, read `count` entries a native batch and
     /// handed out one pair at a time (BCC's `items_lookup_batch()`
-    /// generator), for the maps whose keys vary in length (integer keys
-    /// take arrays, on the Python side). Keys come as `bytes` without
-    /// their length; values as `bytes`, or as ints of their size in
-    /// native byte order where `value_ints` says signed (`True`) or
-    /// unsigned (`False`).
-    #[pyo3(signature = (count, value_ints=None))]
-    fn batch_items(
-        slf: Bound<'_, Self>,
+    /// generator; `pairs.rs`). Keys come as ints of their size in native
+    /// byte order where `key_ints` says signed (`True`) or unsigned
+    /// (`False`), else as `bytes` (without their length for keys that
+    /// vary in length); values likewise with `value_ints`.
+    #[pyo3(signature = (count, key_ints=None, value_ints=None))]
+    fn batch_items<'py>(
+        slf: Bound<'py, Self>,
         count: usize,
+        key_ints: Option<bool>,
         value_ints: Option<bool>,
-    ) -> PyResult<BatchItems> {
-        if count == 0 {
-            return Err(PyValueError::new_err("a batch of 0 entries"));
-        }
-        let (layout, value_size) = (slf.get().layout(), slf.get().value_size);
-        Ok(BatchItems {
-            keys: vec![0u8; count * layout.stride()],
-            values: vec![0u8; count * value_size],
-            layout,
-            value_size,
-            map: slf.unbind(),
-            count,
-            len: 0,
-            next: 0,
-            more: true,
-            value_ints,
-            pair: None,
-        })
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let py = slf.py();
+        pairs::new(
+            py,
+            pairs::Walk::new(slf.unbind(), count, key_ints, value_ints)?,
+        )
     }
 
     /// Moves up to `count` entries out: (keys, values, moved).
@@ -1400,7 +1284,7 @@ const CLASSIFY_CHUNK: usize = 256;
 #[pymodule]
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<RawMap>()?;
-    m.add_class::<BatchItems>()?;
+    pairs::add_type(m)?;
     m.add_class::<Lpm>()?;
     m.add_class::<StrMap>()?;
     m.add_class::<Maple>()?;

@@ -127,13 +127,13 @@ def test_create_fill_close_loop_holds_rss_flat():
     def cycle():
         t = b.Table(b.MAP_TYPE_HASH, ctypes.c_uint32, ctypes.c_uint64, 20_000)
         t.items_update_batch(range(20_000), range(20_000))
-        for k, v in t.items_lookup_batch():  # the arrays' iterator
+        for k, v in t.items_lookup_batch():  # int keys, the pair filled again
             pass
         # 5,000: two native batches, and pairs enough that a reference
         # leaked a pair would pass the bound below.
         s = b.Table(b.MAP_TYPE_QP_TRIE, 8, ctypes.c_uint64, 5000)
         s.items_update_batch([b"k%d" % i for i in range(5000)], range(5000))
-        for k, v in s.items_lookup_batch():  # the native one, its pair filled again
+        for k, v in s.items_lookup_batch():  # bytes keys, likewise
             pass
         held = list(s.items_lookup_batch())  # a pair each
         next(s.items_lookup_batch())  # left part way

@@ -129,8 +129,8 @@ def test_batches_partial_progress_and_emptying():
 
 @pytest.mark.parametrize("kind", ["ints", "bytes keys"])
 def test_batch_items_are_an_iterator_whose_pairs_stay_as_handed_out(kind):
-    # Both iterators: arrays of ints zipped, and the native one that
-    # makes bytes keys (each fills its pair again when it may).
+    # Int keys and bytes keys (the native iterator fills its pair again
+    # when nothing else holds it).
     if kind == "ints":
         t, key = table(max_entries=20_000), lambda i: i
     else:
@@ -192,6 +192,54 @@ def test_batch_items_beside_a_writer_thread(kind):
         stop.set()
         w.join()
     assert len(t) == n
+
+
+def test_batch_items_shared_by_two_threads_hand_out_each_pair_once():
+    # The GIL is let go while a batch is read; a second thread's call
+    # meanwhile is refused (ValueError, as a generator running elsewhere
+    # says), never let into the walk. Small batches: many such windows.
+    n = 20_000
+    t = table(max_entries=n)
+    t.items_update_batch(range(n), [3 * i for i in range(n)])
+    it = t._map.batch_items(16, False, False)
+    got, refused = [[], []], [0, 0]
+
+    def reader(me):
+        while True:
+            try:
+                pair = next(it)
+            except StopIteration:
+                return
+            except ValueError:
+                refused[me] += 1
+                continue
+            got[me].append(pair)
+
+    threads = [threading.Thread(target=reader, args=(i,)) for i in range(2)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    pairs = got[0] + got[1]
+    assert sorted(pairs) == [(i, 3 * i) for i in range(n)]
+    assert next(it, None) is None
+    assert list(type(it)()) == []  # one made from Python walks nothing
+    with pytest.raises(ValueError):
+        t._map.batch_items(0, False, False)
+    with pytest.raises(TypeError):
+        b.Table(b.MAP_TYPE_HASH, 3, 8, 4)._map.batch_items(16, False, False)  # no 3-byte int
+
+
+@pytest.mark.parametrize("bits", [8, 16, 32, 64])
+@pytest.mark.parametrize("signed", [False, True])
+def test_batch_items_give_every_int_size_its_extremes(bits, signed):
+    ctype = getattr(ctypes, f"c_{'' if signed else 'u'}int{bits}")
+    lo, hi = (-(1 << (bits - 1)), (1 << (bits - 1)) - 1) if signed else (0, (1 << bits) - 1)
+    model = {lo: hi, hi: lo, 0: 1, 1: 0}
+    t = b.Table(b.MAP_TYPE_HASH, ctype, ctype, 8)
+    t.items_update_batch(model.keys(), model.values())
+    assert dict(t.items_lookup_batch()) == model
+    assert [k for k, _ in t.items_lookup_batch()] == [k.value for k in t]
 
 
 def test_byte_swapped_int_types_read_back_what_was_written():

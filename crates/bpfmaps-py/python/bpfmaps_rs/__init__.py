@@ -30,7 +30,6 @@ other failure ``OSError`` with the kernel's errno (``EEXIST``, ``E2BIG``,
 
 from __future__ import annotations
 
-import array
 import ctypes
 import itertools
 import struct
@@ -157,13 +156,6 @@ class Table(MutableMapping):
         self._value_ints = _int_kind(self.Leaf)
         self._native_pairs = (self.var_keys or self._key_ints is not None) and (
             self._value_ints is not None
-        )
-        # Integer keys and values: a batch's packed buffers read as
-        # arrays of the ctypes types' own codes (array's codes are C's).
-        self._array_codes = (
-            (self.Key._type_, self.Leaf._type_)
-            if self._native_pairs and not self.var_keys
-            else None
         )
         self.map_type, _, _, self.max_entries, self.flags, self.extra = self._map.info()
 
@@ -345,14 +337,10 @@ class Table(MutableMapping):
         that key makes a hash map start over from its first key (the
         kernel's ``get_next_key`` rule), so take ``list(...)`` first to
         change the map while reading it."""
-        if self._array_codes:
-            # Each native batch as two arrays of ints, zipped: the loop
-            # over the pairs is C's (zip, array), with no call into the
-            # extension and no Python frame a pair.
-            return itertools.chain.from_iterable(self._array_batches())
         if self._native_pairs:
-            # Bytes keys: the pairs made natively, a pair a step.
-            return self._map.batch_items(_BATCH, self._value_ints)
+            # Int or bytes keys, int values: the pairs made natively, with
+            # no Python frame a pair.
+            return self._map.batch_items(_BATCH, self._key_ints, self._value_ints)
         return self._batch_items()
 
     def _raw_batches(self) -> Iterator[tuple[bytes, bytes, int]]:
@@ -369,11 +357,6 @@ class Table(MutableMapping):
             if self.var_keys:
                 last = last[4 : 4 + int.from_bytes(last[:4], sys.byteorder)]
             after = last
-
-    def _array_batches(self) -> Iterator[Iterator[tuple[int, int]]]:
-        key_code, value_code = self._array_codes
-        for keys, values, _ in self._raw_batches():
-            yield zip(array.array(key_code, keys), array.array(value_code, values))
 
     def _batch_items(self) -> Iterator[tuple[Any, Any]]:
         for batch in self._raw_batches():

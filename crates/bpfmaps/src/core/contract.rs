@@ -518,7 +518,7 @@ impl BatchKeys {
 
     /// Fills slot `i` of `keys`: `write` puts a key into the
     /// `key_size`-byte buffer it is given and returns the key's length.
-    fn put(
+    pub(crate) fn put(
         self,
         keys: &mut [u8],
         i: usize,

@@ -66,7 +66,7 @@ impl BatchOut<'_> {
             // SAFETY: reachable under the walk's guard; a reachable
             // element's key and value are never written (invariant 2).
             unsafe {
-                self.keys[*copied * ks..][..ks].copy_from_slice(e.key(&self.layout));
+                bytes::copy(&mut self.keys[*copied * ks..][..ks], e.key(&self.layout));
                 bytes::copy(
                     &mut self.values[*copied * vs..][..vs],
                     e.value(&self.layout),

@@ -6,11 +6,13 @@
 
 use super::qptrie::{MAX_KEY_SIZE, QpTrieMap};
 use super::tst::TstMap;
-use crate::core::contract::{Caps, MapInfo, MapOps, MapType};
+use crate::core::contract::{
+    BATCH_PIN_CHUNK, BatchError, BatchKeys, Caps, MapInfo, MapOps, MapType,
+};
 use crate::core::error::{Error, Result};
 use crate::core::family::{Family, KeyKind, SizeRule};
 use crate::core::flags::{BPF_F_NO_PREALLOC, UpdateFlag};
-use crate::core::reclaim::Guard;
+use crate::core::reclaim::{Guard, pin};
 
 impl MapType {
     /// The qp-trie string map (not in the kernel: a private number).
@@ -102,6 +104,59 @@ macro_rules! string_map_family {
                 _: &Guard,
             ) -> Result<()> {
                 self.remove(key, Some(value))
+            }
+
+            /// Straight from the tree in order: up to `BATCH_PIN_CHUNK` (64)
+            /// keys a walk under one guard, each walk going on after the
+            /// last key copied, rather than a seek from the root for every
+            /// key (the generic walk's `get_next_key`). A missing `after`
+            /// goes on from the first stored key after it, as there.
+            fn map_lookup_batch(
+                &self,
+                after: Option<&[u8]>,
+                keys: &mut [u8],
+                values: &mut [u8],
+                room: usize,
+            ) -> Result<usize, BatchError> {
+                use ::std::ops::{Bound, ControlFlow};
+                let layout = BatchKeys::of(self);
+                let vs = self.map_info().value_size as usize;
+                let mut last = after.map(<[u8]>::to_vec);
+                let mut copied = 0;
+                while copied < room {
+                    let guard = pin();
+                    let (before, mut failed) = (copied, None);
+                    let lower = last.as_deref().map_or(Bound::Unbounded, Bound::Excluded);
+                    self.for_each_in((lower, Bound::Unbounded), &guard, |k, v| {
+                        let put = layout.put(keys, copied, |slot| {
+                            slot[..k.len()].copy_from_slice(k);
+                            Ok(k.len())
+                        });
+                        if let Err(e) = put {
+                            failed = Some(e);
+                            return ControlFlow::Break(());
+                        }
+                        values[copied * vs..][..vs].copy_from_slice(v);
+                        copied += 1;
+                        if copied == room || copied - before == BATCH_PIN_CHUNK {
+                            ControlFlow::Break(())
+                        } else {
+                            ControlFlow::Continue(())
+                        }
+                    });
+                    if let Some(error) = failed {
+                        return Err(BatchError { processed: copied, error });
+                    }
+                    if copied == before {
+                        break; // past the last key
+                    }
+                    let key = layout.key(keys, copied - 1).map_err(|error| BatchError {
+                        processed: copied,
+                        error,
+                    })?;
+                    last = Some(key.to_vec());
+                }
+                Ok(copied)
             }
 
             /// Byte order, a key before its extensions. A key that is not
@@ -220,6 +275,83 @@ mod tests {
         assert_eq!(map.lookup_and_delete_batch(&mut keys, &mut values), Ok(5));
         assert_eq!(layout.key(&keys, 1).unwrap(), b"ab\0");
         assert_eq!(map.len(), 0);
+    }
+
+    /// The string maps' own `lookup_batch` (walks of the tree) gives what
+    /// the generic walk (`get_next_key` and `lookup`, key by key) gives:
+    /// the same entries in the same order, from the start, from a stored
+    /// key and from one not stored, in batches smaller and larger than a
+    /// walk's [`BATCH_PIN_CHUNK`](crate::core::contract::BATCH_PIN_CHUNK).
+    #[test]
+    fn lookup_batch_matches_the_generic_walk() {
+        use super::{QpTrieMap, TstMap};
+        use crate::core::contract::{Map, MapOps, lookup_each};
+        let n = if cfg!(miri) { 40 } else { 600 };
+        // Keys sharing prefixes, a key beside its extensions (`k1`, `k1\0`,
+        // `k10`), lengths 1 to 12.
+        let stored: Vec<Vec<u8>> = (0..n)
+            .map(|i: u32| match i % 4 {
+                0 => format!("k{i}").into_bytes(),
+                1 => format!("k{}\0", i - 1).into_bytes(),
+                2 => i.wrapping_mul(2_654_435_761).to_be_bytes()[..1 + i as usize % 4].to_vec(),
+                _ => format!("sym_{i:x}_x").into_bytes(),
+            })
+            .collect();
+        let qp = QpTrieMap::new(12, 4, 1000)
+            .unwrap()
+            .with_map_extra(3 | 40 << 8)
+            .unwrap();
+        let tst = TstMap::new(12, 4, 1000).unwrap();
+        for (i, k) in stored.iter().enumerate() {
+            let v = (i as u32).to_ne_bytes();
+            qp.update(k, &v, BPF_ANY).unwrap();
+            tst.update(k, &v, BPF_ANY).unwrap();
+        }
+        /// One read of a batch: `(after, keys, values)` to how many.
+        type Read<'a> = &'a dyn Fn(Option<&[u8]>, &mut [u8], &mut [u8]) -> usize;
+        /// The whole walk from `after` in batches of `room`.
+        fn batches(room: usize, after: Option<&[u8]>, read: Read<'_>) -> Vec<(Vec<u8>, u32)> {
+            let layout = BatchKeys::of(&TstMap::new(12, 4, 1).unwrap());
+            let (mut walked, mut after) = (Vec::new(), after.map(<[u8]>::to_vec));
+            loop {
+                let mut keys = vec![0; room * layout.stride()];
+                let mut values = vec![0; room * 4];
+                let got = read(after.as_deref(), &mut keys, &mut values);
+                for (i, v) in values.chunks(4).enumerate().take(got) {
+                    let key = layout.key(&keys, i).unwrap().to_vec();
+                    walked.push((key, u32::from_ne_bytes(v.try_into().unwrap())));
+                }
+                if got < room {
+                    return walked;
+                }
+                after = Some(walked.last().unwrap().0.clone());
+            }
+        }
+        fn agree<T: MapOps>(map: &T, room: usize, after: Option<&[u8]>) -> usize {
+            let ours = batches(room, after, &|a, k, v| map.lookup_batch(a, k, v).unwrap());
+            let generic = batches(room, after, &|a, k, v| {
+                lookup_each(map, a, k, v, room).unwrap()
+            });
+            assert_eq!(ours, generic, "room {room}, after {after:?}");
+            ours.len()
+        }
+        let rooms: &[usize] = if cfg!(miri) {
+            &[3, 64]
+        } else {
+            &[1, 3, 64, 65, 200, 1000]
+        };
+        for &room in rooms {
+            for after in [
+                None,
+                Some(&b"k17"[..]),
+                Some(&b"k17\x01"[..]),
+                Some(&b"\xff\xff"[..]),
+            ] {
+                agree(&qp, room, after);
+                agree(&tst, room, after);
+            }
+            assert_eq!(agree(&qp, room, None), n as usize);
+        }
     }
 
     #[test]
