@@ -400,13 +400,18 @@ impl<'g> Node<'g> {
     /// A bucket's records in order: each key's rest past the skip, and its
     /// value.
     pub fn bucket_entries(self, value_size: usize) -> BucketEntries<'g> {
+        self.bucket_entries_from(value_size, 0)
+    }
+
+    /// A bucket's records in order from record `first` on.
+    pub fn bucket_entries_from(self, value_size: usize, first: usize) -> BucketEntries<'g> {
         let bucket = self.bucket(value_size);
-        // The first offset is 0: the records start where the offsets end.
+        let first = first.min(bucket.len());
         BucketEntries {
-            ends: &bucket.offsets[2..],
+            ends: &bucket.offsets[2 * (first + 1)..],
             records: bucket.records,
             value_size,
-            start: 0,
+            start: bucket.offset(first),
         }
     }
 

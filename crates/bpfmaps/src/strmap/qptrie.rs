@@ -1110,7 +1110,21 @@ impl QpTrieMap {
             }
         }
         if node.is_bucket() {
-            for (rest, value) in node.bucket_entries(self.limits.value_size) {
+            // The records are sorted: where the lower bound runs through
+            // the bucket, a binary search finds the first not below it,
+            // and none after it is.
+            let mut first = 0;
+            if let (true, Bound::Included(b) | Bound::Excluded(b)) = (BOUNDED, lower)
+                && b.len() >= key.len
+            {
+                let bucket = node.bucket(self.limits.value_size);
+                first = match bucket.search(&b[key.len..]) {
+                    Ok(i) => i + usize::from(matches!(lower, Bound::Excluded(_))),
+                    Err(i) => i,
+                };
+                lower = Bound::Unbounded;
+            }
+            for (rest, value) in node.bucket_entries_from(self.limits.value_size, first) {
                 let before = key.len;
                 key.extend(rest);
                 visit::<BOUNDED, _>(key.get(), value, (lower, upper), f)?;
@@ -1128,7 +1142,16 @@ impl QpTrieMap {
         if let Some(value) = parts.end {
             visit::<BOUNDED, _>(key.get(), value, (lower, upper), f)?;
         }
-        for (i, &label) in parts.labels.iter().enumerate() {
+        // Where the lower bound runs through this node, the children
+        // whose label is below its next byte hold only keys below it:
+        // a seek (`get_next_key`, a walk going on from a key) starts at
+        // the first child that can pass it instead of visiting each.
+        let first = if BOUNDED {
+            first_child_from(lower, key.len, parts.labels)
+        } else {
+            0
+        };
+        for (i, &label) in parts.labels.iter().enumerate().skip(first) {
             // The next child node's children, asked for a subtree ahead:
             // entering a node, the walk goes straight to its first child,
             // too soon for that node's own prefetch to help.
@@ -1709,6 +1732,19 @@ where
         }
     }
     f(key, value)
+}
+
+/// The index of the first of a node's sorted `labels` (at byte `depth` of
+/// its keys) that can lead to a key not below `lower`, where `lower` runs
+/// through the node (its path is `lower`'s first `depth` bytes) or is
+/// behind it.
+fn first_child_from(lower: Bound<&[u8]>, depth: usize, labels: &[u8]) -> usize {
+    match lower {
+        Bound::Included(b) | Bound::Excluded(b) if b.len() > depth => {
+            labels.partition_point(|&label| label < b[depth])
+        }
+        _ => 0,
+    }
 }
 
 /// Whether `key` is before the `lower` bound.
