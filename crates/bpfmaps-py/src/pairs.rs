@@ -9,8 +9,8 @@
 //! the result) cost more than making the pair does. The pair is a tuple
 //! filled again in place when nothing else holds it, as CPython's `zip`
 //! reuses its tuple, so a loop that unpacks each pair makes no tuple a
-//! step: the pair costs its two ints (docs/benchmarks.md, "The native
-//! pairs").
+//! step: the pair costs its two ints (docs/benchmarks.md, "Native pairs,
+//! and the string maps' batches").
 
 use std::ffi::{c_int, c_void};
 use std::mem::ManuallyDrop;

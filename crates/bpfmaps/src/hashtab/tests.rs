@@ -722,27 +722,45 @@ fn dropping_a_big_map_is_quick() {
 /// Every batch of `room` entries of `map` from `after` on, walked to the
 /// end, through `batch`.
 fn batches(
+    (ks, vs): (usize, usize),
     room: usize,
     after: Option<Vec<u8>>,
     mut batch: impl FnMut(Option<&[u8]>, &mut [u8], &mut [u8]) -> usize,
 ) -> Vec<(Vec<u8>, Vec<u8>)> {
     let (mut out, mut after) = (Vec::new(), after);
     loop {
-        let (mut keys, mut values) = (vec![0u8; 4 * room], vec![0u8; 8 * room]);
+        let (mut keys, mut values) = (vec![0u8; ks * room], vec![0u8; vs * room]);
         let n = batch(after.as_deref(), &mut keys, &mut values);
-        out.extend((0..n).map(|i| (keys[4 * i..][..4].to_vec(), values[8 * i..][..8].to_vec())));
+        out.extend((0..n).map(|i| {
+            (
+                keys[ks * i..][..ks].to_vec(),
+                values[vs * i..][..vs].to_vec(),
+            )
+        }));
         if n < room {
             return out;
         }
-        after = Some(keys[4 * (n - 1)..][..4].to_vec());
+        assert!(out.len() < 100_000, "a walk that does not end");
+        after = Some(keys[ks * (n - 1)..][..ks].to_vec());
     }
+}
+
+/// Entry `i`'s key (`ks` bytes, distinct for every `i` below 2^24) and
+/// value (`vs` bytes).
+fn sized_entry(i: u32, (ks, vs): (usize, usize)) -> (Vec<u8>, Vec<u8>) {
+    let mut key = i.wrapping_mul(2_654_435_761).to_ne_bytes().to_vec();
+    key.resize(ks, 0x5a);
+    let mut value = (u64::from(i) * 5).to_ne_bytes().to_vec();
+    value.resize(vs, 0xa5);
+    (key, value)
 }
 
 /// The hash maps' own `lookup_batch` (straight from the chains) gives
 /// what the generic walk (`get_next_key` and `lookup`, entry by entry)
 /// gives: the same entries in the same order, from the start, from a
 /// stored key, and from a key not stored (a restart, as `get_next_key`'s),
-/// in tables crowded enough for long chains.
+/// in tables crowded enough for long chains; for sizes the walk is
+/// compiled for and sizes it reads at run time.
 #[test]
 fn lookup_batch_matches_the_generic_walk() {
     use crate::core::contract::lookup_each;
@@ -753,40 +771,51 @@ fn lookup_batch_matches_the_generic_walk() {
     // As full under Miri (40 entries of 56), where a map of 1,000
     // preallocated entries took most of two minutes of wall time.
     let (n, max) = if cfg!(miri) { (40, 56) } else { (700, 1000) };
-    let hash = HashMap::with_options(4, 8, max, opts).unwrap();
-    let lru = LruHashMap::with_options(4, 8, max, opts).unwrap();
-    for i in 0..n as u32 {
-        let (k, v) = (
-            i.wrapping_mul(2_654_435_761).to_ne_bytes(),
-            u64::from(i) * 5,
-        );
-        hash.update(&k, &v.to_ne_bytes(), BPF_ANY).unwrap();
-        lru.update(&k, &v.to_ne_bytes(), BPF_ANY).unwrap();
-    }
-    let stored = Some(17u32.wrapping_mul(2_654_435_761).to_ne_bytes().to_vec());
-    let missing = Some(u32::MAX.to_ne_bytes().to_vec());
+    let sizes: &[(usize, usize)] = if cfg!(miri) {
+        &[(4, 8), (3, 5)]
+    } else {
+        &[(4, 8), (8, 16), (16, 4), (3, 5), (12, 24)]
+    };
     let rooms: &[usize] = if cfg!(miri) {
         &[3, 1000]
     } else {
         &[1, 3, 64, 65, 700, 1000]
     };
-    fn agree<T: MapOps>(map: &T, room: usize, after: Option<Vec<u8>>, name: &str) {
-        let ours = batches(room, after.clone(), |a, k, v| {
+    fn agree<T: MapOps>(map: &T, size: (usize, usize), room: usize, after: Option<Vec<u8>>) {
+        let ours = batches(size, room, after.clone(), |a, k, v| {
             map.lookup_batch(a, k, v).unwrap()
         });
-        let generic = batches(room, after.clone(), |a, k, v| {
-            lookup_each(map, a, k, v, k.len() / 4).unwrap()
+        let generic = batches(size, room, after.clone(), |a, k, v| {
+            lookup_each(map, a, k, v, room).unwrap()
         });
-        assert_eq!(ours, generic, "{name}: room {room}, after {after:?}");
+        assert_eq!(ours, generic, "{size:?}: room {room}, after {after:?}");
     }
-    for &room in rooms {
-        for after in [None, stored.clone(), missing.clone()] {
-            agree(&hash, room, after.clone(), "hash");
-            agree(&lru, room, after, "LRU");
+    for &size in sizes {
+        let (ks, vs) = size;
+        let hash = HashMap::with_options(ks, vs, max, opts).unwrap();
+        let lru = LruHashMap::with_options(ks, vs, max, opts).unwrap();
+        for i in 0..n as u32 {
+            let (k, v) = sized_entry(i, size);
+            hash.update(&k, &v, BPF_ANY).unwrap();
+            lru.update(&k, &v, BPF_ANY).unwrap();
         }
-        assert_eq!(
-            batches(room, None, |a, k, v| hash.lookup_batch(a, k, v).unwrap()).len(),
-            n
-        );
+        let stored = Some(sized_entry(17, size).0);
+        let missing = Some(vec![0xff; size.0]);
+        for &room in rooms {
+            for after in [None, stored.clone(), missing.clone()] {
+                agree(&hash, size, room, after.clone());
+                agree(&lru, size, room, after);
+            }
+            let mut got = batches(size, room, None, |a, k, v| {
+                hash.lookup_batch(a, k, v).unwrap()
+            });
+            let mut want: Vec<_> = (0..n as u32).map(|i| sized_entry(i, size)).collect();
+            got.sort();
+            want.sort();
+            assert_eq!(
+                got, want,
+                "{size:?}: room {room}: every entry once, with its value"
+            );
+        }
     }
 }
