@@ -206,9 +206,11 @@ fn object(py: Python<'_>, b: &[u8], ints: Option<bool>) -> PyResult<*mut ffi::Py
     Ok(int)
 }
 
-/// `b` as an array of its own size (the caller matched the size).
+/// `b` as an array of its own size (the caller matched the size; a
+/// mismatch would panic, which `iternext` turns into an error, rather
+/// than hand out a wrong int).
 fn word<const N: usize>(b: &[u8]) -> [u8; N] {
-    b.try_into().unwrap_or([0; N])
+    b.try_into().expect("an int of the size matched")
 }
 
 /// The object: Python's header, then the walk (null for an object made
