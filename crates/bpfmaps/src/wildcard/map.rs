@@ -91,6 +91,19 @@ const PROBE_COST: usize = 4;
 /// for 8-12 % more bytes a rule (docs/benchmarks.md, "Sparser buckets").
 const SLOTS_PER_RULE: usize = 4;
 
+/// Buckets a rule past [`SPARSE_SLOTS_MAX`]: where a table's buckets no
+/// longer stay in a core's cache, a probe's bucket read costs more than
+/// the mispredictions a fuller bucket adds, and half the buckets miss
+/// less (Cilium's exact rules one at a time: 100K of them 1.04x and
+/// 0.99x the six lookups' speed, 0.93x and 0.89x with four a rule;
+/// docs/benchmarks.md, "Fewer buckets for big tables").
+const DENSE_SLOTS_PER_RULE: usize = 2;
+
+/// The most buckets a table keeps [`SLOTS_PER_RULE`] a rule for: 2^17,
+/// a MiB of them (32K rules); bigger tables keep
+/// [`DENSE_SLOTS_PER_RULE`].
+const SPARSE_SLOTS_MAX: usize = 1 << 17;
+
 /// Lines of a chain a remove asks for before it knows the chain's
 /// length ([`WildcardMap::ask_for_bucket`]): 4 took the cold pass of
 /// updates 4-14 % lower, one line 4-9 %.
@@ -271,6 +284,17 @@ const LANE_MIX: [u64; MAX_FIELDS] = [
     0x9216_d5d9_8979_fb1b,
 ];
 
+/// [`Table::hash`] under `masks`.
+#[inline(always)]
+fn hash_masked<W: Word, const N: usize>(masks: &[u128; MAX_FIELDS], values: &[W; N]) -> u64 {
+    let mut h = 0u64;
+    for i in 0..N.min(MAX_FIELDS) {
+        let lane = values[i].masked_lane(masks[i]);
+        h = h.wrapping_add(lane.wrapping_mul(LANE_MIX[i]));
+    }
+    h
+}
+
 impl Table {
     fn new(tuple: Tuple, schema: &Schema, slots: usize) -> Self {
         let mut masks = [0; MAX_FIELDS];
@@ -311,12 +335,7 @@ impl Table {
     /// compiled for AVX2"). Hence `masks` are `u128`s.
     #[inline(always)]
     fn hash<W: Word, const N: usize>(&self, values: &[W; N]) -> u64 {
-        let mut h = 0u64;
-        for i in 0..N.min(MAX_FIELDS) {
-            let lane = values[i].masked_lane(self.masks[i]);
-            h = h.wrapping_add(lane.wrapping_mul(LANE_MIX[i]));
-        }
-        h
+        hash_masked(&self.masks, values)
     }
 
     /// The index of the bucket `values` hash to.
@@ -414,6 +433,52 @@ impl Drop for Table {
 /// each with that priority (a lower bound: a stale one is only lower).
 struct View {
     tables: Box<[(u32, Arc<Table>)]>,
+    /// The only table's masks and buckets, when there is one table (a
+    /// policy of one shape of rule, as Cilium's exact rules): its probe
+    /// reads the view and then the bucket, where through `tables` it
+    /// reads the view, the list and the table in turn before it can ask
+    /// for the bucket.
+    only: Option<Direct>,
+}
+
+impl View {
+    fn new(tables: Box<[(u32, Arc<Table>)]>) -> View {
+        let only = match &tables[..] {
+            [(_, t)] => Some(Direct {
+                masks: t.masks,
+                slots: t.slots.as_ptr(),
+                len: t.slots.len(),
+            }),
+            _ => None,
+        };
+        View { tables, only }
+    }
+}
+
+/// A copy of a table's masks and the address of its buckets, held in a
+/// view beside the table (whose buckets it keeps alive).
+struct Direct {
+    masks: [u128; MAX_FIELDS],
+    slots: *const Atomic<Chain>,
+    len: usize,
+}
+
+// SAFETY: the buckets it points to are the table's, shared by design
+// (readers load them, the writer stores them atomically) and alive as
+// long as the view that holds both.
+unsafe impl Send for Direct {}
+// SAFETY: as above.
+unsafe impl Sync for Direct {}
+
+impl Direct {
+    /// The bucket `values` hash to.
+    #[inline(always)]
+    fn slot<W: Word, const N: usize>(&self, values: &[W; N]) -> &Atomic<Chain> {
+        let i = bucket_index(hash_masked(&self.masks, values), self.len);
+        // SAFETY: `i < len`; the buckets live as long as the view and
+        // `self` with it.
+        unsafe { &*self.slots.add(i) }
+    }
 }
 
 /// A table as the writer keeps it.
@@ -543,9 +608,7 @@ impl WildcardMap {
             max_entries,
             collision_limit,
             writer: Mutex::new(Writer::default()),
-            view: Atomic::new(View {
-                tables: Box::new([]),
-            }),
+            view: Atomic::new(View::new(Box::new([]))),
             len: AtomicUsize::new(0),
             index: None,
             map_flags: 0,
@@ -781,17 +844,19 @@ impl WildcardMap {
         // SAFETY: a published view is freed only after the grace period
         // of its replacement, and the guard is pinned.
         let view = unsafe { self.view.load(Ordering::Acquire, guard).deref() };
-        let tables = &view.tables;
         // A view of one table (a policy of one shape of rule, as Cilium's
         // exact rules) is probed without the pipeline below: a third of
         // the instructions of a classification, and the shorter path
         // lets the misses of a caller's consecutive lookups overlap
-        // (docs/benchmarks.md, "One table, probed alone").
-        if let [(_, table)] = &tables[..] {
-            let best = self.scan_slot(table.slot(values), values, None, guard);
+        // (docs/benchmarks.md, "One table, probed alone"). Its masks and
+        // buckets are the view's own copy: the bucket's address waits on
+        // one read, not three (docs/benchmarks.md, "Fewer buckets for
+        // big tables").
+        if let Some(only) = &view.only {
+            let best = self.scan_slot(only.slot(values), values, None, guard);
             return (best.map(Hit::of), 1);
         }
-        self.probe_tables(values, tables, guard)
+        self.probe_tables(values, &view.tables, guard)
     }
 
     /// [`probe`](Self::probe) of a view of several tables: out of line,
@@ -1917,12 +1982,12 @@ impl WildcardMap {
             .iter()
             .map(|&(_, id)| (id, w.tables[&id].table.tuple))
             .collect();
-        let view = View {
-            tables: order
+        let view = View::new(
+            order
                 .iter()
                 .map(|&(best, id)| (best, Arc::clone(&w.tables[&id].table)))
                 .collect(),
-        };
+        );
         let old = self.view.swap(Owned::new(view), Ordering::AcqRel, guard);
         // SAFETY: unreachable for new readers; freed after the grace
         // period of those that may hold it.
@@ -2334,15 +2399,22 @@ fn merged_slots(adding: usize, target: &TableState) -> usize {
     slots_for(adding + target.rules).max(target.table.slots.len())
 }
 
-/// Buckets for a table of `rules`: [`SLOTS_PER_RULE`] a rule, at least 8.
-fn slots_for(rules: usize) -> usize {
-    (rules * SLOTS_PER_RULE).next_power_of_two().max(8)
+/// Buckets for a table of `rules`, a power of two: [`SLOTS_PER_RULE`] a
+/// rule up to [`SPARSE_SLOTS_MAX`] buckets, [`DENSE_SLOTS_PER_RULE`]
+/// beyond; at least 8. Never fewer for more rules.
+pub(super) fn slots_for(rules: usize) -> usize {
+    let sparse = rules * SLOTS_PER_RULE;
+    let wanted = if sparse <= SPARSE_SLOTS_MAX {
+        sparse
+    } else {
+        (rules * DENSE_SLOTS_PER_RULE).max(SPARSE_SLOTS_MAX)
+    };
+    wanted.next_power_of_two().max(8)
 }
 
-/// Whether `table` holds too few buckets for `rules` ([`slots_for`]'s
-/// rule: fewer than [`SLOTS_PER_RULE`] a rule).
+/// Whether `table` holds fewer buckets than [`slots_for`] its `rules`.
 fn outgrows(rules: usize, table: &Table) -> bool {
-    rules * SLOTS_PER_RULE > table.slots.len()
+    slots_for(rules) > table.slots.len()
 }
 
 /// A fresh, unpublished table like `table` (its tuple) with `slots`

@@ -869,6 +869,80 @@ fn classify_many_in_bursts_answers_as_classify() {
     assert!((300..700).contains(&hits.count()), "hits and misses both");
 }
 
+/// A table's buckets: a power of two, four a rule up to 2^17 of them,
+/// two a rule beyond, and never fewer for more rules (a table that
+/// outgrows its buckets is rebuilt with more, never the same number).
+#[test]
+fn bucket_counts_grow_with_the_rules() {
+    let mut counts: Vec<usize> = (0..70_000)
+        .step_by(if cfg!(miri) { 997 } else { 7 })
+        .collect();
+    counts.extend([
+        32_767,
+        32_768,
+        32_769,
+        65_536,
+        65_537,
+        1 << 20,
+        (1 << 20) + 1,
+    ]);
+    counts.sort_unstable();
+    let mut last = 0;
+    for rules in counts {
+        let slots = super::map::slots_for(rules);
+        assert!(slots.is_power_of_two() && slots >= 8, "{rules}: {slots}");
+        assert!(
+            slots >= last,
+            "{rules} rules: {slots} buckets, fewer than {last}"
+        );
+        let per_rule = if rules <= 1 << 15 { 4 } else { 2 };
+        assert!(slots >= rules * per_rule, "{rules} rules: {slots} buckets");
+        last = slots;
+    }
+}
+
+/// Rules inserted one at a time past the point where a table keeps two
+/// buckets a rule, not four: the table is rebuilt as it grows, every
+/// rule still found, the missing ones not, and removes leave the rest.
+#[test]
+#[cfg_attr(miri, ignore = "40,000 rules")]
+fn a_table_grows_past_its_sparse_buckets() {
+    let s = Schema::new(vec![Field::exact("id", 4), Field::exact("port", 2)]).unwrap();
+    let n = 40_000u32;
+    let m = WildcardMap::new(s.clone(), 4, n).unwrap();
+    let rule = |i: u32| {
+        s.rule(1)
+            .exact("id", u128::from(i))
+            .exact("port", u128::from(i % 7))
+            .build()
+            .unwrap()
+    };
+    let guard = pin();
+    let found = |i: u32| {
+        let p = s.packet(&[u128::from(i), u128::from(i % 7)]).unwrap();
+        m.classify(&p, &guard).map(|(_, value)| value.to_vec())
+    };
+    for i in 0..n {
+        m.insert(&rule(i), &v(i), BPF_NOEXIST).unwrap();
+        if i % 4_999 == 0 {
+            assert_eq!(found(i), Some(v(i).to_vec()), "rule {i} as it went in");
+        }
+    }
+    assert_eq!(m.tables(), 1);
+    assert_eq!(m.first_table_buckets(), super::map::slots_for(n as usize));
+    for i in 0..n {
+        assert_eq!(found(i), Some(v(i).to_vec()), "rule {i}");
+    }
+    assert_eq!(found(n), None);
+    for i in (0..n).step_by(2) {
+        m.remove(&rule(i)).unwrap();
+    }
+    for i in 0..n {
+        let want = (i % 2 == 1).then(|| v(i).to_vec());
+        assert_eq!(found(i), want, "rule {i} after the removes");
+    }
+}
+
 /// The same past 2^14 rules when the map has several tables: each burst
 /// asked for in the first, then through the pipeline of the first two.
 #[test]
