@@ -1398,6 +1398,71 @@ fn prefix_engine_readers_never_miss_a_stable_rule_while_a_writer_churns() {
     readers_under_churn(m, &[], crate::scaled(3000, 8));
 }
 
+/// Readers classify while a writer grows a map of one table (exact rules
+/// only) one rule at a time, through every rebuild of its buckets and
+/// past the point where it keeps two a rule, then removes what it added:
+/// a view of one table is probed through its own copy of the table's
+/// buckets, which must be the published table's whenever a reader holds
+/// it. Every stable rule is found with its value throughout; an added
+/// rule, when found, carries its own value.
+#[test]
+fn readers_of_one_table_never_miss_a_rule_while_it_grows() {
+    let s = Schema::new(vec![Field::exact("id", 4), Field::exact("port", 2)]).unwrap();
+    let stable = crate::scaled(64, 8) as u32;
+    let added = crate::scaled(40_000, 40) as u32;
+    let m = Arc::new(WildcardMap::new(s.clone(), 4, stable + added).unwrap());
+    let rule = |i: u32| {
+        s.rule(1)
+            .exact("id", u128::from(i))
+            .exact("port", u128::from(i % 7))
+            .build()
+            .unwrap()
+    };
+    for i in 0..stable {
+        m.insert(&rule(i), &v(i), BPF_NOEXIST).unwrap();
+    }
+    let stop = Arc::new(AtomicBool::new(false));
+    let readers: Vec<_> = (0..2u32)
+        .map(|t| {
+            let (m, s, stop) = (m.clone(), s.clone(), stop.clone());
+            std::thread::spawn(move || {
+                let (mut seen, mut i) = (0u64, t);
+                while !stop.load(Ordering::Relaxed) || seen < 100 {
+                    let guard = pin();
+                    let packet = |id: u32| s.packet(&[u128::from(id), u128::from(id % 7)]).unwrap();
+                    let k = i % stable;
+                    let (_, value) = m.classify(&packet(k), &guard).expect("a stable rule");
+                    assert_eq!(value, v(k), "stable rule {k}");
+                    let j = stable + i % added;
+                    if let Some((rule, value)) = m.classify(&packet(j), &guard) {
+                        assert_eq!(value, v(j), "added rule {j}: {rule:?}");
+                    }
+                    seen += 1;
+                    i = i.wrapping_add(7919);
+                    crate::reader_pause();
+                }
+                seen
+            })
+        })
+        .collect();
+    for i in stable..stable + added {
+        m.insert(&rule(i), &v(i), BPF_NOEXIST).unwrap();
+    }
+    assert_eq!(m.tables(), 1);
+    assert_eq!(
+        m.first_table_buckets(),
+        super::map::slots_for((stable + added) as usize)
+    );
+    for i in stable..stable + added {
+        m.remove(&rule(i)).unwrap();
+    }
+    stop.store(true, Ordering::Relaxed);
+    for r in readers {
+        assert!(r.join().unwrap() >= 100);
+    }
+    assert_eq!(m.len(), stable as usize);
+}
+
 /// Two readers classify while a writer churns rules of better priority
 /// over stable /24s of field `src`: every answer matches, its value is
 /// its rule's, and it is the packet's stable rule unless it is a churned
