@@ -91,12 +91,13 @@ const PROBE_COST: usize = 4;
 /// for 8-12 % more bytes a rule (docs/benchmarks.md, "Sparser buckets").
 const SLOTS_PER_RULE: usize = 4;
 
-/// Buckets a rule past [`SPARSE_SLOTS_MAX`]: where a table's buckets no
-/// longer stay in a core's cache, a probe's bucket read costs more than
-/// the mispredictions a fuller bucket adds, and half the buckets miss
-/// less (Cilium's exact rules one at a time: 100K of them 1.04x and
-/// 0.99x the six lookups' speed, 0.93x and 0.89x with four a rule;
-/// docs/benchmarks.md, "Fewer buckets for big tables").
+/// Buckets a rule past [`SPARSE_SLOTS_MAX`]. Buckets that big no longer
+/// stay in a core's cache, so a probe's read of its bucket is likely a
+/// miss; half as many buckets miss less often, which saves more than
+/// the mispredictions of fuller buckets cost (100K of Cilium's exact
+/// rules one at a time: 0.99x and 1.04x the six lookups' speed, 0.89x
+/// and 0.93x with four a rule; docs/benchmarks.md, "Fewer buckets for
+/// big tables").
 const DENSE_SLOTS_PER_RULE: usize = 2;
 
 /// The most buckets a table keeps [`SLOTS_PER_RULE`] a rule for: 2^17,

@@ -16,6 +16,27 @@ fn v(x: u32) -> [u8; 4] {
     x.to_ne_bytes()
 }
 
+/// A schema of two exact fields, `id` and `port`, whose rule `i`
+/// ([`id_port_rule`]) matches id `i` on port `i % 7`: as many rules of
+/// one table as a test wants.
+fn id_port() -> Schema {
+    Schema::new(vec![Field::exact("id", 4), Field::exact("port", 2)]).unwrap()
+}
+
+/// Rule `i` of [`id_port`]'s schema.
+fn id_port_rule(s: &Schema, i: u32) -> Rule {
+    s.rule(1)
+        .exact("id", u128::from(i))
+        .exact("port", u128::from(i % 7))
+        .build()
+        .unwrap()
+}
+
+/// The packet rule `i` of [`id_port`]'s schema matches.
+fn id_port_packet(s: &Schema, i: u32) -> Packet {
+    s.packet(&[u128::from(i), u128::from(i % 7)]).unwrap()
+}
+
 /// The map's answer for `p`: the rule and its value.
 fn answer(m: &WildcardMap, p: &Packet) -> Option<(Rule, Vec<u8>)> {
     let guard = pin();
@@ -837,15 +858,9 @@ fn classify_many_answers_each_packet_and_wants_room() {
 #[test]
 #[cfg_attr(miri, ignore = "20,000 rules")]
 fn classify_many_in_bursts_answers_as_classify() {
-    let s = Schema::new(vec![Field::exact("id", 4), Field::exact("port", 2)]).unwrap();
+    let s = id_port();
     let m = WildcardMap::new(s.clone(), 4, 20_000).unwrap();
-    let rule = |i: u32| {
-        s.rule(1)
-            .exact("id", u128::from(i))
-            .exact("port", u128::from(i % 7))
-            .build()
-            .unwrap()
-    };
+    let rule = |i: u32| id_port_rule(&s, i);
     m.load((0..20_000u32).map(|i| (rule(i), v(i))), BPF_NOEXIST)
         .unwrap();
     assert_eq!(m.tables(), 1);
@@ -907,19 +922,13 @@ fn bucket_counts_grow_with_the_rules() {
 #[test]
 #[cfg_attr(miri, ignore = "40,000 rules")]
 fn a_table_grows_past_its_sparse_buckets() {
-    let s = Schema::new(vec![Field::exact("id", 4), Field::exact("port", 2)]).unwrap();
+    let s = id_port();
     let n = 40_000u32;
     let m = WildcardMap::new(s.clone(), 4, n).unwrap();
-    let rule = |i: u32| {
-        s.rule(1)
-            .exact("id", u128::from(i))
-            .exact("port", u128::from(i % 7))
-            .build()
-            .unwrap()
-    };
+    let rule = |i: u32| id_port_rule(&s, i);
     let guard = pin();
     let found = |i: u32| {
-        let p = s.packet(&[u128::from(i), u128::from(i % 7)]).unwrap();
+        let p = id_port_packet(&s, i);
         m.classify(&p, &guard).map(|(_, value)| value.to_vec())
     };
     for i in 0..n {
@@ -1407,17 +1416,11 @@ fn prefix_engine_readers_never_miss_a_stable_rule_while_a_writer_churns() {
 /// rule, when found, carries its own value.
 #[test]
 fn readers_of_one_table_never_miss_a_rule_while_it_grows() {
-    let s = Schema::new(vec![Field::exact("id", 4), Field::exact("port", 2)]).unwrap();
+    let s = id_port();
     let stable = crate::scaled(64, 8) as u32;
     let added = crate::scaled(40_000, 40) as u32;
     let m = Arc::new(WildcardMap::new(s.clone(), 4, stable + added).unwrap());
-    let rule = |i: u32| {
-        s.rule(1)
-            .exact("id", u128::from(i))
-            .exact("port", u128::from(i % 7))
-            .build()
-            .unwrap()
-    };
+    let rule = |i: u32| id_port_rule(&s, i);
     for i in 0..stable {
         m.insert(&rule(i), &v(i), BPF_NOEXIST).unwrap();
     }
@@ -1429,7 +1432,7 @@ fn readers_of_one_table_never_miss_a_rule_while_it_grows() {
                 let (mut seen, mut i) = (0u64, t);
                 while !stop.load(Ordering::Relaxed) || seen < 100 {
                     let guard = pin();
-                    let packet = |id: u32| s.packet(&[u128::from(id), u128::from(id % 7)]).unwrap();
+                    let packet = |id: u32| id_port_packet(&s, id);
                     let k = i % stable;
                     let (_, value) = m.classify(&packet(k), &guard).expect("a stable rule");
                     assert_eq!(value, v(k), "stable rule {k}");
