@@ -129,25 +129,32 @@ fn scan<'g, W: Word, const N: usize>(
         if best.is_some_and(|b| rule_order(key, b, N).is_ge()) {
             break;
         }
-        // Every field's two compares, without a branch between them.
-        debug_assert!(key.len() > 2 * N, "a rule's words hold its bounds");
-        // SAFETY: a rule's words start with its priority and bounds
-        // (`Layout`: its value and entry follow them).
-        let (lows, highs) = unsafe {
-            (
-                key.get_unchecked(1..1 + N),
-                key.get_unchecked(1 + N..1 + 2 * N),
-            )
-        };
-        let mut hit = true;
-        for i in 0..N {
-            hit &= (lows[i] <= values[i]) & (values[i] <= highs[i]);
-        }
-        if hit {
+        if matches(key, values) {
             return Some(key);
         }
     }
     best
+}
+
+/// Whether the rule of words `key` (its priority, then its bounds)
+/// matches `values`: every field's two compares, without a branch
+/// between them.
+#[inline(always)]
+fn matches<W: Word, const N: usize>(key: &[W], values: &[W; N]) -> bool {
+    debug_assert!(key.len() > 2 * N, "a rule's words hold its bounds");
+    // SAFETY: a rule's words start with its priority and bounds
+    // (`Layout`: its value and entry follow them).
+    let (lows, highs) = unsafe {
+        (
+            key.get_unchecked(1..1 + N),
+            key.get_unchecked(1 + N..1 + 2 * N),
+        )
+    };
+    let mut hit = true;
+    for i in 0..N {
+        hit &= (lows[i] <= values[i]) & (values[i] <= highs[i]);
+    }
+    hit
 }
 
 /// Per field, the leading bits a table hashes.
@@ -163,7 +170,7 @@ type Probe = for<'g> fn(&WildcardMap, &Packet, &'g Guard) -> (Option<Hit<'g>>, u
 /// place in `out` (at least as long as the packets).
 type ManyProbe = for<'g> fn(
     &WildcardMap,
-    &'g [(u32, Arc<Table>)],
+    &'g [TableProbe],
     &[Packet],
     &'g Guard,
     &mut [Option<(&'g Rule, &'g [u8])>],
@@ -173,8 +180,8 @@ type ManyProbe = for<'g> fn(
 type KeyProbe = for<'g> fn(&WildcardMap, &[u8], &'g Guard) -> Option<Hit<'g>>;
 
 /// Asks for a burst's buckets in a table, and their chains
-/// ([`Table::prefetch_buckets`]).
-type Prefetch = fn(&Table, &[Packet], &Guard);
+/// ([`TableProbe::prefetch_buckets`]).
+type Prefetch = fn(&TableProbe, &[Packet], &Guard);
 
 /// A map's probe and prefetch, for its word and number of fields.
 #[derive(Clone, Copy)]
@@ -191,7 +198,7 @@ impl Probes {
             classify: WildcardMap::classify_in::<W, N>,
             classify_many: WildcardMap::classify_many_in::<W, N>,
             classify_key: WildcardMap::classify_key_in::<W, N>,
-            prefetch: Table::prefetch_buckets::<W, N>,
+            prefetch: TableProbe::prefetch_buckets::<W, N>,
         }
     }
 }
@@ -350,31 +357,6 @@ impl Table {
     fn slot<W: Word, const N: usize>(&self, values: &[W; N]) -> &Atomic<Chain> {
         &self.slots[self.slot_index(values)]
     }
-
-    /// Asks for each packet's bucket, then for the bucket's chain: the
-    /// misses of a burst overlap, where one packet at a time waits for
-    /// its own two in turn.
-    ///
-    /// Chains of `W` words, `N` fields (a value wider than the word is
-    /// cut to it: its packet matches nothing, and the prefetch is only a
-    /// hint).
-    fn prefetch_buckets<W: Word, const N: usize>(&self, packets: &[Packet], guard: &Guard) {
-        let mut slots = [None; BURST];
-        for (s, p) in slots.iter_mut().zip(packets) {
-            let values: [W; N] = std::array::from_fn(|i| W::of(p.values[i]));
-            let slot = self.slot(&values);
-            prefetch(slot);
-            *s = Some(slot);
-        }
-        for slot in slots.iter().flatten() {
-            let chain = slot.load(Ordering::Relaxed, guard).into_usize();
-            if chain != 0 {
-                // A chain of one rule may straddle two lines.
-                prefetch(std::ptr::without_provenance::<u8>(chain));
-                prefetch(std::ptr::without_provenance::<u8>(chain + 64));
-            }
-        }
-    }
 }
 
 /// A packet's first `N` values as words of `W`; `None` for a value wider
@@ -434,44 +416,59 @@ impl Drop for Table {
 /// each with that priority (a lower bound: a stale one is only lower).
 struct View {
     tables: Box<[(u32, Arc<Table>)]>,
-    /// The only table's masks and buckets, when there is one table (a
-    /// policy of one shape of rule, as Cilium's exact rules): its probe
-    /// reads the view and then the bucket, where through `tables` it
-    /// reads the view, the list and the table in turn before it can ask
-    /// for the bucket.
-    only: Option<Direct>,
+    /// What a probe reads of each table, in the same order, side by
+    /// side: its best priority, masks and buckets. A probe reads the
+    /// list and then the bucket, where through `tables` it reads the
+    /// list and the table in turn before it can ask for the bucket.
+    probes: Box<[TableProbe]>,
+    /// The only table's probe, when there is one table (a policy of one
+    /// shape of rule, as Cilium's exact rules), in the view itself: the
+    /// bucket's address waits on one read, not two.
+    only: Option<TableProbe>,
 }
 
 impl View {
     fn new(tables: Box<[(u32, Arc<Table>)]>) -> View {
-        let only = match &tables[..] {
-            [(_, t)] => Some(Direct {
-                masks: t.masks,
-                slots: t.slots.as_ptr(),
+        let probes: Box<[TableProbe]> = tables
+            .iter()
+            .map(|(top, t)| TableProbe {
+                top: *top,
                 len: t.slots.len(),
-            }),
+                slots: t.slots.as_ptr(),
+                masks: t.masks,
+            })
+            .collect();
+        let only = match &probes[..] {
+            [only] => Some(*only),
             _ => None,
         };
-        View { tables, only }
+        View {
+            tables,
+            probes,
+            only,
+        }
     }
 }
 
-/// A copy of a table's masks and the address of its buckets, held in a
-/// view beside the table (whose buckets it keeps alive).
-struct Direct {
-    masks: [u128; MAX_FIELDS],
-    slots: *const Atomic<Chain>,
+/// A copy of a table's best priority and masks and the address of its
+/// buckets, held in a view beside the table (whose buckets it keeps
+/// alive).
+#[derive(Clone, Copy)]
+struct TableProbe {
+    top: u32,
     len: usize,
+    slots: *const Atomic<Chain>,
+    masks: [u128; MAX_FIELDS],
 }
 
 // SAFETY: the buckets it points to are the table's, shared by design
 // (readers load them, the writer stores them atomically) and alive as
 // long as the view that holds both.
-unsafe impl Send for Direct {}
+unsafe impl Send for TableProbe {}
 // SAFETY: as above.
-unsafe impl Sync for Direct {}
+unsafe impl Sync for TableProbe {}
 
-impl Direct {
+impl TableProbe {
     /// The bucket `values` hash to.
     #[inline(always)]
     fn slot<W: Word, const N: usize>(&self, values: &[W; N]) -> &Atomic<Chain> {
@@ -479,6 +476,31 @@ impl Direct {
         // SAFETY: `i < len`; the buckets live as long as the view and
         // `self` with it.
         unsafe { &*self.slots.add(i) }
+    }
+
+    /// Asks for each packet's bucket, then for the bucket's chain: the
+    /// misses of a burst overlap, where one packet at a time waits for
+    /// its own two in turn.
+    ///
+    /// Chains of `W` words, `N` fields (a value wider than the word is
+    /// cut to it: its packet matches nothing, and the prefetch is only a
+    /// hint).
+    fn prefetch_buckets<W: Word, const N: usize>(&self, packets: &[Packet], guard: &Guard) {
+        let mut slots = [None; BURST];
+        for (s, p) in slots.iter_mut().zip(packets) {
+            let values: [W; N] = std::array::from_fn(|i| W::of(p.values[i]));
+            let slot = self.slot(&values);
+            prefetch(slot);
+            *s = Some(slot);
+        }
+        for slot in slots.iter().flatten() {
+            let chain = slot.load(Ordering::Relaxed, guard).into_usize();
+            if chain != 0 {
+                // A chain of one rule may straddle two lines.
+                prefetch(std::ptr::without_provenance::<u8>(chain));
+                prefetch(std::ptr::without_provenance::<u8>(chain + 64));
+            }
+        }
     }
 }
 
@@ -794,7 +816,7 @@ impl WildcardMap {
     /// time starts each packet with them.
     fn classify_many_in<'g, W: Word, const N: usize>(
         &self,
-        tables: &'g [(u32, Arc<Table>)],
+        tables: &'g [TableProbe],
         packets: &[Packet],
         guard: &'g Guard,
         out: &mut [Option<(&'g Rule, &'g [u8])>],
@@ -802,7 +824,7 @@ impl WildcardMap {
         let words = words_of::<W, N>;
         match tables {
             [] => out.iter_mut().take(packets.len()).for_each(|o| *o = None),
-            [(_, only)] => pipeline(
+            [only] => pipeline(
                 packets,
                 out,
                 |p| {
@@ -816,7 +838,7 @@ impl WildcardMap {
                         .map(|words| self.answer(Hit::of(words)))
                 },
             ),
-            [(_, first), (_, second), ..] => pipeline(
+            [first, second, ..] => pipeline(
                 packets,
                 out,
                 |p| {
@@ -857,7 +879,7 @@ impl WildcardMap {
             let best = self.scan_slot(only.slot(values), values, None, guard);
             return (best.map(Hit::of), 1);
         }
-        self.probe_tables(values, &view.tables, guard)
+        self.probe_tables(values, &view.probes, guard)
     }
 
     /// [`probe`](Self::probe) of a view of several tables: out of line,
@@ -866,10 +888,10 @@ impl WildcardMap {
     fn probe_tables<'g, W: Word, const N: usize>(
         &self,
         values: &[W; N],
-        tables: &'g [(u32, Arc<Table>)],
+        tables: &'g [TableProbe],
         guard: &'g Guard,
     ) -> (Option<Hit<'g>>, usize) {
-        let slot_of = |i: usize| tables.get(i).map(|(_, t)| t.slot(values));
+        let slot_of = |i: usize| tables.get(i).map(|t| t.slot(values));
         let ahead = [slot_of(0), slot_of(1)];
         ahead.iter().flatten().for_each(|s| prefetch(*s));
         self.probe_tables_from(values, tables, ahead, guard)
@@ -881,7 +903,7 @@ impl WildcardMap {
     fn probe_tables_from<'g, W: Word, const N: usize>(
         &self,
         values: &[W; N],
-        tables: &'g [(u32, Arc<Table>)],
+        tables: &'g [TableProbe],
         mut ahead: [Option<&'g Atomic<Chain>>; 2],
         guard: &'g Guard,
     ) -> (Option<Hit<'g>>, usize) {
@@ -891,8 +913,8 @@ impl WildcardMap {
         // The probes of different tables are independent: while one
         // table's chain is read, the next table's chain and the bucket
         // after it are already asked for, so their misses overlap.
-        let slot_of = |i: usize| tables.get(i).map(|(_, t)| t.slot(values));
-        for (i, (top, _)) in tables.iter().enumerate() {
+        let slot_of = |i: usize| tables.get(i).map(|t| t.slot(values));
+        for (i, TableProbe { top, .. }) in tables.iter().enumerate() {
             if best.is_some_and(|b| W::of(u128::from(*top)) > b[0]) {
                 break;
             }
@@ -1031,22 +1053,22 @@ impl WildcardMap {
         }
         // SAFETY: as in `classify_counting`.
         let view = unsafe { self.view.load(Ordering::Acquire, guard).deref() };
-        if let Some((_, first)) = view.tables.first()
-            && first.slots.len() >= BURST_TABLE_SLOTS
+        if let Some(first) = view.probes.first()
+            && first.len >= BURST_TABLE_SLOTS
         {
             for (burst, outs) in packets.chunks(BURST).zip(out.chunks_mut(BURST)) {
                 (self.probes.prefetch)(first, burst, guard);
-                if view.tables.len() == 1 {
+                if view.probes.len() == 1 {
                     for (p, o) in burst.iter().zip(outs) {
                         *o = self.classify(p, guard);
                     }
                 } else {
-                    (self.probes.classify_many)(self, &view.tables, burst, guard, outs);
+                    (self.probes.classify_many)(self, &view.probes, burst, guard, outs);
                 }
             }
             return Ok(());
         }
-        (self.probes.classify_many)(self, &view.tables, packets, guard, out);
+        (self.probes.classify_many)(self, &view.probes, packets, guard, out);
         Ok(())
     }
 
