@@ -11,7 +11,7 @@
 use std::marker::PhantomData;
 use std::ptr::NonNull;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
 
 use crossbeam_epoch::{Owned, Pointer};
 
@@ -212,6 +212,9 @@ pub(super) struct Chain {
     /// index of the one rule the edit took out. Written by the writer
     /// while readers may still read the chain (they never read this).
     owned: AtomicU32,
+    /// Bytes from the start of the block this chain was carved from to
+    /// the chain ([`Chain::carve`]), or 0 for a chain allocated alone.
+    block: u32,
     /// The rules' words, in storage aligned for any width.
     words: [u128],
 }
@@ -222,8 +225,17 @@ fn words_for(rules: usize, stride: usize) -> usize {
 }
 
 /// The header's bytes before the words (`rules`, `stride`, `addr`,
-/// `owned`, padded to the words' alignment).
+/// `owned`, `block`).
 const HEAD: usize = 16;
+
+/// The head of a block of chains carved from one allocation
+/// ([`Chain::carve`]): how many of them are alive, and the allocation's
+/// bytes. The chains follow it.
+#[repr(C, align(16))]
+struct Block {
+    live: AtomicUsize,
+    size: usize,
+}
 
 /// A chain owns a count of every entry it holds.
 const OWNS_ALL: u32 = u32::MAX;
@@ -239,6 +251,32 @@ pub(super) enum Edit {
     /// The rule at this index gets a new entry (the same rule, a new
     /// value).
     Replace(usize, Arc<Entry>),
+}
+
+impl Block {
+    /// A block of `size` bytes for `chains` chains, its head written:
+    /// the address its chains start `size_of::<Block>()` bytes after.
+    ///
+    /// # Safety
+    /// `size` is at least the head's, and the caller carves exactly
+    /// `chains` chains from it, each freed through `Pointable::drop`.
+    unsafe fn alloc(size: usize, chains: usize) -> *mut u8 {
+        let alloc = std::alloc::Layout::from_size_align(size, align_of::<Block>())
+            .expect("a block's size fits");
+        // SAFETY: the layout's size is not zero (the head).
+        let base = unsafe { std::alloc::alloc(alloc) };
+        if base.is_null() {
+            std::alloc::handle_alloc_error(alloc);
+        }
+        // SAFETY: `base` is the block's allocation, aligned for its head.
+        unsafe {
+            base.cast::<Block>().write(Block {
+                live: AtomicUsize::new(chains),
+                size,
+            })
+        };
+        base
+    }
 }
 
 impl Chain {
@@ -333,6 +371,20 @@ impl Chain {
     pub(super) fn bytes(&self) -> usize {
         HEAD + size_of_val(&self.words)
     }
+
+    /// The address and bytes of the block it was carved from, if it was
+    /// ([`carve`](Chain::carve)): its bytes stay held while any of its
+    /// chains lives, the replaced ones' too.
+    pub(super) fn carved_from(&self) -> Option<(usize, usize)> {
+        if self.block == 0 {
+            return None;
+        }
+        let head = (&raw const *self).cast::<u8>().expose_provenance() - self.block as usize;
+        // SAFETY: a carved chain's block lives while the chain does, its
+        // head `block` bytes before it (`carve`).
+        let size = unsafe { (*std::ptr::with_exposed_provenance::<Block>(head)).size };
+        Some((head, size))
+    }
 }
 
 impl crossbeam_epoch::Pointable for Chain {
@@ -383,13 +435,140 @@ impl crossbeam_epoch::Pointable for Chain {
             // chain walked to it.
             k => drop_count(chain.entry_ptr(k as usize)),
         }
-        let alloc = Self::alloc_layout(chain.words.len());
-        // SAFETY: allocated by `init` with this layout.
-        unsafe { std::alloc::dealloc(ptr as *mut u8, alloc) };
+        if chain.block == 0 {
+            let alloc = Self::alloc_layout(chain.words.len());
+            // SAFETY: allocated alone (`alloc_unwritten`) with this layout.
+            unsafe { std::alloc::dealloc(ptr as *mut u8, alloc) };
+            return;
+        }
+        let head = std::ptr::with_exposed_provenance_mut::<Block>(ptr - chain.block as usize);
+        // SAFETY: carved from the block at `head` (`carve`), which
+        // counts its live chains; the last one frees it. The release
+        // orders this chain's last use before the free; the acquire, the
+        // other chains' uses.
+        unsafe {
+            if (*head).live.fetch_sub(1, Ordering::Release) == 1 {
+                std::sync::atomic::fence(Ordering::Acquire);
+                let size = (*head).size;
+                let alloc =
+                    std::alloc::Layout::from_size_align_unchecked(size, align_of::<Block>());
+                std::alloc::dealloc(head.cast(), alloc);
+            }
+        }
     }
 }
 
 impl Chain {
+    /// Chains holding each of `buckets` (a bucket's entries, at least
+    /// one, in rule order), in order, carved side by side from one
+    /// allocation: a table built at once (by a load, a rebuild or a
+    /// split) finds its chains in one run of memory, however the heap's
+    /// free space lies in pieces after earlier maps (a table of chains
+    /// allocated one by one after a freed map of a million rules took
+    /// 1.6-1.8x the time a packet: docs/benchmarks.md, "Each table's
+    /// chains in one block"). Each chain is freed on its own as before
+    /// (an edit replaces it with a copy allocated alone); the block goes
+    /// with the last of them, so until then the chains an edit replaced
+    /// keep their bytes.
+    pub(super) fn carve(buckets: Vec<Vec<Arc<Entry>>>, width: Width) -> Vec<Owned<Chain>> {
+        let Some(first) = buckets.first().and_then(|b| b.first()) else {
+            return Vec::new();
+        };
+        let (fields, value_size) = (first.rule.bounds().len(), first.value.len());
+        let (layout, w) = (Layout::of(width, fields, value_size), width.bytes());
+        let stride = u16::try_from(layout.stride * w).expect("a rule's bytes fit u16");
+        let addr = u16::try_from(layout.addr).expect("within a rule");
+        let bytes = |rules: usize| HEAD + words_for(rules, usize::from(stride)) * size_of::<u128>();
+        let size = size_of::<Block>() + buckets.iter().map(|b| bytes(b.len())).sum::<usize>();
+        if u32::try_from(size).is_err() {
+            // Past what `block` can reach: each alone.
+            return buckets
+                .into_iter()
+                .map(|b| Owned::<Chain>::init((b, width)))
+                .collect();
+        }
+        // SAFETY: `size` holds the head and the chains, as `bytes` sizes
+        // them.
+        let base = unsafe { Block::alloc(size, buckets.len()) };
+        let mut at = size_of::<Block>();
+        let mut chains = Vec::with_capacity(buckets.len());
+        for entries in buckets {
+            let rules = entries.len();
+            let words = words_for(rules, usize::from(stride));
+            // SAFETY: the block holds this chain's bytes at `at`, aligned
+            // (the head and every chain's bytes are multiples of 16), and
+            // no other chain's; with the header written and the words
+            // zeroed, a valid chain, which `fill` then writes.
+            let chain = unsafe {
+                let ptr = base.add(at);
+                Self::write_head(ptr, words, rules, stride, addr, at as u32);
+                ptr.add(HEAD).write_bytes(0, words * size_of::<u128>());
+                &mut *Self::fat(ptr.expose_provenance(), words).cast_mut()
+            };
+            match width {
+                Width::W32 => fill::<u32>(&mut chain.words, &layout, entries),
+                Width::W64 => fill::<u64>(&mut chain.words, &layout, entries),
+                Width::W128 => fill::<u128>(&mut chain.words, &layout, entries),
+            }
+            // SAFETY: a chain written whole, as `Pointable::init` makes
+            // them; `drop` frees it through its block.
+            chains.push(unsafe { Owned::from_usize(base.add(at).expose_provenance()) });
+            at += bytes(rules);
+        }
+        chains
+    }
+
+    /// Copies of `chains`, in order, carved side by side from one block
+    /// as [`carve`](Chain::carve) makes them, their words copied as they
+    /// are (no entry read). Each copy takes over its original's counts
+    /// of its entries, as an [edited](Chain::edited) copy does: the
+    /// caller publishes the copies in the originals' places and retires
+    /// the originals, which then drop none. `None` past what a block
+    /// can reach (4 GiB).
+    ///
+    /// The writer's, once per chain (a chain already edited or copied
+    /// panics).
+    pub(super) fn carve_copies(chains: &[&Chain]) -> Option<Vec<Owned<Chain>>> {
+        let size = size_of::<Block>() + chains.iter().map(|c| c.bytes()).sum::<usize>();
+        u32::try_from(size).ok()?;
+        // The counts pass before the block is made (a chain copied twice
+        // panics with nothing allocated).
+        for chain in chains {
+            chain
+                .owned
+                .compare_exchange(OWNS_ALL, OWNS_NONE, Ordering::Relaxed, Ordering::Relaxed)
+                .expect("a chain is copied once");
+        }
+        // SAFETY: `size` holds the head and a copy of each chain.
+        let base = unsafe { Block::alloc(size, chains.len()) };
+        let mut at = size_of::<Block>();
+        let mut copies = Vec::with_capacity(chains.len());
+        for chain in chains {
+            let words = chain.words.len();
+            // SAFETY: the block holds this copy's bytes at `at`, aligned,
+            // and no other chain's; the header is written and every word
+            // copied from a chain of the same size.
+            unsafe {
+                let ptr = base.add(at);
+                Self::write_head(
+                    ptr,
+                    words,
+                    chain.rules as usize,
+                    chain.stride,
+                    chain.addr,
+                    at as u32,
+                );
+                ptr.add(HEAD).copy_from_nonoverlapping(
+                    chain.words.as_ptr().cast(),
+                    size_of_val(&chain.words),
+                );
+                copies.push(Owned::from_usize(ptr.expose_provenance()));
+            }
+            at += chain.bytes();
+        }
+        Some(copies)
+    }
+
     /// A fresh, zeroed chain of `rules` rules of `stride` bytes, the
     /// entry's address at byte `addr` of each, owning all its entries'
     /// counts (once its caller writes them): its address and the chain.
@@ -420,22 +599,44 @@ impl Chain {
         if ptr.is_null() {
             std::alloc::handle_alloc_error(alloc);
         }
-        let chain = Self::fat(ptr as usize, words).cast_mut();
-        // SAFETY: `chain` is the allocation, sized for its header and
-        // `words` words; the fields are written through raw pointers,
-        // nothing read.
+        // SAFETY: the allocation, sized for the header and `words` words.
         unsafe {
-            (&raw mut (*chain).rules)
-                .write(u32::try_from(rules).expect("a bucket's rules fit u32"));
-            (&raw mut (*chain).stride).write(stride);
-            (&raw mut (*chain).addr).write(addr);
-            (&raw mut (*chain).owned).write(AtomicU32::new(OWNS_ALL));
+            Self::write_head(ptr, words, rules, stride, addr, 0);
             if words > 0 {
                 ptr.add(HEAD + (words - 1) * size_of::<u128>())
                     .write_bytes(0, size_of::<u128>());
             }
         }
         (ptr, words)
+    }
+
+    /// Writes the header of a chain at `ptr` of `rules` rules of
+    /// `stride` bytes (`words` words), the entry's address at byte `addr`
+    /// of each, owning all its entries' counts, `block` bytes into its
+    /// block (0: alone).
+    ///
+    /// # Safety
+    /// `ptr` holds a chain's header and `words` words, aligned for them,
+    /// and nothing reads them yet.
+    unsafe fn write_head(
+        ptr: *mut u8,
+        words: usize,
+        rules: usize,
+        stride: u16,
+        addr: u16,
+        block: u32,
+    ) {
+        let chain = Self::fat(ptr as usize, words).cast_mut();
+        // SAFETY: the caller's; the fields are written through raw
+        // pointers, nothing read.
+        unsafe {
+            (&raw mut (*chain).rules)
+                .write(u32::try_from(rules).expect("a bucket's rules fit u32"));
+            (&raw mut (*chain).stride).write(stride);
+            (&raw mut (*chain).addr).write(addr);
+            (&raw mut (*chain).owned).write(AtomicU32::new(OWNS_ALL));
+            (&raw mut (*chain).block).write(block);
+        }
     }
 
     /// Its rules' bytes, each `stride` long, in rule order.
@@ -830,5 +1031,141 @@ mod tests {
         check::<u32>(Width::W32);
         check::<u64>(Width::W64);
         check::<u128>(Width::W128);
+    }
+
+    /// Chains carved from one block are each the chain `init` would
+    /// make, side by side in order; the block counts them, each frees
+    /// its own counts when it goes (an edited copy of one is allocated
+    /// alone), and the last of them frees the block, at every width.
+    #[test]
+    fn carved_chains_are_whole_chains_and_the_last_frees_their_block() {
+        fn check<W: Word>(width: Width) {
+            let schema = Schema::new(vec![Field::exact("a", 4), Field::range("b", 2)]).unwrap();
+            let entry = |a: u32, p: u32| {
+                let rule = schema
+                    .parse_rule(&format!("a {a}, b {p}-{}", p + 10), p)
+                    .unwrap();
+                Entry::shared(&rule, &[a as u8; 5])
+            };
+            // Buckets of 1, 3 and 2 rules, in rule order.
+            let buckets: Vec<Vec<Arc<Entry>>> = vec![
+                vec![entry(1, 0)],
+                vec![entry(2, 0), entry(2, 1), entry(2, 7)],
+                vec![entry(3, 2), entry(3, 4)],
+            ];
+            let all: Vec<Arc<Entry>> = buckets.iter().flatten().cloned().collect();
+            let chains = Chain::carve(buckets.clone(), width);
+            assert_eq!(chains.len(), 3);
+            let layout = Layout::new::<W>(2, 5);
+            let addr = |c: &Owned<Chain>| (&raw const **c).cast::<u8>().expose_provenance();
+            for (c, b) in chains.iter().zip(&buckets) {
+                let alone = Owned::<Chain>::init((b.clone(), width));
+                assert_eq!(c.len(), b.len());
+                assert_eq!(c.bytes(), alone.bytes());
+                assert!(c.rules::<W>(&layout).eq(alone.rules::<W>(&layout)));
+                assert!(c.entry_refs().zip(b).all(|(e, f)| std::ptr::eq(e, &**f)));
+                assert_ne!(c.block, 0);
+                assert_eq!(alone.block, 0);
+            }
+            // Side by side, in order, after the block's head.
+            for pair in chains.windows(2) {
+                assert_eq!(addr(&pair[0]) + pair[0].bytes(), addr(&pair[1]));
+            }
+            let head = addr(&chains[0]) - chains[0].block as usize;
+            assert_eq!(head + size_of::<Block>(), addr(&chains[0]));
+            let size = size_of::<Block>() + chains.iter().map(|c| c.bytes()).sum::<usize>();
+            assert!(chains.iter().all(|c| c.carved_from() == Some((head, size))));
+            // SAFETY: the block lives while any of its chains does.
+            let live = || unsafe {
+                (*std::ptr::with_exposed_provenance::<Block>(head))
+                    .live
+                    .load(Ordering::Relaxed)
+            };
+            assert_eq!(live(), 3);
+            drop(buckets);
+            assert!(all.iter().all(|e| Arc::strong_count(e) == 2));
+            let mut chains = chains.into_iter();
+            let first = chains.next().unwrap();
+            // An edit's copy is allocated alone; the carved chain keeps
+            // the count of the entry it takes out until it goes.
+            let copy = first
+                .edited(width, Edit::Replace(0, entry(1, 0)))
+                .expect("a rule left");
+            assert_eq!((copy.block, copy.carved_from()), (0, None));
+            drop(first);
+            assert_eq!(live(), 2);
+            assert_eq!(
+                Arc::strong_count(&all[0]),
+                1,
+                "replaced, and its chain gone"
+            );
+            drop(chains.next());
+            assert_eq!(live(), 1);
+            assert!(all[1..4].iter().all(|e| Arc::strong_count(e) == 1));
+            // The last one frees the block (Miri checks the free).
+            drop(chains.next());
+            assert!(all.iter().all(|e| Arc::strong_count(e) == 1));
+            drop(copy);
+            assert!(Chain::carve(Vec::new(), width).is_empty());
+        }
+        check::<u32>(Width::W32);
+        check::<u64>(Width::W64);
+        check::<u128>(Width::W128);
+    }
+
+    /// Copies carved from one block hold their originals' words and
+    /// take over their counts: the originals, retired, drop none; the
+    /// copies give them back, and the last of them frees the block. A
+    /// chain is copied once.
+    #[test]
+    fn carved_copies_take_over_their_originals_counts() {
+        let schema = Schema::new(vec![Field::exact("a", 4), Field::range("b", 2)]).unwrap();
+        let entry = |a: u32, p: u32| {
+            let rule = schema
+                .parse_rule(&format!("a {a}, b {p}-{}", p + 10), p)
+                .unwrap();
+            Entry::shared(&rule, &[a as u8; 5])
+        };
+        let width = Width::W32;
+        let layout = Layout::new::<u32>(2, 5);
+        let alone = Owned::<Chain>::init((vec![entry(1, 0), entry(1, 3)], width));
+        let mut carved =
+            Chain::carve(vec![vec![entry(2, 0)], vec![entry(3, 1)]], width).into_iter();
+        let (first, second) = (carved.next().unwrap(), carved.next().unwrap());
+        let all: Vec<Arc<Entry>> = [&alone, &first, &second]
+            .iter()
+            .flat_map(|c| c.entries())
+            .collect();
+        assert!(all.iter().all(|e| Arc::strong_count(e) == 2));
+        let copies = Chain::carve_copies(&[&alone, &second]).expect("a small block");
+        for (copy, original) in copies.iter().zip([&alone, &second]) {
+            assert!(
+                copy.rules::<u32>(&layout)
+                    .eq(original.rules::<u32>(&layout))
+            );
+            assert!(
+                copy.entry_refs()
+                    .zip(original.entry_refs())
+                    .all(|(a, b)| std::ptr::eq(a, b))
+            );
+            assert!(copy.carved_from().is_some());
+            assert_eq!(original.owned.load(Ordering::Relaxed), OWNS_NONE);
+        }
+        assert_eq!(copies[0].carved_from(), copies[1].carved_from());
+        let twice = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            Chain::carve_copies(&[&second])
+        }));
+        assert!(twice.is_err(), "a chain's counts pass once");
+        // The originals go, and drop no count: the copies hold them.
+        drop((alone, second));
+        assert!(all.iter().all(|e| Arc::strong_count(e) == 2));
+        drop(copies);
+        assert_eq!(
+            all.iter().map(Arc::strong_count).collect::<Vec<_>>(),
+            [1, 1, 2, 1],
+            "the copied chains' counts gone, the uncopied chain's kept"
+        );
+        drop(first);
+        assert!(all.iter().all(|e| Arc::strong_count(e) == 1));
     }
 }

@@ -916,6 +916,53 @@ fn bucket_counts_grow_with_the_rules() {
     }
 }
 
+/// A table built at once (a load, a rebuild with more buckets) carves
+/// every chain from one block; an edit's copy of a chain is allocated
+/// alone, and the block stays while a chain of it lives.
+#[test]
+fn tables_built_at_once_carve_their_chains_from_one_block() {
+    let s = id_port();
+    let n = crate::scaled(2_000, 64) as u32;
+    let m = WildcardMap::new(s.clone(), 4, 4 * n).unwrap();
+    m.load((0..n).map(|i| (id_port_rule(&s, i), v(i))), BPF_NOEXIST)
+        .unwrap();
+    let [(carved, 0, 1)] = m.chain_blocks()[..] else {
+        panic!("one table, its chains carved: {:?}", m.chain_blocks());
+    };
+    assert!(carved > 0);
+    // Removes replace or empty their buckets' chains; the block stays.
+    for i in 0..n / 2 {
+        m.remove(&id_port_rule(&s, i)).unwrap();
+    }
+    let [(left, _, 1)] = m.chain_blocks()[..] else {
+        panic!("the block still held: {:?}", m.chain_blocks());
+    };
+    assert!(left < carved);
+    // Inserts one at a time past the table's buckets rebuild it: its
+    // chains carved again, from the new table's one block; the inserts
+    // after the last rebuild add chains allocated alone.
+    let buckets = m.first_table_buckets();
+    for i in n..3 * n {
+        m.insert(&id_port_rule(&s, i), &v(i), BPF_NOEXIST).unwrap();
+    }
+    assert!(m.first_table_buckets() > buckets);
+    let [(carved, alone, 1)] = m.chain_blocks()[..] else {
+        panic!("the rebuilt table's block: {:?}", m.chain_blocks());
+    };
+    assert!(carved > 0 && alone > 0);
+    let guard = pin();
+    for i in n / 2..3 * n {
+        let p = id_port_packet(&s, i);
+        let got = m.classify(&p, &guard).map(|(_, value)| value.to_vec());
+        assert_eq!(got, Some(v(i).to_vec()), "rule {i}");
+    }
+    drop(guard);
+    for i in n / 2..3 * n {
+        m.remove(&id_port_rule(&s, i)).unwrap();
+    }
+    assert!(m.chain_blocks().is_empty());
+}
+
 /// Rules inserted one at a time past the point where a table keeps two
 /// buckets a rule, not four: the table is rebuilt as it grows, every
 /// rule still found, the missing ones not, and removes leave the rest.
