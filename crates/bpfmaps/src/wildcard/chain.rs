@@ -461,8 +461,9 @@ impl crossbeam_epoch::Pointable for Chain {
 impl Chain {
     /// Chains holding each of `buckets` (a bucket's entries, at least
     /// one, in rule order), in order, carved side by side from one
-    /// allocation: a table built at once (by a load, a rebuild or a
-    /// split) finds its chains in one run of memory, however the heap's
+    /// allocation: a table built at once (a rebuild, a split's new
+    /// table; a load's through [`carve_copies`](Chain::carve_copies))
+    /// finds its chains in one run of memory, however the heap's
     /// free space lies in pieces after earlier maps (a table of chains
     /// allocated one by one after a freed map of a million rules took
     /// 1.6-1.8x the time a packet: docs/benchmarks.md, "Each table's

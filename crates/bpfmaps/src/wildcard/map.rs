@@ -1322,7 +1322,7 @@ impl WildcardMap {
             }
         }
         self.absorb(&mut w, first_new, guard);
-        self.carve_loaded(&mut w, guard);
+        self.carve_loaded(&mut w, first_new, guard);
         if empty {
             w.place_all(guard);
         }
@@ -1650,18 +1650,21 @@ impl WildcardMap {
         }
     }
 
-    /// Moves the chains of each table holding some not carved from its
-    /// block into one new block, side by side in bucket order: a load
-    /// inserts its rules one at a time, and those after a table's last
-    /// growth got chains allocated alone, up to half of them. The copies
+    /// Moves the chains of each table this load made (an id from
+    /// `first_new` on) that holds some not carved from its block into
+    /// one new block, side by side in bucket order: a load inserts its
+    /// rules one at a time, and those after a table's last growth got
+    /// chains allocated alone, up to half of them. (Tables the map held
+    /// before are left as they are: a small load into a big map copies
+    /// only what it made.) The copies
     /// replace the chains in their buckets one by one (each the same
     /// rules, so a reader sees the one or the other alike), and the
     /// originals are retired. A copy of every chain's words, no entry
     /// read: a rebuild of each table instead took a million exact
     /// rules' load 4.6 s, against 2.9-3.4 s without it and with this
     /// copy (docs/benchmarks.md, "Each table's chains in one block").
-    fn carve_loaded(&self, w: &mut Writer, guard: &Guard) {
-        for state in w.tables.values() {
+    fn carve_loaded(&self, w: &mut Writer, first_new: u64, guard: &Guard) {
+        for state in w.tables.range(first_new..).map(|(_, state)| state) {
             let table = &state.table;
             let held: Vec<(&Atomic<Chain>, &Chain)> = table
                 .slots
