@@ -396,10 +396,7 @@ impl crossbeam_epoch::Pointable for Chain {
 
     unsafe fn init((entries, width): Self::Init) -> usize {
         let first = entries.first().expect("a chain holds a rule");
-        let (fields, value_size) = (first.rule.bounds().len(), first.value.len());
-        let (layout, w) = (Layout::of(width, fields, value_size), width.bytes());
-        let stride = u16::try_from(layout.stride * w).expect("a rule's bytes fit u16");
-        let addr = u16::try_from(layout.addr).expect("within a rule");
+        let (layout, stride, addr) = Self::shape(first, width);
         let (ptr, chain) = Self::alloc(entries.len(), stride, addr);
         match width {
             Width::W32 => fill::<u32>(&mut chain.words, &layout, entries),
@@ -459,6 +456,17 @@ impl crossbeam_epoch::Pointable for Chain {
 }
 
 impl Chain {
+    /// The layout of chains of `first`'s schema and value size in words
+    /// of `width`, with a rule's bytes and where its entry's address
+    /// starts in them, as a chain's header keeps them.
+    fn shape(first: &Entry, width: Width) -> (Layout, u16, u16) {
+        let (fields, value_size) = (first.rule.bounds().len(), first.value.len());
+        let layout = Layout::of(width, fields, value_size);
+        let stride = u16::try_from(layout.stride * width.bytes()).expect("a rule's bytes fit u16");
+        let addr = u16::try_from(layout.addr).expect("within a rule");
+        (layout, stride, addr)
+    }
+
     /// Chains holding each of `buckets` (a bucket's entries, at least
     /// one, in rule order), in order, carved side by side from one
     /// allocation: a table built at once (a rebuild, a split's new
@@ -475,10 +483,7 @@ impl Chain {
         let Some(first) = buckets.first().and_then(|b| b.first()) else {
             return Vec::new();
         };
-        let (fields, value_size) = (first.rule.bounds().len(), first.value.len());
-        let (layout, w) = (Layout::of(width, fields, value_size), width.bytes());
-        let stride = u16::try_from(layout.stride * w).expect("a rule's bytes fit u16");
-        let addr = u16::try_from(layout.addr).expect("within a rule");
+        let (layout, stride, addr) = Self::shape(first, width);
         let bytes = |rules: usize| HEAD + words_for(rules, usize::from(stride)) * size_of::<u128>();
         let size = size_of::<Block>() + buckets.iter().map(|b| bytes(b.len())).sum::<usize>();
         if u32::try_from(size).is_err() {
@@ -1034,6 +1039,16 @@ mod tests {
         check::<u128>(Width::W128);
     }
 
+    /// The carving tests' rule of priority `p` (field `a` exact at `a`,
+    /// `b` the range `p..=p + 10`), with a 5-byte value of `a`.
+    fn carving_entry(a: u32, p: u32) -> Arc<Entry> {
+        let schema = Schema::new(vec![Field::exact("a", 4), Field::range("b", 2)]).unwrap();
+        let rule = schema
+            .parse_rule(&format!("a {a}, b {p}-{}", p + 10), p)
+            .unwrap();
+        Entry::shared(&rule, &[a as u8; 5])
+    }
+
     /// Chains carved from one block are each the chain `init` would
     /// make, side by side in order; the block counts them, each frees
     /// its own counts when it goes (an edited copy of one is allocated
@@ -1041,13 +1056,7 @@ mod tests {
     #[test]
     fn carved_chains_are_whole_chains_and_the_last_frees_their_block() {
         fn check<W: Word>(width: Width) {
-            let schema = Schema::new(vec![Field::exact("a", 4), Field::range("b", 2)]).unwrap();
-            let entry = |a: u32, p: u32| {
-                let rule = schema
-                    .parse_rule(&format!("a {a}, b {p}-{}", p + 10), p)
-                    .unwrap();
-                Entry::shared(&rule, &[a as u8; 5])
-            };
+            let entry = carving_entry;
             // Buckets of 1, 3 and 2 rules, in rule order.
             let buckets: Vec<Vec<Arc<Entry>>> = vec![
                 vec![entry(1, 0)],
@@ -1120,13 +1129,7 @@ mod tests {
     /// chain is copied once.
     #[test]
     fn carved_copies_take_over_their_originals_counts() {
-        let schema = Schema::new(vec![Field::exact("a", 4), Field::range("b", 2)]).unwrap();
-        let entry = |a: u32, p: u32| {
-            let rule = schema
-                .parse_rule(&format!("a {a}, b {p}-{}", p + 10), p)
-                .unwrap();
-            Entry::shared(&rule, &[a as u8; 5])
-        };
+        let entry = carving_entry;
         let width = Width::W32;
         let layout = Layout::new::<u32>(2, 5);
         let alone = Owned::<Chain>::init((vec![entry(1, 0), entry(1, 3)], width));

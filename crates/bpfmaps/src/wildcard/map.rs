@@ -129,32 +129,25 @@ fn scan<'g, W: Word, const N: usize>(
         if best.is_some_and(|b| rule_order(key, b, N).is_ge()) {
             break;
         }
-        if matches(key, values) {
+        // Every field's two compares, without a branch between them.
+        debug_assert!(key.len() > 2 * N, "a rule's words hold its bounds");
+        // SAFETY: a rule's words start with its priority and bounds
+        // (`Layout`: its value and entry follow them).
+        let (lows, highs) = unsafe {
+            (
+                key.get_unchecked(1..1 + N),
+                key.get_unchecked(1 + N..1 + 2 * N),
+            )
+        };
+        let mut hit = true;
+        for i in 0..N {
+            hit &= (lows[i] <= values[i]) & (values[i] <= highs[i]);
+        }
+        if hit {
             return Some(key);
         }
     }
     best
-}
-
-/// Whether the rule of words `key` (its priority, then its bounds)
-/// matches `values`: every field's two compares, without a branch
-/// between them.
-#[inline(always)]
-fn matches<W: Word, const N: usize>(key: &[W], values: &[W; N]) -> bool {
-    debug_assert!(key.len() > 2 * N, "a rule's words hold its bounds");
-    // SAFETY: a rule's words start with its priority and bounds
-    // (`Layout`: its value and entry follow them).
-    let (lows, highs) = unsafe {
-        (
-            key.get_unchecked(1..1 + N),
-            key.get_unchecked(1 + N..1 + 2 * N),
-        )
-    };
-    let mut hit = true;
-    for i in 0..N {
-        hit &= (lows[i] <= values[i]) & (values[i] <= highs[i]);
-    }
-    hit
 }
 
 /// Per field, the leading bits a table hashes.
