@@ -10,7 +10,10 @@
 //! filled again in place when nothing else holds it, as CPython's `zip`
 //! reuses its tuple, so a loop that unpacks each pair makes no tuple a
 //! step: the pair costs its two ints (docs/benchmarks.md, "Native pairs,
-//! and the string maps' batches").
+//! and the string maps' batches"). Such a pair, from a batch already
+//! read, is made first, outside the unwind guard, by converters chosen
+//! when the walk starts (`next_buffered`); the rest (a batch to read, a
+//! new tuple, an error) goes through the guard.
 
 use std::ffi::{c_int, c_void};
 use std::mem::ManuallyDrop;
@@ -42,9 +45,10 @@ pub(crate) struct Walk {
     next: usize,
     /// Whether the map may hold more: the last batch came back full.
     more: bool,
-    /// Keys as ints (signed if `Some(true)`), or `bytes` when `None`.
-    key_ints: Option<bool>,
-    value_ints: Option<bool>,
+    /// Makes a key's object from its slot; `None` for keys of varying
+    /// length (`bytes` of the length in the slot, made by `next_pair`).
+    key_of: Option<Convert>,
+    value_of: Convert,
     /// The pair handed out last (a strong reference), or null.
     pair: *mut ffi::PyObject,
 }
@@ -66,11 +70,13 @@ impl Walk {
                 "int keys need a fixed size of 1, 2, 4 or 8 bytes",
             ));
         }
-        if value_ints.is_some() && !matches!(value_size, 1 | 2 | 4 | 8) {
-            return Err(PyTypeError::new_err(format!(
-                "no int of {value_size} bytes"
-            )));
-        }
+        let no_int = |n| PyTypeError::new_err(format!("no int of {n} bytes"));
+        let value_of = converter(value_ints, value_size).ok_or_else(|| no_int(value_size))?;
+        // Keys of varying length come as `bytes` of their length (`var_key`).
+        let key_of = match raw.var_keys {
+            true => None,
+            false => Some(converter(key_ints, raw.key_size).ok_or_else(|| no_int(raw.key_size))?),
+        };
         Ok(Walk {
             keys: vec![0u8; count * layout.stride()],
             values: vec![0u8; count * value_size],
@@ -81,8 +87,8 @@ impl Walk {
             len: 0,
             next: 0,
             more: true,
-            key_ints,
-            value_ints,
+            key_of,
+            value_of,
             pair: ptr::null_mut(),
         })
     }
@@ -107,58 +113,122 @@ impl Walk {
         Ok(n > 0)
     }
 
-    /// The next pair (a new reference), or `None` at the end.
+    /// Entry `i`'s key and value as new references, or `None` with
+    /// Python's error set (and neither made).
+    ///
+    /// # Safety
+    /// `i < len`: the entry is in the buffers.
+    #[inline(always)]
+    unsafe fn objects(
+        &self,
+        py: Python<'_>,
+        i: usize,
+    ) -> Option<(*mut ffi::PyObject, *mut ffi::PyObject)> {
+        let (ks, vs) = (self.layout.stride(), self.value_size);
+        // SAFETY: the buffers hold `count >= len > i` slots of `ks` and
+        // `vs` bytes; a converter reads one slot.
+        unsafe {
+            let k = match self.key_of {
+                Some(key_of) => key_of(self.keys.as_ptr().add(i * ks), ks),
+                None => self.var_key(py, i),
+            };
+            if k.is_null() {
+                return None;
+            }
+            let v = (self.value_of)(self.values.as_ptr().add(i * vs), vs);
+            if v.is_null() {
+                ffi::Py_DECREF(k);
+                return None;
+            }
+            Some((k, v))
+        }
+    }
+
+    /// Key `i` of a map of keys of varying length, as `bytes` (a new
+    /// reference), or null with Python's error set.
+    #[cold]
+    fn var_key(&self, py: Python<'_>, i: usize) -> *mut ffi::PyObject {
+        match self.layout.key(&self.keys, i) {
+            Ok(key) => PyBytes::new(py, key).into_ptr(),
+            Err(e) => {
+                py_err(e).restore(py);
+                ptr::null_mut()
+            }
+        }
+    }
+
+    /// The next pair when it is in the buffers and the last pair handed
+    /// out is held by nothing else, filled again: `None` otherwise (a
+    /// batch to read, or a new pair to make: `next_pair`), null with
+    /// Python's error set on a failure.
+    ///
+    /// Nothing in it can panic, so `iternext` calls it outside its
+    /// `catch_unwind`, before anything else: a `for k, v` loop's pairs
+    /// cost their two ints and about 50 instructions more, where the
+    /// call through the unwind guard, with each int's kind chosen and
+    /// each slot's bounds checked, took about 110 (callgrind, 100K
+    /// pairs; docs/benchmarks.md, "The pairs' own instructions").
+    #[inline(always)]
+    fn next_buffered(&mut self, py: Python<'_>) -> Option<*mut ffi::PyObject> {
+        // SAFETY: `pair`, when set, is a live tuple we hold.
+        if self.next >= self.len || self.pair.is_null() || unsafe { ffi::Py_REFCNT(self.pair) } != 1
+        {
+            return None;
+        }
+        let i = self.next;
+        self.next += 1;
+        // SAFETY: `i < len`.
+        let Some((k, v)) = (unsafe { self.objects(py, i) }) else {
+            return Some(ptr::null_mut());
+        };
+        // SAFETY: the pair has no other reference (checked above), so no
+        // one sees it change; `PyTuple_SetItem` takes `k`'s and `v`'s
+        // references and drops the old items'.
+        unsafe {
+            ffi::PyTuple_SetItem(self.pair, 0, k);
+            ffi::PyTuple_SetItem(self.pair, 1, v);
+            ffi::Py_INCREF(self.pair);
+        }
+        Some(self.pair)
+    }
+
+    /// The next pair (a new reference), or `None` at the end: a batch is
+    /// read when the last is handed out, and a new pair made when the
+    /// last one is held elsewhere (or there is none yet).
     fn next_pair(&mut self, py: Python<'_>) -> PyResult<Option<*mut ffi::PyObject>> {
         if self.next == self.len && !self.refill(py)? {
             return Ok(None);
         }
+        if let Some(pair) = self.next_buffered(py) {
+            return match pair.is_null() {
+                true => Err(PyErr::fetch(py)),
+                false => Ok(Some(pair)),
+            };
+        }
         let i = self.next;
         self.next += 1;
-        let k = if self.key_ints.is_some() {
-            // Fixed-size int keys: the slot is the key.
-            let ks = self.layout.stride();
-            object(py, &self.keys[i * ks..][..ks], self.key_ints)?
-        } else {
-            let key = self.layout.key(&self.keys, i).map_err(py_err)?;
-            object(py, key, None)?
-        };
-        let value = &self.values[i * self.value_size..][..self.value_size];
-        let v = match object(py, value, self.value_ints) {
-            Ok(v) => v,
-            Err(e) => {
-                // SAFETY: `k` is a new reference no one else has.
-                unsafe { ffi::Py_DECREF(k) };
-                return Err(e);
-            }
-        };
-        // SAFETY: `pair`, when set, is a live 2-tuple `self` holds a
-        // reference to; with no other reference no one sees it change,
-        // and `PyTuple_SetItem` takes `k`'s and `v`'s references and
-        // drops the old items'. A new tuple has one reference (ours)
-        // and takes its items the same way.
+        // SAFETY: `i < len` (refilled above).
+        let (k, v) = unsafe { self.objects(py, i) }.ok_or_else(|| PyErr::fetch(py))?;
+        // SAFETY: a new tuple has one reference (ours) and takes `k`'s
+        // and `v`'s; the pair it replaces is ours to let go.
         unsafe {
-            if !self.pair.is_null() && ffi::Py_REFCNT(self.pair) == 1 {
-                ffi::PyTuple_SetItem(self.pair, 0, k);
-                ffi::PyTuple_SetItem(self.pair, 1, v);
-            } else {
-                let pair = ffi::PyTuple_New(2);
-                if pair.is_null() {
-                    ffi::Py_DECREF(k);
-                    ffi::Py_DECREF(v);
-                    return Err(PyErr::fetch(py));
-                }
-                ffi::PyTuple_SetItem(pair, 0, k);
-                ffi::PyTuple_SetItem(pair, 1, v);
-                // Ints and bytes hold no references, so the pair can be
-                // in no cycle: off the collector's lists, as CPython's
-                // own collector leaves such tuples.
-                ffi::PyObject_GC_UnTrack(pair.cast());
-                if !self.pair.is_null() {
-                    ffi::Py_DECREF(self.pair);
-                }
-                self.pair = pair;
+            let pair = ffi::PyTuple_New(2);
+            if pair.is_null() {
+                ffi::Py_DECREF(k);
+                ffi::Py_DECREF(v);
+                return Err(PyErr::fetch(py));
             }
-            ffi::Py_INCREF(self.pair);
+            ffi::PyTuple_SetItem(pair, 0, k);
+            ffi::PyTuple_SetItem(pair, 1, v);
+            // Ints and bytes hold no references, so the pair can be in
+            // no cycle: off the collector's lists, as CPython's own
+            // collector leaves such tuples.
+            ffi::PyObject_GC_UnTrack(pair.cast());
+            if !self.pair.is_null() {
+                ffi::Py_DECREF(self.pair);
+            }
+            self.pair = pair;
+            ffi::Py_INCREF(pair);
         }
         Ok(Some(self.pair))
     }
@@ -177,40 +247,60 @@ impl Drop for Walk {
     }
 }
 
-/// Bytes as Python sees them: `bytes`, or an int of their size in native
-/// order, signed if `ints` is `Some(true)` (sizes checked in `Walk::new`).
-/// A new reference.
-#[inline(always)]
-fn object(py: Python<'_>, b: &[u8], ints: Option<bool>) -> PyResult<*mut ffi::PyObject> {
-    // SAFETY: the C API's int constructors (every arm); a null return
-    // leaves Python's error set, which `fetch` takes.
-    let int = unsafe {
-        match (ints, b.len()) {
-            (None, _) => return Ok(PyBytes::new(py, b).into_ptr()),
-            (Some(false), 1) => ffi::PyLong_FromUnsignedLong(b[0].into()),
-            (Some(false), 2) => {
-                ffi::PyLong_FromUnsignedLong(u16::from_ne_bytes([b[0], b[1]]).into())
-            }
-            (Some(false), 4) => ffi::PyLong_FromUnsignedLong(u32::from_ne_bytes(word(b)).into()),
-            (Some(false), 8) => ffi::PyLong_FromUnsignedLongLong(u64::from_ne_bytes(word(b))),
-            (Some(true), 1) => ffi::PyLong_FromLong((b[0] as i8).into()),
-            (Some(true), 2) => ffi::PyLong_FromLong(i16::from_ne_bytes([b[0], b[1]]).into()),
-            (Some(true), 4) => ffi::PyLong_FromLong(i32::from_ne_bytes(word(b)).into()),
-            (Some(true), 8) => ffi::PyLong_FromLongLong(i64::from_ne_bytes(word(b))),
-            (Some(_), n) => return Err(PyTypeError::new_err(format!("no int of {n} bytes"))),
-        }
-    };
-    if int.is_null() {
-        return Err(PyErr::fetch(py));
-    }
-    Ok(int)
+/// Makes the Python object of a key's or value's bytes: a new
+/// reference, or null with Python's error set. Chosen when the walk
+/// starts (`converter`), so that a pair makes no choice.
+///
+/// # Safety
+/// `at` points to `len` readable bytes, the size the converter was
+/// chosen for.
+type Convert = unsafe fn(at: *const u8, len: usize) -> *mut ffi::PyObject;
+
+/// The converter of `size` bytes: `bytes`, or an int of their size in
+/// native order, signed if `ints` is `Some(true)`; `None` for an int of
+/// another size.
+fn converter(ints: Option<bool>, size: usize) -> Option<Convert> {
+    Some(match (ints, size) {
+        (None, _) => bytes_at,
+        (Some(false), 1) => u8_at,
+        (Some(false), 2) => u16_at,
+        (Some(false), 4) => u32_at,
+        (Some(false), 8) => u64_at,
+        (Some(true), 1) => i8_at,
+        (Some(true), 2) => i16_at,
+        (Some(true), 4) => i32_at,
+        (Some(true), 8) => i64_at,
+        (Some(_), _) => return None,
+    })
 }
 
-/// `b` as an array of its own size (the caller matched the size; a
-/// mismatch would panic, which `iternext` turns into an error, rather
-/// than hand out a wrong int).
-fn word<const N: usize>(b: &[u8]) -> [u8; N] {
-    b.try_into().expect("an int of the size matched")
+/// `bytes` of the `len` bytes at `at`.
+unsafe fn bytes_at(at: *const u8, len: usize) -> *mut ffi::PyObject {
+    // SAFETY: the caller's `len` bytes; a length that fits (a slot).
+    unsafe { ffi::PyBytes_FromStringAndSize(at.cast(), len as ffi::Py_ssize_t) }
+}
+
+/// Converters to ints: the slot read as `$t`, made by `$make` from it
+/// widened to `$wide`.
+macro_rules! int_at {
+    ($($name:ident: $t:ty => $make:ident($wide:ty);)*) => {$(
+        unsafe fn $name(at: *const u8, _: usize) -> *mut ffi::PyObject {
+            // SAFETY: the caller's slot of `size_of::<$t>()` bytes; the
+            // C API's int constructor.
+            unsafe { ffi::$make(<$wide>::from(at.cast::<$t>().read_unaligned())) }
+        }
+    )*};
+}
+
+int_at! {
+    u8_at: u8 => PyLong_FromUnsignedLong(std::ffi::c_ulong);
+    u16_at: u16 => PyLong_FromUnsignedLong(std::ffi::c_ulong);
+    u32_at: u32 => PyLong_FromUnsignedLong(std::ffi::c_ulong);
+    u64_at: u64 => PyLong_FromUnsignedLongLong(std::ffi::c_ulonglong);
+    i8_at: i8 => PyLong_FromLong(std::ffi::c_long);
+    i16_at: i16 => PyLong_FromLong(std::ffi::c_long);
+    i32_at: i32 => PyLong_FromLong(std::ffi::c_long);
+    i64_at: i64 => PyLong_FromLongLong(std::ffi::c_longlong);
 }
 
 /// The object: Python's header, then the walk (null for an object made
@@ -284,6 +374,27 @@ pub(crate) fn new(py: Python<'_>, walk: Walk) -> PyResult<Bound<'_, PyAny>> {
 /// `tp_iternext`: the next pair, or null with no error set at the end
 /// (or with one set on a failure). No panic unwinds out of it.
 unsafe extern "C" fn iternext(slf: *mut ffi::PyObject) -> *mut ffi::PyObject {
+    // SAFETY: CPython calls this with the GIL held, on a `PairsObject`.
+    let obj = unsafe { &mut *slf.cast::<PairsObject>() };
+    if !obj.busy
+        // SAFETY: the object owns its walk (when set). A call running
+        // elsewhere with the GIL let go (`busy`: a batch being read)
+        // keeps this one out of it; the fast path never lets it go.
+        && let Some(walk) = unsafe { obj.walk.as_mut() }
+        // SAFETY: the GIL is held.
+        && let Some(pair) = walk.next_buffered(unsafe { Python::assume_gil_acquired() })
+    {
+        return pair;
+    }
+    // SAFETY: as above.
+    unsafe { iternext_slow(slf) }
+}
+
+/// `iternext` for the pairs `next_buffered` leaves: a batch to read, the
+/// first pair, a pair held elsewhere, keys of varying length; any error.
+#[cold]
+#[inline(never)]
+unsafe fn iternext_slow(slf: *mut ffi::PyObject) -> *mut ffi::PyObject {
     // SAFETY: CPython calls this with the GIL held, on a `PairsObject`.
     let (py, obj) = unsafe {
         (
