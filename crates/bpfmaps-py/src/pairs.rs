@@ -25,7 +25,6 @@ use bpfmaps::BatchKeys;
 use pyo3::exceptions::{PyRuntimeError, PyTypeError, PyValueError};
 use pyo3::ffi;
 use pyo3::prelude::*;
-use pyo3::types::PyBytes;
 
 use crate::{RawMap, batch_err, py_err};
 
@@ -145,11 +144,13 @@ impl Walk {
     }
 
     /// Key `i` of a map of keys of varying length, as `bytes` (a new
-    /// reference), or null with Python's error set.
+    /// reference), or null with Python's error set; never a panic (it
+    /// runs outside the unwind guard, `next_buffered`).
     #[cold]
     fn var_key(&self, py: Python<'_>, i: usize) -> *mut ffi::PyObject {
         match self.layout.key(&self.keys, i) {
-            Ok(key) => PyBytes::new(py, key).into_ptr(),
+            // SAFETY: the key's bytes.
+            Ok(key) => unsafe { bytes_at(key.as_ptr(), key.len()) },
             Err(e) => {
                 py_err(e).restore(py);
                 ptr::null_mut()
@@ -163,11 +164,12 @@ impl Walk {
     /// Python's error set on a failure.
     ///
     /// Nothing in it can panic, so `iternext` calls it outside its
-    /// `catch_unwind`, before anything else: a `for k, v` loop's pairs
-    /// cost their two ints and about 50 instructions more, where the
-    /// call through the unwind guard, with each int's kind chosen and
-    /// each slot's bounds checked, took about 110 (callgrind, 100K
-    /// pairs; docs/benchmarks.md, "The pairs' own instructions").
+    /// `catch_unwind`, before anything else: a `for k, v` loop's pair
+    /// costs its two ints, two `PyTuple_SetItem`s and 56 instructions of
+    /// this code, where the call through the unwind guard, with each
+    /// int's kind chosen and each slot's bounds checked, took about 130
+    /// (callgrind, 100K pairs; docs/benchmarks.md, "The pairs' own
+    /// instructions").
     #[inline(always)]
     fn next_buffered(&mut self, py: Python<'_>) -> Option<*mut ffi::PyObject> {
         // SAFETY: `pair`, when set, is a live tuple we hold.
