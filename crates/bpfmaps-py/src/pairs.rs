@@ -45,7 +45,7 @@ pub(crate) struct Walk {
     /// Whether the map may hold more: the last batch came back full.
     more: bool,
     /// Makes a key's object from its slot; `None` for keys of varying
-    /// length (`bytes` of the length in the slot, made by `next_pair`).
+    /// length (`bytes` of the length in the slot, made by `var_key`).
     key_of: Option<Convert>,
     value_of: Convert,
     /// The pair handed out last (a strong reference), or null.

@@ -280,6 +280,37 @@ def test_numpy_batches_match_single_lookups():
     assert (raw == keys.astype(np.uint64) * 3).all()
 
 
+INT_TYPES = [
+    ctypes.c_uint8, ctypes.c_int8, ctypes.c_uint16, ctypes.c_int16,
+    ctypes.c_uint32, ctypes.c_int32, ctypes.c_uint64, ctypes.c_int64,
+]
+
+
+@pytest.mark.parametrize("key", INT_TYPES, ids=lambda t: t.__name__)
+@pytest.mark.parametrize("leaf", INT_TYPES, ids=lambda t: t.__name__)
+def test_every_int_kind_reads_back_through_the_unpacking_loop(key, leaf):
+    # `for k, v in ...` fills one pair again in place (the converters'
+    # path a pair takes once the first is made); each kind's extremes.
+    def extremes(t):
+        bits = 8 * ctypes.sizeof(t)
+        if t(-1).value == -1:  # signed
+            lo, hi = -(1 << (bits - 1)), (1 << (bits - 1)) - 1
+        else:
+            lo, hi = 0, (1 << bits) - 1
+        return [lo, lo + 1, 0, 1, hi - 1, hi]
+
+    keys = sorted(set(extremes(key)) | set(range(0, 100, 7)))
+    values = (extremes(leaf) * len(keys))[: len(keys)]
+    t = b.Table(b.MAP_TYPE_HASH, key, leaf, 256)
+    model = dict(zip(keys, values))
+    t.items_update_batch(model.keys(), model.values())
+    got = {}
+    for k, v in t.items_lookup_batch():
+        assert type(k) is int and type(v) is int
+        got[k] = v
+    assert got == model
+
+
 def test_signed_batches_and_numpy_dumps_match_the_walk():
     t = b.Table(b.MAP_TYPE_HASH, ctypes.c_int16, ctypes.c_int64, 10_000)
     model = {k: -(k * 1_000_003) for k in range(-3000, 3000, 3)}
