@@ -290,14 +290,17 @@ INT_TYPES = [
 @pytest.mark.parametrize("leaf", INT_TYPES, ids=lambda t: t.__name__)
 def test_every_int_kind_reads_back_through_the_unpacking_loop(key, leaf):
     # `for k, v in ...` fills one pair again in place (the converters'
-    # path a pair takes once the first is made); each kind's extremes.
+    # path a pair takes once the first is made); each kind's extremes,
+    # and the edges of CPython's digits (15 or 30 bits), where the
+    # unsigned converters change constructor.
     def extremes(t):
         bits = 8 * ctypes.sizeof(t)
         if t(-1).value == -1:  # signed
             lo, hi = -(1 << (bits - 1)), (1 << (bits - 1)) - 1
         else:
             lo, hi = 0, (1 << bits) - 1
-        return [lo, lo + 1, 0, 1, hi - 1, hi]
+        edges = [s * ((1 << e) + d) for e in (15, 30, 31, 60, 63) for d in (-1, 0) for s in (1, -1)]
+        return [lo, lo + 1, 0, 1, hi - 1, hi] + [x for x in edges if lo <= x <= hi]
 
     keys = sorted(set(extremes(key)) | set(range(0, 100, 7)))
     values = (extremes(leaf) * len(keys))[: len(keys)]
