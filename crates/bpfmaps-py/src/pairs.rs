@@ -10,16 +10,22 @@
 //! filled again in place when nothing else holds it, as CPython's `zip`
 //! reuses its tuple, so a loop that unpacks each pair makes no tuple a
 //! step: the pair costs its two ints (docs/benchmarks.md, "Native pairs,
-//! and the string maps' batches"). Such a pair, from a batch already
-//! read, is made first, outside the unwind guard, by converters chosen
-//! when the walk starts (`next_buffered`); the rest (a batch to read, a
-//! new tuple, an error) goes through the guard.
+//! and the string maps' batches"). A pair from a batch already read is
+//! made outside the unwind guard, by converters chosen when the walk
+//! starts (`next_buffered`); reading a batch goes through the guard.
+//!
+//! From CPython 3.14 on, a tuple keeps its hash once computed, and only
+//! CPython's own code can forget it: a pair filled again after someone
+//! hashed it (`filter(allowed.__contains__, pairs)` drops each pair it
+//! hashed) would hash as the pair before. There, every pair is a new
+//! tuple ([`REUSE_PAIRS`]).
 
 use std::ffi::{c_int, c_void};
 use std::mem::ManuallyDrop;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::ptr;
 use std::sync::OnceLock;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use bpfmaps::BatchKeys;
 use pyo3::exceptions::{PyRuntimeError, PyTypeError, PyValueError};
@@ -48,8 +54,10 @@ pub(crate) struct Walk {
     /// length (`bytes` of the length in the slot, made by `var_key`).
     key_of: Option<Convert>,
     value_of: Convert,
-    /// The pair handed out last (a strong reference), or null.
+    /// The pair handed out last (a strong reference), or null: always
+    /// null where pairs are not filled again ([`REUSE_PAIRS`]).
     pair: *mut ffi::PyObject,
+    reuse: bool,
 }
 
 impl Walk {
@@ -89,6 +97,7 @@ impl Walk {
             key_of,
             value_of,
             pair: ptr::null_mut(),
+            reuse: REUSE_PAIRS.load(Ordering::Relaxed),
         })
     }
 
@@ -158,10 +167,10 @@ impl Walk {
         }
     }
 
-    /// The next pair when it is in the buffers and the last pair handed
-    /// out is held by nothing else, filled again: `None` otherwise (a
-    /// batch to read, or a new pair to make: `next_pair`), null with
-    /// Python's error set on a failure.
+    /// The next pair when it is in the buffers (a new reference): the
+    /// last pair filled again when nothing else holds it, else a new
+    /// tuple (`new_pair`); `None` when a batch is to be read first
+    /// (`next_pair`), null with Python's error set on a failure.
     ///
     /// Nothing in it can panic, so `iternext` calls it outside its
     /// `catch_unwind`, before anything else: a `for k, v` loop's pair
@@ -172,9 +181,7 @@ impl Walk {
     /// instructions").
     #[inline(always)]
     fn next_buffered(&mut self, py: Python<'_>) -> Option<*mut ffi::PyObject> {
-        // SAFETY: `pair`, when set, is a live tuple we hold.
-        if self.next >= self.len || self.pair.is_null() || unsafe { ffi::Py_REFCNT(self.pair) } != 1
-        {
+        if self.next >= self.len {
             return None;
         }
         let i = self.next;
@@ -183,10 +190,13 @@ impl Walk {
         let Some((k, v)) = (unsafe { self.objects(py, i) }) else {
             return Some(ptr::null_mut());
         };
-        // SAFETY: the pair has no other reference (checked above), so no
-        // one sees it change; `PyTuple_SetItem` takes `k`'s and `v`'s
-        // references and drops the old items'.
+        // SAFETY: `pair`, when set, is a live tuple we hold. With no other
+        // reference, no one sees it change; `PyTuple_SetItem` takes `k`'s
+        // and `v`'s references and drops the old items'.
         unsafe {
+            if self.pair.is_null() || ffi::Py_REFCNT(self.pair) != 1 {
+                return Some(self.new_pair(k, v));
+            }
             ffi::PyTuple_SetItem(self.pair, 0, k);
             ffi::PyTuple_SetItem(self.pair, 1, v);
             ffi::Py_INCREF(self.pair);
@@ -194,31 +204,20 @@ impl Walk {
         Some(self.pair)
     }
 
-    /// The next pair (a new reference), or `None` at the end: a batch is
-    /// read when the last is handed out, and a new pair made when the
-    /// last one is held elsewhere (or there is none yet).
-    fn next_pair(&mut self, py: Python<'_>) -> PyResult<Option<*mut ffi::PyObject>> {
-        if self.next == self.len && !self.refill(py)? {
-            return Ok(None);
-        }
-        if let Some(pair) = self.next_buffered(py) {
-            return match pair.is_null() {
-                true => Err(PyErr::fetch(py)),
-                false => Ok(Some(pair)),
-            };
-        }
-        let i = self.next;
-        self.next += 1;
-        // SAFETY: `i < len` (refilled above).
-        let (k, v) = unsafe { self.objects(py, i) }.ok_or_else(|| PyErr::fetch(py))?;
-        // SAFETY: a new tuple has one reference (ours) and takes `k`'s
-        // and `v`'s; the pair it replaces is ours to let go.
+    /// A new pair of `k` and `v` (taking their references), kept to be
+    /// filled again if pairs are ([`REUSE_PAIRS`]): a new reference, or
+    /// null with Python's error set.
+    #[inline(never)]
+    fn new_pair(&mut self, k: *mut ffi::PyObject, v: *mut ffi::PyObject) -> *mut ffi::PyObject {
+        // SAFETY: a new tuple has one reference (handed out) and takes
+        // `k`'s and `v`'s. The pair it replaces is ours to let go; we
+        // keep one more reference to the new one.
         unsafe {
             let pair = ffi::PyTuple_New(2);
             if pair.is_null() {
                 ffi::Py_DECREF(k);
                 ffi::Py_DECREF(v);
-                return Err(PyErr::fetch(py));
+                return pair;
             }
             ffi::PyTuple_SetItem(pair, 0, k);
             ffi::PyTuple_SetItem(pair, 1, v);
@@ -226,13 +225,27 @@ impl Walk {
             // no cycle: off the collector's lists, as CPython's own
             // collector leaves such tuples.
             ffi::PyObject_GC_UnTrack(pair.cast());
-            if !self.pair.is_null() {
-                ffi::Py_DECREF(self.pair);
+            if self.reuse {
+                if !self.pair.is_null() {
+                    ffi::Py_DECREF(self.pair);
+                }
+                ffi::Py_INCREF(pair);
+                self.pair = pair;
             }
-            self.pair = pair;
-            ffi::Py_INCREF(pair);
+            pair
         }
-        Ok(Some(self.pair))
+    }
+
+    /// The next pair (a new reference), or `None` at the end, reading a
+    /// batch when the last is handed out.
+    fn next_pair(&mut self, py: Python<'_>) -> PyResult<Option<*mut ffi::PyObject>> {
+        if self.next == self.len && !self.refill(py)? {
+            return Ok(None);
+        }
+        match self.next_buffered(py) {
+            Some(pair) if pair.is_null() => Err(PyErr::fetch(py)),
+            pair => Ok(pair),
+        }
     }
 }
 
@@ -344,9 +357,23 @@ struct PairsObject {
 /// The type, made once at import.
 static TYPE: OnceLock<usize> = OnceLock::new();
 
-/// Makes the `Pairs` type and adds it to `module`.
+/// Whether a pair nothing else holds may be filled again: on CPython
+/// before 3.14, whose tuples cache no hash (set at import).
+static REUSE_PAIRS: AtomicBool = AtomicBool::new(false);
+
+/// `_reuse_pairs(on)`: whether walks started from now on fill a pair
+/// again; returns the setting before. For the tests, which walk both
+/// ways on any CPython; filling pairs again where tuples cache their
+/// hash gives wrong hashes.
+#[pyfunction]
+fn _reuse_pairs(on: bool) -> bool {
+    REUSE_PAIRS.swap(on, Ordering::Relaxed)
+}
+
+/// Makes the `Pairs` type and adds it to `module`, with `_reuse_pairs`.
 pub(crate) fn add_type(module: &Bound<'_, PyModule>) -> PyResult<()> {
     let py = module.py();
+    REUSE_PAIRS.store(py.version_info() < (3, 14), Ordering::Relaxed);
     let mut slots = [
         slot(ffi::Py_tp_iter, ffi::PyObject_SelfIter as *mut c_void),
         slot(ffi::Py_tp_iternext, iternext as *mut c_void),
@@ -373,6 +400,7 @@ pub(crate) fn add_type(module: &Bound<'_, PyModule>) -> PyResult<()> {
     // given to the module as one more.
     let ty = unsafe { Bound::from_owned_ptr(py, ty) };
     TYPE.get_or_init(|| ty.clone().into_ptr() as usize);
+    module.add_function(wrap_pyfunction!(_reuse_pairs, module)?)?;
     module.add("Pairs", ty)
 }
 
@@ -417,8 +445,8 @@ unsafe extern "C" fn iternext(slf: *mut ffi::PyObject) -> *mut ffi::PyObject {
     unsafe { iternext_slow(slf) }
 }
 
-/// `iternext` for the pairs `next_buffered` leaves: a batch to read, the
-/// first pair, a pair held elsewhere, keys of varying length; any error.
+/// `iternext` when `next_buffered` has no pair: a batch to read (or the
+/// end), or another thread's call reading one.
 #[cold]
 #[inline(never)]
 unsafe fn iternext_slow(slf: *mut ffi::PyObject) -> *mut ffi::PyObject {

@@ -11,6 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import bpfmaps_rs as b
+from bpfmaps_rs import _native
 
 
 class Flow(ctypes.Structure):
@@ -312,6 +313,32 @@ def test_every_int_kind_reads_back_through_the_unpacking_loop(key, leaf):
         assert type(k) is int and type(v) is int
         got[k] = v
     assert got == model
+
+
+@pytest.mark.parametrize("reuse", [True, False], ids=["filled_again", "new_tuples"])
+def test_pairs_dropped_after_hashing_hash_as_their_items(reuse):
+    # `map` and `filter` hash each pair and drop it before asking for the
+    # next, which a pair filled again in place would then be. CPython
+    # 3.14's tuples keep their hash once computed, so there every pair is
+    # a new tuple; both ways are walked here, whatever this CPython does.
+    t = b.Table(b.MAP_TYPE_HASH, ctypes.c_uint32, ctypes.c_uint64, 4096)
+    model = {k: k * 7 for k in range(3000)}
+    t.items_update_batch(model.keys(), model.values())
+    default = _native._reuse_pairs(reuse)
+    try:
+        held = list(t.items_lookup_batch())
+        # Each pair held by the list alone (and here by `p` and the call).
+        assert dict(held) == model and all(sys.getrefcount(p) == 3 for p in held)
+        assert list(map(hash, t.items_lookup_batch())) == [hash(p) for p in held]
+        wanted = set(held[::3])
+        assert list(filter(wanted.__contains__, t.items_lookup_batch())) == held[::3]
+        got = {}
+        for k, v in t.items_lookup_batch():
+            got[k] = v
+        assert got == model
+    finally:
+        _native._reuse_pairs(default)
+    assert default == (sys.version_info < (3, 14))
 
 
 def test_signed_batches_and_numpy_dumps_match_the_walk():
