@@ -24,6 +24,7 @@
 //! after every element and start again if it changed; after a few walks
 //! cut short that way, they pin and walk once more as pinned readers do.
 
+use std::marker::PhantomData;
 use std::ptr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicPtr, AtomicU64, AtomicUsize, Ordering, fence};
@@ -49,28 +50,54 @@ const WALK_WINDOW: usize = 32;
 /// and the walk took 3.5 ns an entry in cache against 6.6 with the sizes
 /// read at run time, 9.1 against 12.0 at 100K entries (SZ1-SZ5 in
 /// docs/benchmarks.md, "Native pairs, and the string maps' batches").
+///
+/// The slots are written through pointers whose room was checked once
+/// (`new`): indexing checked each slot's bounds, four branches and the
+/// buffers' lengths reloaded from the stack an entry, 24 instructions an
+/// entry's copy against 14 (docs/benchmarks.md, "The batch walk's
+/// copies").
 struct BatchOut<'a, const K: usize, const V: usize> {
-    keys: &'a mut [u8],
-    values: &'a mut [u8],
+    /// The next key's and value's slots, and how many of each are left.
+    keys: *mut u8,
+    values: *mut u8,
+    left: usize,
     layout: ElemLayout,
-    room: usize,
+    buffers: PhantomData<&'a mut [u8]>,
 }
 
-impl<const K: usize, const V: usize> BatchOut<'_, K, V> {
-    /// Copies the chain from `p` on, from entry `copied` on; false once
+impl<'a, const K: usize, const V: usize> BatchOut<'a, K, V> {
+    /// `room` slots of `keys` and `values`, back to back from their
+    /// starts; panics if they do not hold them (the callers size them).
+    fn new(keys: &'a mut [u8], values: &'a mut [u8], layout: ElemLayout, room: usize) -> Self {
+        let fits =
+            |buffer: &[u8], size: usize| room.checked_mul(size).is_some_and(|n| n <= buffer.len());
+        assert!(
+            fits(keys, layout.key_size) && fits(values, layout.value_size),
+            "batch buffers smaller than their room"
+        );
+        BatchOut {
+            keys: keys.as_mut_ptr(),
+            values: values.as_mut_ptr(),
+            left: room,
+            layout,
+            buffers: PhantomData,
+        }
+    }
+
+    /// Copies the chain from `p` on, counting in `copied`; false once
     /// the room is full. Inlined: without it the walk of 100K entries
     /// took 2-5 % longer (three runs of `hash_batch_walk`).
     #[inline(always)]
     fn chain(&mut self, mut p: *mut ElemHeader, copied: &mut usize) -> bool {
         while let Some(e) = ptr::NonNull::new(p) {
-            if *copied == self.room {
+            if self.left == 0 {
                 return false;
             }
             let e = ElemPtr(e);
             // SAFETY: reachable under the walk's guard; a reachable
             // element's key and value are never written (invariant 2).
             unsafe {
-                self.copy(*copied, e.key(&self.layout), e.value(&self.layout));
+                self.copy(e.key(&self.layout), e.value(&self.layout));
                 p = e.header().next.load(Ordering::Acquire);
             }
             *copied += 1;
@@ -78,17 +105,29 @@ impl<const K: usize, const V: usize> BatchOut<'_, K, V> {
         true
     }
 
-    /// Copies entry `i`'s key and value into their slots.
+    /// Copies a key and a value into the next slots (`left > 0`).
     #[inline(always)]
-    fn copy(&mut self, i: usize, key: &[u8], value: &[u8]) {
-        if K == 0 || V == 0 {
-            let (ks, vs) = (key.len(), value.len());
-            bytes::copy(&mut self.keys[i * ks..][..ks], key);
-            bytes::copy(&mut self.values[i * vs..][..vs], value);
-        } else {
-            self.keys[i * K..][..K].copy_from_slice(&key[..K]);
-            self.values[i * V..][..V].copy_from_slice(&value[..V]);
+    fn copy(&mut self, key: &[u8], value: &[u8]) {
+        let (ks, vs) = match K == 0 || V == 0 {
+            true => (self.layout.key_size, self.layout.value_size),
+            false => (K, V),
+        };
+        debug_assert!(self.left > 0 && key.len() == ks && value.len() == vs);
+        // SAFETY: `left > 0` slots of `ks` and `vs` bytes remain from
+        // `keys` and `values` (`new`); an element's key and value have
+        // the layout's sizes, `K` and `V` when they are not 0.
+        unsafe {
+            if K == 0 || V == 0 {
+                bytes::copy(std::slice::from_raw_parts_mut(self.keys, ks), key);
+                bytes::copy(std::slice::from_raw_parts_mut(self.values, vs), value);
+            } else {
+                ptr::copy_nonoverlapping(key.as_ptr(), self.keys, K);
+                ptr::copy_nonoverlapping(value.as_ptr(), self.values, V);
+            }
+            self.keys = self.keys.add(ks);
+            self.values = self.values.add(vs);
         }
+        self.left -= 1;
     }
 }
 
@@ -567,12 +606,7 @@ impl RawTable {
     ) -> usize {
         let layout = *self.layout();
         let mut copied = 0;
-        let mut out = BatchOut::<K, V> {
-            keys,
-            values,
-            layout,
-            room,
-        };
+        let mut out = BatchOut::<K, V>::new(keys, values, layout, room);
         let mut guard = pin();
         let mut start = 0;
         if let Some(key) = after {
