@@ -57,6 +57,8 @@ pub(crate) struct Walk {
     /// The pair handed out last (a strong reference), or null: always
     /// null where pairs are not filled again ([`REUSE_PAIRS`]).
     pair: *mut ffi::PyObject,
+    /// Whether a pair nothing else holds is filled again
+    /// ([`REUSE_PAIRS`] when the walk started).
     reuse: bool,
 }
 
