@@ -318,12 +318,13 @@ int_at! {
     i64_at: i64 => PyLong_FromLongLong(std::ffi::c_longlong);
 }
 
-/// Converters to ints of unsigned slots too wide for `c_long` on every
-/// platform: a value of one of CPython's 30-bit digits goes to the
-/// signed constructor, whose path for such ints is the shorter (it skips
-/// counting digits: 75 instructions an int against 87 in CPython 3.11,
-/// docs/benchmarks.md, "Ints by the signed constructor"); a wider one to
-/// the unsigned constructor, shorter for those.
+/// Converters to ints of 4- and 8-byte unsigned slots (a `u32` need not
+/// fit `c_long`, as on Windows): a value of one of CPython's 30-bit
+/// digits goes to the signed constructor, whose path for such ints is
+/// the shorter (it skips counting digits: 75 instructions an int against
+/// 87 in CPython 3.11, docs/benchmarks.md, "Ints by the signed
+/// constructor"); a wider one to the unsigned constructor, shorter for
+/// those.
 macro_rules! unsigned_int_at {
     ($($name:ident: $t:ty => $make:ident($wide:ty);)*) => {$(
         unsafe fn $name(at: *const u8, _: usize) -> *mut ffi::PyObject {
