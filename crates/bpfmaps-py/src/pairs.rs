@@ -10,7 +10,10 @@
 //! filled again in place when nothing else holds it, as CPython's `zip`
 //! reuses its tuple, so a loop that unpacks each pair makes no tuple a
 //! step: the pair costs its two ints (docs/benchmarks.md, "Native pairs,
-//! and the string maps' batches"). A pair from a batch already read is
+//! and the string maps' batches"). Its items are written straight into
+//! the tuple, where they were found at import, and its reference counts
+//! changed in line, as CPython's own `zip` and the limited API of 3.9 do
+//! (docs/benchmarks.md, "A pair's items written in place"). A pair from a batch already read is
 //! made outside the unwind guard, by converters chosen when the walk
 //! starts (`next_buffered`); reading a batch goes through the guard.
 //!
@@ -25,12 +28,13 @@ use std::mem::ManuallyDrop;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::ptr;
 use std::sync::OnceLock;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
 use bpfmaps::BatchKeys;
 use pyo3::exceptions::{PyRuntimeError, PyTypeError, PyValueError};
 use pyo3::ffi;
 use pyo3::prelude::*;
+use pyo3::types::{PyList, PyTuple};
 
 use crate::{RawMap, batch_err, py_err};
 
@@ -60,6 +64,10 @@ pub(crate) struct Walk {
     /// Whether a pair nothing else holds is filled again
     /// ([`REUSE_PAIRS`] when the walk started).
     reuse: bool,
+    /// Where a pair's items sit, in bytes from its address, or 0 to set
+    /// them through `PyTuple_SetItem` ([`ITEMS_AT`] when the walk
+    /// started).
+    items_at: usize,
 }
 
 impl Walk {
@@ -100,6 +108,7 @@ impl Walk {
             value_of,
             pair: ptr::null_mut(),
             reuse: REUSE_PAIRS.load(Ordering::Relaxed),
+            items_at: ITEMS_AT.load(Ordering::Relaxed),
         })
     }
 
@@ -176,11 +185,10 @@ impl Walk {
     ///
     /// Nothing in it can panic, so `iternext` calls it outside its
     /// `catch_unwind`, before anything else: a `for k, v` loop's pair
-    /// costs its two ints, two `PyTuple_SetItem`s and 56 instructions of
-    /// this code, where the call through the unwind guard, with each
-    /// int's kind chosen and each slot's bounds checked, took about 130
-    /// (callgrind, 100K pairs; docs/benchmarks.md, "The pairs' own
-    /// instructions").
+    /// costs its two ints and 59 instructions of this code, where the
+    /// call through the unwind guard, with each int's kind chosen and
+    /// each slot's bounds checked, took about 130 (callgrind, 100K
+    /// pairs; docs/benchmarks.md, "The pairs' own instructions").
     #[inline(always)]
     fn next_buffered(&mut self, py: Python<'_>) -> Option<*mut ffi::PyObject> {
         if self.next >= self.len {
@@ -193,15 +201,17 @@ impl Walk {
             return Some(ptr::null_mut());
         };
         // SAFETY: `pair`, when set, is a live tuple we hold. With no other
-        // reference, no one sees it change; `PyTuple_SetItem` takes `k`'s
-        // and `v`'s references and drops the old items'.
+        // reference, no one sees it change; it takes `k`'s and `v`'s
+        // references and drops the old items'.
         unsafe {
             if self.pair.is_null() || ffi::Py_REFCNT(self.pair) != 1 {
                 return Some(self.new_pair(k, v));
             }
-            ffi::PyTuple_SetItem(self.pair, 0, k);
-            ffi::PyTuple_SetItem(self.pair, 1, v);
-            ffi::Py_INCREF(self.pair);
+            let old = self.set_items(self.pair, k, v);
+            incref(self.pair);
+            old.into_iter()
+                .filter(|o| !o.is_null())
+                .for_each(|o| decref(o));
         }
         Some(self.pair)
     }
@@ -221,8 +231,8 @@ impl Walk {
                 ffi::Py_DECREF(v);
                 return pair;
             }
-            ffi::PyTuple_SetItem(pair, 0, k);
-            ffi::PyTuple_SetItem(pair, 1, v);
+            // A new tuple's items are null: nothing to let go.
+            let _ = self.set_items(pair, k, v);
             // Ints and bytes hold no references, so the pair can be in
             // no cycle: off the collector's lists, as CPython's own
             // collector leaves such tuples.
@@ -235,6 +245,43 @@ impl Walk {
                 self.pair = pair;
             }
             pair
+        }
+    }
+
+    /// Puts `k` and `v` into the 2-tuple `pair` (taking their
+    /// references) and returns the items it held, for the caller to let
+    /// go once the pair is whole (null for a new tuple's, or where
+    /// `PyTuple_SetItem` let go of them).
+    ///
+    /// Written straight into the tuple's item slots where they were found
+    /// at import ([`ITEMS_AT`]): `PyTuple_SetItem`, the only way the
+    /// stable ABI gives, checks the type, the index and the reference
+    /// count and lets go of the old item, 22 instructions a call
+    /// (docs/benchmarks.md, "A pair's items written in place").
+    ///
+    /// # Safety
+    /// `pair` is a 2-tuple only we hold, `k` and `v` new references.
+    #[inline(always)]
+    unsafe fn set_items(
+        &self,
+        pair: *mut ffi::PyObject,
+        k: *mut ffi::PyObject,
+        v: *mut ffi::PyObject,
+    ) -> [*mut ffi::PyObject; 2] {
+        // SAFETY: the caller's tuple; `items_at`, when set, is where this
+        // CPython's 2-tuples keep their two item pointers.
+        unsafe {
+            if self.items_at == 0 {
+                // It lets go of the old items itself.
+                ffi::PyTuple_SetItem(pair, 0, k);
+                ffi::PyTuple_SetItem(pair, 1, v);
+                return [ptr::null_mut(); 2];
+            }
+            let items = pair.byte_add(self.items_at).cast::<*mut ffi::PyObject>();
+            let old = [items.read(), items.add(1).read()];
+            items.write(k);
+            items.add(1).write(v);
+            old
         }
     }
 
@@ -260,6 +307,35 @@ impl Drop for Walk {
                 ffi::Py_DECREF(self.pair);
             }
             ffi::Py_DECREF(self.map.as_ptr());
+        }
+    }
+}
+
+/// `Py_INCREF` as the limited API of CPython 3.9 (this build's, abi3)
+/// has it, in line: pyo3 calls `Py_IncRef` there. CPython keeps taking
+/// such increments (PEP 683: an immortal object's count stays immortal
+/// under them).
+///
+/// # Safety
+/// `o` is a live object; the GIL is held.
+#[inline(always)]
+unsafe fn incref(o: *mut ffi::PyObject) {
+    // SAFETY: the caller's.
+    unsafe { (*o).ob_refcnt += 1 }
+}
+
+/// `Py_DECREF` in line, as [`incref`]: the count taken down where
+/// another reference stays, `Py_DecRef` (which frees) for the last.
+///
+/// # Safety
+/// `o` is a live object we hold a reference to; the GIL is held.
+#[inline(always)]
+unsafe fn decref(o: *mut ffi::PyObject) {
+    // SAFETY: the caller's.
+    unsafe {
+        match (*o).ob_refcnt {
+            n if n > 1 => (*o).ob_refcnt = n - 1,
+            _ => ffi::Py_DecRef(o),
         }
     }
 }
@@ -364,6 +440,52 @@ static TYPE: OnceLock<usize> = OnceLock::new();
 /// before 3.14, whose tuples cache no hash (set at import).
 static REUSE_PAIRS: AtomicBool = AtomicBool::new(false);
 
+/// Where this CPython's 2-tuples keep their items, in bytes from the
+/// object's address, found at import (`find_items_at`); 0 where they were
+/// not found, and pairs are filled through `PyTuple_SetItem`.
+static ITEMS_FOUND: OnceLock<usize> = OnceLock::new();
+
+/// [`ITEMS_FOUND`], or 0 while the tests have pairs filled through
+/// `PyTuple_SetItem` (`_items_in_place`).
+static ITEMS_AT: AtomicUsize = AtomicUsize::new(0);
+
+/// Finds where a 2-tuple's item pointers sit: makes a tuple of two new
+/// objects and looks for their addresses side by side in its memory,
+/// within the size it says it has. The stable ABI leaves the layout out
+/// (3.14 added a cached hash to it), so it is found here, not assumed;
+/// 0 if it is not there.
+fn find_items_at(py: Python<'_>) -> PyResult<usize> {
+    let (a, b) = (PyList::empty(py), PyList::empty(py));
+    let pair = PyTuple::new(py, [&a, &b])?;
+    let size: usize = pair.call_method0("__sizeof__")?.extract()?;
+    let word = size_of::<*mut ffi::PyObject>();
+    let base = pair.as_ptr().cast::<u8>();
+    let last = size.saturating_sub(2 * word);
+    Ok((size_of::<ffi::PyObject>()..=last)
+        .step_by(word)
+        // SAFETY: two words inside the tuple's `size` bytes, read as plain
+        // words (aligned: a tuple is word-aligned).
+        .find(|&at| unsafe {
+            let items = base.add(at).cast::<*mut ffi::PyObject>();
+            items.read() == a.as_ptr() && items.add(1).read() == b.as_ptr()
+        })
+        .unwrap_or(0))
+}
+
+/// `_items_in_place(on)`: whether walks started from now on write a
+/// pair's items in place (where they were found at import) or through
+/// `PyTuple_SetItem`; returns the setting before. For the tests, which
+/// walk both ways.
+#[pyfunction]
+fn _items_in_place(on: bool) -> bool {
+    let at = if on {
+        ITEMS_FOUND.get().copied().unwrap_or(0)
+    } else {
+        0
+    };
+    ITEMS_AT.swap(at, Ordering::Relaxed) != 0
+}
+
 /// `_reuse_pairs(on)`: whether walks started from now on fill a pair
 /// again; returns the setting before. For the tests, which walk both
 /// ways on any CPython; filling pairs again where tuples cache their
@@ -373,10 +495,15 @@ fn _reuse_pairs(on: bool) -> bool {
     REUSE_PAIRS.swap(on, Ordering::Relaxed)
 }
 
-/// Makes the `Pairs` type and adds it to `module`, with `_reuse_pairs`.
+/// Makes the `Pairs` type and adds it to `module`, with the tests' hooks
+/// (`_reuse_pairs`, `_items_in_place`).
 pub(crate) fn add_type(module: &Bound<'_, PyModule>) -> PyResult<()> {
     let py = module.py();
     REUSE_PAIRS.store(py.version_info() < (3, 14), Ordering::Relaxed);
+    ITEMS_AT.store(
+        *ITEMS_FOUND.get_or_init(|| find_items_at(py).unwrap_or(0)),
+        Ordering::Relaxed,
+    );
     let mut slots = [
         slot(ffi::Py_tp_iter, ffi::PyObject_SelfIter as *mut c_void),
         slot(ffi::Py_tp_iternext, iternext as *mut c_void),
@@ -404,6 +531,7 @@ pub(crate) fn add_type(module: &Bound<'_, PyModule>) -> PyResult<()> {
     let ty = unsafe { Bound::from_owned_ptr(py, ty) };
     TYPE.get_or_init(|| ty.clone().into_ptr() as usize);
     module.add_function(wrap_pyfunction!(_reuse_pairs, module)?)?;
+    module.add_function(wrap_pyfunction!(_items_in_place, module)?)?;
     module.add("Pairs", ty)
 }
 

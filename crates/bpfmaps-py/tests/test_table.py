@@ -4,6 +4,7 @@ import ctypes
 import errno
 import sys
 import threading
+import tracemalloc
 
 import numpy as np
 import pytest
@@ -315,25 +316,31 @@ def test_every_int_kind_reads_back_through_the_unpacking_loop(key, leaf):
     assert got == model
 
 
+@pytest.mark.parametrize("in_place", [True, False], ids=["items_in_place", "set_item"])
 @pytest.mark.parametrize("reuse", [True, False], ids=["filled_again", "new_tuples"])
-def test_pairs_dropped_after_hashing_hash_as_their_items(reuse):
+def test_pairs_dropped_after_hashing_hash_as_their_items(reuse, in_place):
     # `map` and `filter` hash each pair and drop it before asking for the
     # next, which a pair filled again in place would then be. CPython
     # 3.14's tuples keep their hash once computed, so there every pair is
     # a new tuple, and the hash checks below are what would catch a pair
     # filled again; before 3.14 no tuple caches its hash, and they pass
     # either way. Both ways are walked on any CPython for the pairs'
-    # values and reference counts (a pair held twice, or leaked).
+    # values and reference counts (a pair or an item held twice, or
+    # leaked), with the items written in place and through
+    # `PyTuple_SetItem`.
     if reuse and sys.version_info >= (3, 14):
         pytest.skip("tuples cache their hash here: pairs are never filled again")
     t = b.Table(b.MAP_TYPE_HASH, ctypes.c_uint32, ctypes.c_uint64, 4096)
-    model = {k: k * 7 for k in range(3000)}
+    model = {k: k * 7 + 1000 for k in range(3000)}
     t.items_update_batch(model.keys(), model.values())
     default = _native._reuse_pairs(reuse)
+    found = _native._items_in_place(in_place)
     try:
         held = list(t.items_lookup_batch())
-        # Each pair held by the list alone (and here by `p` and the call).
+        # Each pair held by the list alone (and here by `p` and the call),
+        # each value by its pair alone (and the call).
         assert dict(held) == model and all(sys.getrefcount(p) == 3 for p in held)
+        assert all(sys.getrefcount(p[1]) == 2 for p in held)
         assert list(map(hash, t.items_lookup_batch())) == [hash(p) for p in held]
         wanted = set(held[::3])
         assert list(filter(wanted.__contains__, t.items_lookup_batch())) == held[::3]
@@ -341,9 +348,26 @@ def test_pairs_dropped_after_hashing_hash_as_their_items(reuse):
         for k, v in t.items_lookup_batch():
             got[k] = v
         assert got == model
+        # A loop that drops each pair's items keeps no int: the items a
+        # pair held before it was filled again are let go.
+        tracemalloc.start()
+        try:
+            for _ in range(2):
+                for k, v in t.items_lookup_batch():
+                    pass
+            before = tracemalloc.get_traced_memory()[0]
+            for _ in range(5):
+                for k, v in t.items_lookup_batch():
+                    pass
+            grown = tracemalloc.get_traced_memory()[0] - before
+        finally:
+            tracemalloc.stop()
+        assert grown < 64 * 1024, f"{grown} bytes kept by 5 walks of 3,000 pairs"
     finally:
         _native._reuse_pairs(default)
+        _native._items_in_place(found)
     assert default == (sys.version_info < (3, 14))
+    assert found, "a 2-tuple's items not found in its memory at import"
 
 
 def test_signed_batches_and_numpy_dumps_match_the_walk():
