@@ -13,9 +13,10 @@
 //! and the string maps' batches"). Its items are written straight into
 //! the tuple, where they were found at import, and its reference counts
 //! changed in line, as CPython's own `zip` and the limited API of 3.9 do
-//! (docs/benchmarks.md, "A pair's items written in place"). A pair from a batch already read is
-//! made outside the unwind guard, by converters chosen when the walk
-//! starts (`next_buffered`); reading a batch goes through the guard.
+//! (docs/benchmarks.md, "A pair's items written in place"). A pair from
+//! a batch already read is made outside the unwind guard, by converters
+//! chosen when the walk starts (`next_buffered`); reading a batch goes
+//! through the guard.
 //!
 //! From CPython 3.14 on, a tuple keeps its hash once computed, and only
 //! CPython's own code can forget it: a pair filled again after someone
