@@ -682,6 +682,28 @@ impl WildcardMap {
         w.order.iter().map(|(_, t)| t[..n].to_vec()).collect()
     }
 
+    /// Each table's tuple (its first fields') and rules, in the
+    /// published order.
+    #[cfg(test)]
+    pub(super) fn table_rules(&self) -> Vec<(Vec<u8>, Vec<Rule>)> {
+        let n = self.schema.fields().len();
+        let w = self.writer.lock();
+        let mut tables: Vec<_> = w
+            .order
+            .iter()
+            .map(|(_, t)| (t[..n].to_vec(), Vec::new()))
+            .collect();
+        for (placed, id) in &w.placed {
+            let i = w
+                .order
+                .iter()
+                .position(|(t, _)| t == id)
+                .expect("a placed rule's table");
+            tables[i].1.push(placed.0.rule.clone());
+        }
+        tables
+    }
+
     /// The published tables' best priorities, in probe order.
     #[cfg(test)]
     pub(super) fn bests(&self) -> Vec<u32> {

@@ -1901,3 +1901,146 @@ fn a_one_prefix_field_map_through_the_contract() {
         Err(Error::NotFound)
     );
 }
+
+/// Where a ClassBench set's probes go (docs/benchmarks.md, "Huge pages
+/// for big tables, and bursts of keys"): the probe replayed rule by rule
+/// on the set loaded as the `wildcard-classbench` suite loads it, 20,000
+/// packets of its trace seed. It must probe exactly the tables the map
+/// counts; it prints the empty buckets, the chains a priority kept in
+/// the bucket would let a probe skip, the rules tested, where answers
+/// lie, and what folding one table into a coarser one would do.
+///
+/// `SET=acl1_10k.gz cargo test --release -p bpfmaps --lib
+/// wildcard::tests::where_a_classbench_sets_probes_go -- --ignored
+/// --nocapture` (needs `../shared/data/classbench/`).
+#[test]
+#[ignore = "an analysis: reads a shared data set, 30-60 s in release"]
+fn where_a_classbench_sets_probes_go() {
+    use std::io::Read;
+    type Table = (Vec<u8>, Vec<Rule>);
+    let name = std::env::var("SET").unwrap_or_else(|_| "acl1_10k.gz".into());
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../../shared/data/classbench")
+        .join(&name);
+    let mut text = String::new();
+    flate2::read::GzDecoder::new(std::fs::File::open(&path).expect("the shared set"))
+        .read_to_string(&mut text)
+        .unwrap();
+    let s = five_tuple();
+    let bits: Vec<u32> = s.fields().iter().map(|f| f.bits()).collect();
+    let rules = classbench::parse_rules(&s, &text).unwrap();
+    let m = WildcardMap::new(s.clone(), 4, rules.len() as u32).unwrap();
+    m.load(rules.iter().map(|r| (r, v(r.priority))), BPF_ANY)
+        .unwrap();
+    // The suite's seed, all packets inside rules.
+    let packets = classbench::generate_trace(&s, &rules, 20_000, 1.0, 0x7475_706c);
+    let tables = m.table_rules();
+    for (i, (tuple, rs)) in tables.iter().enumerate() {
+        let best = rs.iter().map(|r| r.priority).min().unwrap();
+        eprintln!(
+            "table {i}: tuple {tuple:?}, {} rules, best priority {best}",
+            rs.len()
+        );
+    }
+    // A packet's bucket in a table: its rules whose hashed bits are the
+    // packet's, in rule order (priority first).
+    let bucket = |(tuple, rs): &'_ Table, p: &Packet| -> Vec<Rule> {
+        let mut chain: Vec<Rule> = rs
+            .iter()
+            .filter(|r| {
+                (0..bits.len()).all(|f| {
+                    let keep = u32::from(tuple[f]);
+                    let mask = match keep {
+                        0 => 0,
+                        _ => (u128::MAX >> (128 - keep)) << (bits[f] - keep),
+                    };
+                    r.bounds()[f].0 & mask == p.values[f] & mask
+                })
+            })
+            .cloned()
+            .collect();
+        chain.sort();
+        chain
+    };
+    // Tables probed, empty buckets, buckets whose best rule cannot beat
+    // the match in hand, chains scanned, rules tested; and the number of
+    // answers each table gave.
+    let replay = |tables: &[Table]| -> ([usize; 5], Vec<usize>) {
+        let top = |i: usize| tables[i].1.iter().map(|r| r.priority).min();
+        let mut order: Vec<usize> = (0..tables.len()).filter(|&i| top(i).is_some()).collect();
+        order.sort_by_key(|&i| top(i));
+        let mut n = [0; 5];
+        let mut answered_in = vec![0; tables.len()];
+        for p in &packets {
+            let mut best: Option<(u32, usize)> = None;
+            for &i in &order {
+                if best.is_some_and(|(b, _)| top(i) > Some(b)) {
+                    break;
+                }
+                n[0] += 1;
+                let chain = bucket(&tables[i], p);
+                if chain.is_empty() {
+                    n[1] += 1;
+                    continue;
+                }
+                if best.is_some_and(|(b, _)| chain[0].priority > b) {
+                    n[2] += 1;
+                    continue;
+                }
+                n[3] += 1;
+                for r in &chain {
+                    if best.is_some_and(|(b, _)| r.priority >= b) {
+                        break;
+                    }
+                    n[4] += 1;
+                    if r.matches(p) {
+                        best = Some((r.priority, i));
+                        break;
+                    }
+                }
+            }
+            if let Some((_, i)) = best {
+                answered_in[i] += 1;
+            }
+        }
+        (n, answered_in)
+    };
+    let per = |x: usize| x as f64 / packets.len() as f64;
+    let ([probed, empty, skippable, scanned, tested], answered_in) = replay(&tables);
+    let guard = pin();
+    let counted: usize = packets
+        .iter()
+        .map(|p| m.classify_counting(p, &guard).1)
+        .sum();
+    assert_eq!(
+        probed, counted,
+        "{name}: the replay probes the tables the map does"
+    );
+    eprintln!(
+        "{name}: {} tables, {:.3} probed a packet, {:.3} empty buckets, {:.3} skippable \
+         by a bucket's best priority, {:.3} chains scanned, {:.3} rules tested; answers by \
+         table {answered_in:?}",
+        tables.len(),
+        per(probed),
+        per(empty),
+        per(skippable),
+        per(scanned),
+        per(tested)
+    );
+    // Each table folded into a coarser one (its rules all fit).
+    for i in 0..tables.len() {
+        for j in (0..tables.len()).filter(|&j| j != i) {
+            if tables[i].0.iter().zip(&tables[j].0).all(|(a, b)| a >= b) {
+                let mut folded = tables.clone();
+                let moved = std::mem::take(&mut folded[i].1);
+                folded[j].1.extend(moved);
+                let ([probed, .., tested], _) = replay(&folded);
+                eprintln!(
+                    "table {i} into table {j}: {:.3} probed, {:.3} rules tested",
+                    per(probed),
+                    per(tested)
+                );
+            }
+        }
+    }
+}
