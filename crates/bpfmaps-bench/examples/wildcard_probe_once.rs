@@ -23,6 +23,10 @@
 //!   keys (collect `'*classify_key_once*'`); with a second argument
 //!   `six`, through the six lookups (collect `'*six_lookups_once*'`).
 //!
+//! With a second argument `many` (a ClassBench file or `cilium:SHAPE:N`),
+//! the packets go through `classify_many` in bursts of 32 (collect
+//! `'*classify_many_once*'`).
+//!
 //! With a second argument `key`, each packet goes through
 //! `classify_key` as its key's bytes (collect `'*classify_key_once*'`); with
 //! `contract`, through the byte contract's lookup of its concrete key,
@@ -103,6 +107,15 @@ fn classify_key_once(map: &WildcardMap, key: &[u8], guard: &bpfmaps::Guard) -> b
     map.classify_key(key, guard).expect("a key").is_some()
 }
 
+/// One call of `classify_many` on a burst of packets (as
+/// [`classify_once`]): how many matched.
+#[inline(never)]
+fn classify_many_once(map: &WildcardMap, packets: &[Packet], guard: &bpfmaps::Guard) -> usize {
+    let mut out = [None; 32];
+    map.classify_many(packets, guard, &mut out).expect("room");
+    out[..packets.len()].iter().flatten().count()
+}
+
 /// One lookup of the hash map (its own function, for callgrind's toggle).
 #[inline(never)]
 fn lookup_once(
@@ -115,15 +128,33 @@ fn lookup_once(
 
 /// The `wildcard-cilium` case `SHAPE:N`, each of 20,000 packets
 /// classified once by the map or, with `six`, by the six lookups.
-fn cilium(case: &str, six: bool) {
+fn cilium(case: &str, how: Option<&str>) {
     let (shape, n) = case.split_once(':').expect("cilium:SHAPE:N");
     let n = n.parse().expect("a rule count");
     let (map, hash, keys) = wildcard_cilium::workload(shape, n, 20_000);
     let guard = bpfmaps::pin();
-    let matched = if six {
+    let matched = if how == Some("six") {
         keys.iter()
             .filter(|k| wildcard_cilium::six_lookups_once(&hash, k, &guard))
             .count()
+    } else if how == Some("many") {
+        let packets: Vec<Packet> = keys
+            .iter()
+            .map(|k| {
+                let mut p = Packet::default();
+                p.values[..4].copy_from_slice(&[
+                    u128::from(u32::from_be_bytes([k[0], k[1], k[2], k[3]])),
+                    u128::from(u16::from_be_bytes([k[4], k[5]])),
+                    u128::from(k[6]),
+                    u128::from(k[7]),
+                ]);
+                p
+            })
+            .collect();
+        packets
+            .chunks(32)
+            .map(|burst| classify_many_once(&map, burst, &guard))
+            .sum()
     } else {
         keys.iter()
             .filter(|k| classify_key_once(&map, &k[..], &guard))
@@ -137,7 +168,7 @@ fn main() {
         .nth(1)
         .expect("`exact`, `cilium:SHAPE:N` or a ClassBench rule file");
     if let Some(case) = what.strip_prefix("cilium:") {
-        return cilium(case, std::env::args().nth(2).as_deref() == Some("six"));
+        return cilium(case, std::env::args().nth(2).as_deref());
     }
     let (map, packets) = if what == "exact" {
         exact()
@@ -173,6 +204,11 @@ fn main() {
         keys.iter()
             .filter(|k| copy.lookup(k, &mut value).is_ok())
             .count()
+    } else if how.as_deref() == Some("many") {
+        packets
+            .chunks(32)
+            .map(|burst| classify_many_once(&map, burst, &guard))
+            .sum()
     } else if how.as_deref() == Some("key") {
         let keys: Vec<Vec<u8>> = packets.iter().map(|p| map.schema().packet_key(p)).collect();
         keys.iter()

@@ -1,7 +1,7 @@
 //! A bucket's rules as a probe reads them: one flat array of words per
-//! bucket, each rule's priority, lower bounds, upper bounds, value and
-//! entry address back to back, in words as narrow as the schema's
-//! widest field allows (32 bits for a 5-tuple). A probe that matches
+//! bucket, each rule's priority, lower bounds, upper bounds, exit bound
+//! (in most layouts), value and entry address back to back, in words as
+//! narrow as the schema's widest field allows (32 bits for a 5-tuple). A probe that matches
 //! reads no other memory, and a bucket of ClassBench rules takes a
 //! quarter of the cache lines `u128` words would. The writer changes a
 //! bucket by copying its words with the change made: a rule update
@@ -25,6 +25,10 @@ pub(super) struct Entry {
     /// of a cold update's time (docs/benchmarks.md, "A hash index of
     /// rules").
     pub(super) value: smallvec::SmallVec<[u8; INLINE_VALUE]>,
+    /// Its exit bound, as its chains' words hold it (`exits.rs`): its
+    /// priority until a load works out a better one. The writer's copy,
+    /// which it writes into each chain it makes; readers read the words.
+    pub(super) exit: AtomicU32,
 }
 
 /// The most bytes of a value an [`Entry`] holds in itself.
@@ -41,6 +45,7 @@ impl Entry {
         Arc::new(Entry {
             rule: rule.clone(),
             value: value.into(),
+            exit: AtomicU32::new(rule.priority),
         })
     }
 }
@@ -143,17 +148,20 @@ impl Width {
 
 /// Where a rule's parts sit among its words: the priority at 0, the
 /// fields' lower bounds from 1 (field `i`'s at `1 + i`), their upper
-/// bounds after them (at `1 + fields + i`), the value's bytes from
-/// byte `value`, the entry's address from byte `addr`; `stride` words in
-/// all. Bounds of a kind side by side, so a probe tests every field with
-/// two vector compares of contiguous words and no shuffles. The value
-/// and the address are counted in bytes: a probe's answer reads them
-/// from a match's address, whatever its word.
+/// bounds after them (at `1 + fields + i`), its exit bound at
+/// [`exit_word`] (`1 + 2 * fields`) if the layout has one, the value's
+/// bytes from byte `value`, the entry's address from byte `addr`;
+/// `stride` words in all. Bounds of a kind side by side, so a probe
+/// tests every field with two vector compares of contiguous words and no
+/// shuffles. The value and the address are counted in bytes: a probe's
+/// answer reads them from a match's address, whatever its word.
 #[derive(Clone, Copy, Debug)]
 pub(super) struct Layout {
     pub(super) addr: usize,
     pub(super) value: usize,
     pub(super) stride: usize,
+    /// Whether a rule's words hold its exit bound.
+    pub(super) exit: bool,
 }
 
 impl Layout {
@@ -163,17 +171,37 @@ impl Layout {
     /// pointers only, see the entry held (LeakSanitizer called the
     /// entries of chains still waiting for their grace period at exit
     /// leaked when the address sat at 4 bytes past an 8).
+    ///
+    /// The exit bound's word is left out where it would take a chain of
+    /// one rule onto one more cache line: Cilium's key (four fields of
+    /// 4 bytes or fewer, a 4-byte value) fills a line exactly, and its
+    /// exact rules (one table, where no probe stops early anyway) took
+    /// 1.5x the time in bursts at 100K rules with the word
+    /// (docs/benchmarks.md, "Exit bounds").
     pub(super) fn new<W: Word>(fields: usize, value_size: usize) -> Layout {
+        let with = Self::laid::<W>(fields, value_size, true);
+        let without = Self::laid::<W>(fields, value_size, false);
+        let lines = |l: &Layout| (HEAD + l.stride * size_of::<W>()).div_ceil(64);
+        if lines(&with) == lines(&without) {
+            with
+        } else {
+            without
+        }
+    }
+
+    /// The layout with or without an exit word.
+    fn laid<W: Word>(fields: usize, value_size: usize, exit: bool) -> Layout {
         let w = size_of::<W>();
         let addr_words = size_of::<usize>().div_ceil(w);
         // The value before the address: the padding that aligns the
         // address then mostly falls inside the value's last word.
-        let value = 1 + 2 * fields;
+        let value = exit_word(fields) + usize::from(exit);
         let addr = (value + value_size.div_ceil(w)).next_multiple_of(addr_words);
         Layout {
             addr: addr * w,
             value: value * w,
             stride: addr + addr_words,
+            exit,
         }
     }
 
@@ -791,10 +819,20 @@ fn fill<W: Word>(storage: &mut [u128], layout: &Layout, entries: Vec<Arc<Entry>>
 fn write_rule<W: Word>(key: &mut [W], layout: &Layout, e: Arc<Entry>) {
     let (words, n) = rule_words::<W>(&e.rule);
     key[..n].copy_from_slice(&words[..n]);
+    if layout.exit {
+        key[n] = W::of(u128::from(e.exit.load(Ordering::Relaxed)));
+    }
     let bytes = bytemuck::cast_slice_mut::<W, u8>(key);
     bytes[layout.value..][..e.value.len()].copy_from_slice(&e.value);
     let addr = Arc::into_raw(e).expose_provenance().to_ne_bytes();
     bytes[layout.addr..][..addr.len()].copy_from_slice(&addr);
+}
+
+/// The word of a rule of `fields` fields that holds its exit bound
+/// (after its priority and bounds, [`Layout`]).
+#[inline(always)]
+pub(super) const fn exit_word(fields: usize) -> usize {
+    1 + 2 * fields
 }
 
 /// A rule's first words, as a chain holds them (its priority, its

@@ -24,6 +24,7 @@ pub mod brute;
 mod chain;
 pub mod classbench;
 mod contract;
+mod exits;
 mod map;
 mod match_key;
 mod order;
