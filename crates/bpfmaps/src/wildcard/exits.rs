@@ -7,22 +7,25 @@
 //! the first table by a rule of priority 5,000 or worse probes the
 //! tables after it, whose best rules have priorities from 4,838.
 //!
-//! A rule's *exit bound* is the worst priority among the rules of other
-//! tables that overlap it and come before it in rule order (0 when none
-//! does). A rule that beats a match on some packet matches that packet
-//! too, so it overlaps the match; it is not in the match's table (a
-//! bucket's first match is its best); so it is no worse than the
-//! match's exit bound. A probe holding a match may therefore stop at the
-//! first table whose best priority is worse than the match's exit bound,
-//! not only worse than its priority. On the ClassBench 10K sets that
+//! A rule's *exit bound* is the worst priority among the rules that
+//! overlap it and come before it in rule order (0 when none does). A
+//! rule that beats a match on some packet matches that packet too, so it
+//! overlaps the match and is no worse than the match's exit bound: a
+//! probe holding a match may stop at the first table whose best priority
+//! is worse than the match's exit bound, not only worse than its
+//! priority. The bound counts the rules of the match's own table too,
+//! though a probe never needs it to (a bucket's first match is its
+//! best): so a rule that moves between tables (a split) leaves every
+//! bound true, and a reader that started before the move, on the view
+//! before it, cannot stop short of the rule's new table. On the ClassBench 10K sets that
 //! took the tables probed a packet from 2.83 / 3.93 / 4.69 to 2.56 /
 //! 3.86 / 3.11 (acl1 / fw1 / ipc1; docs/benchmarks.md, "Exit bounds").
 //!
 //! Only a [`load`](super::WildcardMap::load) works the bounds out, over
 //! every rule held, and publishes a view whose probes read them. A
 //! bound may be too high (a rule removed since), which costs probes; a
-//! rule added to a table (new, or moved by a split) is in no bound, so
-//! it voids them all until the next load (`map.rs`, `exits_void`).
+//! new rule is in no bound, so it voids them all until the next load
+//! (`map.rs`, `exits_void`).
 //!
 //! Finding the overlapping pairs: two rules that overlap, one of which
 //! fits the other's table (fixes at least the bits the table hashes),
@@ -127,11 +130,11 @@ pub(super) fn exit_bounds(
     for (t, table) in tables.iter().enumerate() {
         for (k, e) in table.rules.iter().enumerate() {
             for (u, other) in tables.iter().enumerate() {
-                if u == t || !fits(&fixed[t][k], &other.tuple) {
+                if !fits(&fixed[t][k], &other.tuple) {
                     continue;
                 }
                 bucket(u, &e.rule, &mut |q| {
-                    if overlap(&e.rule, &q.rule) {
+                    if !std::ptr::eq(q, &**e) && overlap(&e.rule, &q.rule) {
                         record(&mut worst, (t, k), where_is[&std::ptr::from_ref(q)]);
                     }
                 });

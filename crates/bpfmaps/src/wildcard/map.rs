@@ -24,9 +24,9 @@
 //! stops as soon as the next table's best cannot beat the match in hand;
 //! a bucket's rules are in rule order, so its first match is its best.
 //! After a load, each rule carries an *exit bound* (`exits.rs`): the
-//! worst priority of the better rules of other tables that overlap it,
-//! and a probe stops once the next table's best is worse than that (on
-//! ipc1_10k, 4.7 tables probed a packet to 3.1), until a rule is added.
+//! worst priority of the better rules that overlap it, and a probe stops
+//! once the next table's best is worse than that (on ipc1_10k, 4.7
+//! tables probed a packet to 3.1), until a rule is added.
 //!
 //! Concurrency: one writer at a time (a mutex); readers take none. What a
 //! reader follows (the list of tables, each table's bucket array, each
@@ -420,9 +420,9 @@ struct View {
     /// shape of rule, as Cilium's exact rules), in the view itself: the
     /// bucket's address waits on one read, not two.
     only: Option<TableProbe>,
-    /// Whether the rules' exit bounds hold (no rule was added, or moved
-    /// between tables, since a load worked them out): if not, a probe
-    /// stops by its match's priority alone.
+    /// Whether the rules' exit bounds hold (no rule was added since a
+    /// load worked them out): if not, a probe stops by its match's
+    /// priority alone.
     exits: bool,
 }
 
@@ -2191,8 +2191,8 @@ impl WildcardMap {
 
     /// Panics unless every rule's chains hold its entry's exit bound, and
     /// the bound is no worse than its priority and, while the bounds
-    /// hold, no better than any rule of another table that overlaps it
-    /// and comes before it.
+    /// hold, no better than any rule that overlaps it and comes before
+    /// it.
     /// Every pair of rules: for maps of up to 2,048 rules.
     #[cfg(test)]
     fn check_exits(&self, w: &Writer, guard: &Guard) {
@@ -2203,8 +2203,8 @@ impl WildcardMap {
             }
         }
         let fields = self.schema.fields().len();
-        let mut held: Vec<(u64, Arc<Entry>)> = Vec::new();
-        for (&id, state) in &w.tables {
+        let mut held: Vec<Arc<Entry>> = Vec::new();
+        for state in w.tables.values() {
             for slot in state.table.slots.iter() {
                 // SAFETY: under the guard.
                 let chain = unsafe { slot.load(Ordering::Acquire, guard).as_ref() };
@@ -2215,22 +2215,22 @@ impl WildcardMap {
                         Width::W128 => words_hold::<u128>(chain, &self.layout, fields),
                     }
                 }
-                held.extend(chain_entries(slot, guard).into_iter().map(|e| (id, e)));
+                held.extend(chain_entries(slot, guard));
             }
         }
         if held.len() > 2048 {
             return;
         }
-        for (t, r) in &held {
+        for r in &held {
             let exit = r.exit.load(Ordering::Relaxed);
             assert!(exit <= r.rule.priority, "an exit bound past its priority");
             if !w.exits {
                 break;
             }
-            for (u, q) in &held {
+            for q in &held {
                 let overlap = (q.rule.bounds().iter().zip(r.rule.bounds()))
                     .all(|(x, y)| x.0 <= y.1 && y.0 <= x.1);
-                if u != t && q.rule < r.rule && overlap {
+                if q.rule < r.rule && overlap {
                     assert!(
                         exit >= q.rule.priority,
                         "{:?}'s exit bound {exit} misses {:?}",
@@ -2265,9 +2265,8 @@ impl WildcardMap {
 }
 
 impl Writer {
-    /// A rule is added to a table (new, or moved from another): the exit
-    /// bounds, which do not count it there, no longer hold. Whether the
-    /// view needs publishing for it.
+    /// A new rule: the exit bounds, which do not count it, no longer
+    /// hold. Whether the view needs publishing for it.
     fn exits_void(&mut self) -> bool {
         std::mem::replace(&mut self.exits, false)
     }
@@ -2295,12 +2294,6 @@ impl Writer {
     /// Records that `moved` rules are now in table `id` (as
     /// [`place_new`](Self::place_new)).
     fn place(&mut self, moved: &[Arc<Entry>], id: u64) {
-        // A rule's bound leaves out the rules of its own table (a bucket
-        // finds its best first): a rule moving between tables voids the
-        // bounds. The caller's next publish carries it.
-        if !moved.is_empty() {
-            self.exits_void();
-        }
         if self.placing_later {
             return;
         }
