@@ -17,9 +17,10 @@
 //! though a probe never needs it to (a bucket's first match is its
 //! best): so a rule that moves between tables (a split) leaves every
 //! bound true, and a reader that started before the move, on the view
-//! before it, cannot stop short of the rule's new table. On the ClassBench 10K sets that
-//! took the tables probed a packet from 2.83 / 3.93 / 4.69 to 2.56 /
-//! 3.86 / 3.11 (acl1 / fw1 / ipc1; docs/benchmarks.md, "Exit bounds").
+//! before it, cannot stop short of the rule's new table. On the
+//! ClassBench 10K sets the bounds took the tables probed a packet from
+//! 2.83 / 3.93 / 4.69 to 2.56 / 3.86 / 3.23 (acl1 / fw1 / ipc1;
+//! docs/benchmarks.md, "Exit bounds").
 //!
 //! Only a [`load`](super::WildcardMap::load) works the bounds out, over
 //! every rule held, and publishes a view whose probes read them. A
@@ -47,7 +48,7 @@ use super::schema::Rule;
 /// ClassBench 10K sets hold 147 (acl1), 706 (ipc1) and 2,040 (fw1) such
 /// pairs a rule: acl1's and ipc1's are all checked, fw1's cheapest
 /// table pairs only (its bounds save little: 3.93 tables probed a
-/// packet to 3.86, where ipc1's go from 4.69 to 3.11).
+/// packet to 3.86, where ipc1's go from 4.69 to 3.23).
 const HAND_PAIRS_PER_RULE: usize = 1024;
 
 /// One table as the computation sees it: its tuple and its rules.

@@ -26,7 +26,7 @@
 //! After a load, each rule carries an *exit bound* (`exits.rs`): the
 //! worst priority of the better rules that overlap it, and a probe stops
 //! once the next table's best is worse than that (on ipc1_10k, 4.7
-//! tables probed a packet to 3.1), until a rule is added.
+//! tables probed a packet to 3.2), until a rule is added.
 //!
 //! Concurrency: one writer at a time (a mutex); readers take none. What a
 //! reader follows (the list of tables, each table's bucket array, each
