@@ -1322,7 +1322,11 @@ impl WildcardMap {
     /// docs/benchmarks.md, "Tables merged after a load"), or, where the
     /// tied rules fit neither table, gather into a table of their own
     /// (its mixed ones of 1,000: 2.4 probes a packet to 1.3; "Exact
-    /// fields split whole; tied priorities gathered").
+    /// fields split whole; tied priorities gathered"). Last, each rule's
+    /// exit bound is worked out over every rule held, so that a probe
+    /// stops where no later table can beat its match (`exits.rs`; ipc1
+    /// 10K: 4.7 tables probed a packet to 3.2, at twice the load's
+    /// time), until the next insert of a new rule.
     ///
     /// Readers see the rules appear one by one, each whole. It returns
     /// after a grace period (as `synchronize_rcu`), having freed what it
