@@ -58,7 +58,7 @@ pub(super) struct TableRules {
 }
 
 /// Whether two rules match some packet in common.
-fn overlap(a: &Rule, b: &Rule) -> bool {
+pub(super) fn overlap(a: &Rule, b: &Rule) -> bool {
     a.bounds()
         .iter()
         .zip(b.bounds())

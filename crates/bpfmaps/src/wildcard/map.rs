@@ -906,26 +906,39 @@ impl WildcardMap {
                         .map(|words| self.answer(Hit::of(words)))
                 },
             ),
-            [first, second, ..] => pipeline(
-                packets,
-                out,
-                |p| {
-                    let values = words(p)?;
-                    let ahead = [first.slot(&values), second.slot(&values)];
-                    ahead.iter().for_each(|s| prefetch(*s));
-                    Some((values, ahead))
-                },
-                |(values, [a, b])| {
-                    let ahead = [Some(a), Some(b)];
-                    let hit = if view.exits {
-                        self.probe_tables_from::<W, N, true>(&values, view, ahead, guard)
-                    } else {
-                        self.probe_tables_from::<W, N, false>(&values, view, ahead, guard)
-                    };
-                    hit.0.map(|h| self.answer(h))
-                },
-            ),
+            // Whether the bounds hold is read once a call, not a packet.
+            _ if view.exits => self.pipeline_tables::<W, N, true>(view, packets, guard, out),
+            _ => self.pipeline_tables::<W, N, false>(view, packets, guard, out),
         }
+    }
+
+    /// [`classify_many_in`](Self::classify_many_in) over a view of two
+    /// tables or more, `EXITS` as in
+    /// [`probe_tables_from`](Self::probe_tables_from).
+    #[inline(always)]
+    fn pipeline_tables<'g, W: Word, const N: usize, const EXITS: bool>(
+        &self,
+        view: &'g View,
+        packets: &[Packet],
+        guard: &'g Guard,
+        out: &mut [Option<(&'g Rule, &'g [u8])>],
+    ) {
+        let (first, second) = (&view.probes[0], &view.probes[1]);
+        pipeline(
+            packets,
+            out,
+            |p| {
+                let values = words_of::<W, N>(p)?;
+                let ahead = [first.slot(&values), second.slot(&values)];
+                ahead.iter().for_each(|s| prefetch(*s));
+                Some((values, ahead))
+            },
+            |(values, [a, b])| {
+                self.probe_tables_from::<W, N, EXITS>(&values, view, [Some(a), Some(b)], guard)
+                    .0
+                    .map(|h| self.answer(h))
+            },
+        )
     }
 
     /// The best rule matching `values`, a packet's fields as words of
@@ -2232,9 +2245,7 @@ impl WildcardMap {
                 break;
             }
             for q in &held {
-                let overlap = (q.rule.bounds().iter().zip(r.rule.bounds()))
-                    .all(|(x, y)| x.0 <= y.1 && y.0 <= x.1);
-                if q.rule < r.rule && overlap {
+                if q.rule < r.rule && super::exits::overlap(&q.rule, &r.rule) {
                     assert!(
                         exit >= q.rule.priority,
                         "{:?}'s exit bound {exit} misses {:?}",
