@@ -27,6 +27,11 @@
 //! - the hash map's readers without a pin (`RawTable::read_unpinned`,
 //!   behind `Map::lookup`): the stripe's unlink count checked after a
 //!   read of an element that the writer recycles at once;
+//! - the wildcard map's split (`wildcard::map::WildcardMap::split` and
+//!   `read_view`): a rule put in a new table, the view with that table
+//!   published, the split counted, the rule taken out of the old table;
+//!   a reader that probed while it moved finds it, or sees the count
+//!   change and probes again;
 //! - not modelled: the chain walk over several elements, the LRU clock,
 //!   the direct index (it mirrors the tree with the same release stores).
 
@@ -340,6 +345,59 @@ fn lpm_cow_blocks_and_in_place_payloads() {
             drop(guard);
             settle(&handle);
         }
+        reader.join().unwrap();
+    });
+}
+
+/// The wildcard map's split moving a rule to a new table: the writer puts
+/// it in the new table's bucket, publishes the view that has that table,
+/// counts the split and takes the rule out of the old table's bucket. A
+/// reader reads the count and the view, probes the view's tables, and
+/// probes again while the count changed: it must find the rule, which
+/// was held throughout. (Without the count, a reader of the old view that
+/// reads the old bucket after the removal finds it nowhere.)
+#[test]
+fn wildcard_split_moves_a_rule_no_reader_misses() {
+    loom::model(|| {
+        // Buckets hold the rule (1) or not (0); view 0 has the old table
+        // only, view 1 both.
+        let old_bucket = Arc::new(AtomicUsize::new(1));
+        let new_bucket = Arc::new(AtomicUsize::new(0));
+        let view = Arc::new(AtomicUsize::new(0));
+        let moves = Arc::new(AtomicU64::new(0));
+
+        let reader = {
+            let (old_bucket, new_bucket, view, moves) = (
+                old_bucket.clone(),
+                new_bucket.clone(),
+                view.clone(),
+                moves.clone(),
+            );
+            loom::thread::spawn(move || {
+                loop {
+                    // `view_now`: the count, then the view (Acquire).
+                    let count = moves.load(Ordering::Acquire);
+                    let tables = view.load(Ordering::Acquire);
+                    // `scan_slot`: each bucket's chain (Acquire).
+                    let found = (tables == 1 && new_bucket.load(Ordering::Acquire) == 1)
+                        || old_bucket.load(Ordering::Acquire) == 1;
+                    // `unmoved_since` (Acquire).
+                    if moves.load(Ordering::Acquire) == count {
+                        assert!(found, "a reader of view {tables} missed the moving rule");
+                        return;
+                    }
+                    loom::thread::yield_now();
+                }
+            })
+        };
+
+        // `split`: into the new table (`chain_insert`'s AcqRel swap),
+        // its view published (`publish`, AcqRel swap), the split counted
+        // (Release), out of the old table (`publish_chain`, AcqRel swap).
+        new_bucket.swap(1, Ordering::AcqRel);
+        view.swap(1, Ordering::AcqRel);
+        moves.fetch_add(1, Ordering::Release);
+        old_bucket.swap(0, Ordering::AcqRel);
         reader.join().unwrap();
     });
 }

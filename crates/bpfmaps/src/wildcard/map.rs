@@ -34,13 +34,19 @@
 //! one, publishes it with one release store and frees the old after the
 //! epoch's grace period. A split puts the rules it moves into their new
 //! table and publishes it before it takes them out of the old one, so a
-//! reader finds a moving rule in one table or both, never in neither.
+//! reader of the new view finds a moving rule in one table or both. A
+//! reader of the view before (which may lack the new table) could find
+//! it in neither: the split counts itself in `moves` before it takes
+//! the rules out, and a reader that sees the count change while it
+//! probed probes again ([`WildcardMap::read_view`]). Splits are rare
+//! beside lookups, so a reader pays two loads of a line it reads anyway
+//! and almost never probes twice; the writer waits for no one.
 //! Its work is the overflowing bucket's, not the table's: no update
 //! rebuilds a table, but for doubling its buckets.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
 use crossbeam_epoch::{Atomic, Owned, Pointer, Shared};
 use parking_lot::Mutex;
@@ -386,6 +392,10 @@ fn pipeline<S: Copy, A>(
 /// Packets [`WildcardMap::classify_many`] asks the buckets of at once.
 const BURST: usize = 16;
 
+/// Packets [`WildcardMap::classify_many`] reads one view for (a multiple
+/// of [`BURST`]): what it reads again should a split overlap them.
+const MANY_RUN: usize = 64;
+
 /// The buckets a map's first table needs before `classify_many` asks
 /// for a burst's buckets ahead: those of 2^14 rules (their chains and
 /// buckets outgrow a core's L2; below that the extra hashing costs more
@@ -575,6 +585,10 @@ pub struct WildcardMap {
     collision_limit: usize,
     writer: Mutex<Writer>,
     view: Atomic<View>,
+    /// Splits that took rules out of a table, counted before they do:
+    /// a reader whose probe saw this change probes again
+    /// ([`read_view`](Self::read_view)).
+    moves: AtomicU64,
     len: AtomicUsize,
     /// The tables' probe (and burst prefetch) for its word and number of
     /// fields, chosen once here: one call where a lookup would otherwise
@@ -635,6 +649,7 @@ impl WildcardMap {
             collision_limit,
             writer: Mutex::new(Writer::default()),
             view: Atomic::new(View::new(Box::new([]), false)),
+            moves: AtomicU64::new(0),
             len: AtomicUsize::new(0),
             index: None,
             map_flags: 0,
@@ -949,9 +964,12 @@ impl WildcardMap {
         values: &[W; N],
         guard: &'g Guard,
     ) -> (Option<Hit<'g>>, usize) {
-        // SAFETY: a published view is freed only after the grace period
-        // of its replacement, and the guard is pinned.
-        let view = unsafe { self.view.load(Ordering::Acquire, guard).deref() };
+        // `read_view`'s check, written out, with its loop out of line
+        // (`probe_again`): a loop here kept the key, the map and the
+        // count across the call below in callee-saved registers, saved
+        // and restored on every probe (Cilium's exact rules at 1K,
+        // `classify_key`: 104 -> 121 instructions a packet).
+        let (moves, view) = self.view_now(guard);
         // A view of one table (a policy of one shape of rule, as Cilium's
         // exact rules) is probed without the pipeline below: a third of
         // the instructions of a classification, and the shorter path
@@ -960,17 +978,101 @@ impl WildcardMap {
         // buckets are the view's own copy: the bucket's address waits on
         // one read, not three (docs/benchmarks.md, "Fewer buckets for
         // big tables").
-        if let Some(only) = &view.only {
-            let best = self.scan_slot(only.slot(values), values, None, guard);
+        let Some(only) = &view.only else {
+            return self.probe_tables(values, view, moves, guard);
+        };
+        let best = self.scan_slot(only.slot(values), values, None, guard);
+        if self.unmoved_since(moves) {
             return (best.map(Hit::of), 1);
         }
-        self.probe_tables(values, view, guard)
+        self.probe_again(values, guard)
     }
 
-    /// [`probe`](Self::probe) of a view of several tables: out of line,
-    /// so that a probe of one table saves only the registers it uses.
+    /// [`probe`](Self::probe) again, after a split overlapped it, until
+    /// none does ([`read_view`](Self::read_view)): rare, and out of the
+    /// way of the probe.
+    #[cold]
+    #[inline(never)]
+    fn probe_again<'g, W: Word, const N: usize>(
+        &self,
+        values: &[W; N],
+        guard: &'g Guard,
+    ) -> (Option<Hit<'g>>, usize) {
+        self.read_view(guard, |view| match &view.only {
+            Some(only) => {
+                let best = self.scan_slot(only.slot(values), values, None, guard);
+                (best.map(Hit::of), 1)
+            }
+            None => self.probe_tables_once(values, view, guard),
+        })
+    }
+
+    /// What `read` finds in the published view, read again until no
+    /// split took rules out of a table while it ran.
+    ///
+    /// Why: a split publishes the view with the rules' new table, then
+    /// takes them out of the old one. A reader that loaded the view
+    /// before (without the new table) and reads the old table's bucket
+    /// after would find a moving rule in neither. The split counts
+    /// itself in `moves` (release) before it takes any rule out, and the
+    /// reader's bucket loads acquire what the split stored: a reader
+    /// that saw a rule gone sees the count changed, and reads the view
+    /// again, which then has the new table. A reader that saw the count
+    /// changed at its start loads the view the split published, or a
+    /// later one.
+    #[inline(always)]
+    fn read_view<'g, T>(&self, guard: &'g Guard, mut read: impl FnMut(&'g View) -> T) -> T {
+        loop {
+            let (moves, view) = self.view_now(guard);
+            let found = read(view);
+            if self.unmoved_since(moves) {
+                return found;
+            }
+        }
+    }
+
+    /// The split count and then the published view, as a read of the
+    /// view starts ([`read_view`](Self::read_view)).
+    #[inline(always)]
+    fn view_now<'g>(&self, guard: &'g Guard) -> (u64, &'g View) {
+        let moves = self.moves.load(Ordering::Acquire);
+        // SAFETY: a published view is freed only after the grace period
+        // of its replacement, and the guard is pinned.
+        let view = unsafe { self.view.load(Ordering::Acquire, guard).deref() };
+        #[cfg(test)]
+        in_the_window();
+        (moves, view)
+    }
+
+    /// Whether no split took rules out of a table since the count was
+    /// `moves` ([`read_view`](Self::read_view)).
+    #[inline(always)]
+    fn unmoved_since(&self, moves: u64) -> bool {
+        self.moves.load(Ordering::Acquire) == moves
+    }
+
+    /// [`probe`](Self::probe) of a view of several tables, read with the
+    /// split count `moves` (again, should a split have overlapped it):
+    /// out of line, so that a probe of one table saves only the
+    /// registers it uses.
     #[inline(never)]
     fn probe_tables<'g, W: Word, const N: usize>(
+        &self,
+        values: &[W; N],
+        view: &'g View,
+        moves: u64,
+        guard: &'g Guard,
+    ) -> (Option<Hit<'g>>, usize) {
+        let found = self.probe_tables_once(values, view, guard);
+        if self.unmoved_since(moves) {
+            return found;
+        }
+        self.probe_again(values, guard)
+    }
+
+    /// The walk of [`probe_tables`](Self::probe_tables) over `view`.
+    #[inline(always)]
+    fn probe_tables_once<'g, W: Word, const N: usize>(
         &self,
         values: &[W; N],
         view: &'g View,
@@ -1151,24 +1253,25 @@ impl WildcardMap {
             }
             return Ok(());
         }
-        // SAFETY: as in `classify_counting`.
-        let view = unsafe { self.view.load(Ordering::Acquire, guard).deref() };
-        if let Some(first) = view.probes.first()
-            && first.len >= BURST_TABLE_SLOTS
-        {
-            for (burst, outs) in packets.chunks(BURST).zip(out.chunks_mut(BURST)) {
-                (self.probes.prefetch)(first, burst, guard);
-                if view.probes.len() == 1 {
-                    for (p, o) in burst.iter().zip(outs) {
-                        *o = self.classify(p, guard);
+        // A run of packets is read again if a split overlapped it
+        // (`read_view`): runs keep that from redoing a whole call.
+        for (run, outs) in packets.chunks(MANY_RUN).zip(out.chunks_mut(MANY_RUN)) {
+            self.read_view(guard, |view| match view.probes.first() {
+                Some(first) if first.len >= BURST_TABLE_SLOTS => {
+                    for (burst, outs) in run.chunks(BURST).zip(outs.chunks_mut(BURST)) {
+                        (self.probes.prefetch)(first, burst, guard);
+                        if view.probes.len() == 1 {
+                            for (p, o) in burst.iter().zip(outs) {
+                                *o = self.classify(p, guard);
+                            }
+                        } else {
+                            (self.probes.classify_many)(self, view, burst, guard, outs);
+                        }
                     }
-                } else {
-                    (self.probes.classify_many)(self, view, burst, guard, outs);
                 }
-            }
-            return Ok(());
+                _ => (self.probes.classify_many)(self, view, run, guard, outs),
+            });
         }
-        (self.probes.classify_many)(self, view, packets, guard, out);
         Ok(())
     }
 
@@ -1179,20 +1282,20 @@ impl WildcardMap {
         }
         let fixed = rule.prefix_lengths(&self.schema);
         let lows = lows(rule);
-        // SAFETY: as in `classify_counting`.
-        let view = unsafe { self.view.load(Ordering::Acquire, guard).deref() };
-        view.tables
-            .iter()
-            .filter(|(_, t)| fits(&fixed, &t.tuple))
-            .find_map(|(_, table)| {
-                let chain = table.slot(&lows).load(Ordering::Acquire, guard);
-                // SAFETY: as in `classify_counting`.
-                let chain = unsafe { chain.as_ref() }?;
-                chain
-                    .entry_refs()
-                    .find(|e| e.rule == *rule)
-                    .map(|e| &*e.value)
-            })
+        self.read_view(guard, |view| {
+            view.tables
+                .iter()
+                .filter(|(_, t)| fits(&fixed, &t.tuple))
+                .find_map(|(_, table)| {
+                    let chain = table.slot(&lows).load(Ordering::Acquire, guard);
+                    // SAFETY: as in `classify_counting`.
+                    let chain = unsafe { chain.as_ref() }?;
+                    chain
+                        .entry_refs()
+                        .find(|e| e.rule == *rule)
+                        .map(|e| &*e.value)
+                })
+        })
     }
 
     /// The first rule after `after` in rule order (`None`: the first
@@ -1260,14 +1363,15 @@ impl WildcardMap {
             return index.rules();
         }
         let guard = &pin();
-        // SAFETY: as in `classify_counting`.
-        let view = unsafe { self.view.load(Ordering::Acquire, guard).deref() };
-        let mut all = Vec::with_capacity(self.len());
-        for (_, table) in view.tables.iter() {
-            for e in table_entries(table, guard) {
-                all.push((e.rule.clone(), e.value.to_vec()));
+        let mut all = self.read_view(guard, |view| {
+            let mut all = Vec::with_capacity(self.len());
+            for (_, table) in view.tables.iter() {
+                for e in table_entries(table, guard) {
+                    all.push((e.rule.clone(), e.value.to_vec()));
+                }
             }
-        }
+            all
+        });
         // A rule a split is moving is in two tables for a moment.
         all.sort_by(|a, b| a.0.cmp(&b.0));
         all.dedup_by(|a, b| a.0 == b.0);
@@ -1650,6 +1754,9 @@ impl WildcardMap {
         }
         w.place(&moving, target_id);
         self.publish(w, guard);
+        // Readers of the view before this one probe again if they see
+        // a rule gone (`read_view`).
+        self.moves.fetch_add(1, Ordering::Release);
         // Out of the source: each bucket they leave rewritten once (a
         // bucket's split empties one; a whole-table split, many).
         let moved: std::collections::HashSet<*const Entry> =
@@ -2556,6 +2663,22 @@ fn table_entries(table: &Table, guard: &Guard) -> Vec<Arc<Entry>> {
         }
     }
     all
+}
+
+#[cfg(test)]
+thread_local! {
+    /// A test's update, run once on this thread between a reader's load
+    /// of the view and its probe: the window a split must not open.
+    pub(super) static IN_THE_WINDOW: std::cell::Cell<Option<Box<dyn FnOnce()>>> =
+        const { std::cell::Cell::new(None) };
+}
+
+/// Runs the update a test put in [`IN_THE_WINDOW`], if any.
+#[cfg(test)]
+fn in_the_window() {
+    if let Some(update) = IN_THE_WINDOW.take() {
+        update();
+    }
 }
 
 /// The rules in the bucket of `rule` in `table`.
