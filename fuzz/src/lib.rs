@@ -546,6 +546,12 @@ pub fn run_wildcard(data: &[u8]) {
                 let mut out = vec![None; recent.len()];
                 map.classify_many(&recent, &guard, &mut out)
                     .expect("room for each answer");
+                // And by their keys, back to back.
+                let keys: Vec<u8> = recent.iter().flat_map(|q| schema.packet_key(q)).collect();
+                let mut by_keys = vec![None; recent.len()];
+                map.classify_many_keys(&keys, &guard, &mut by_keys)
+                    .expect("whole keys and room for each answer");
+                assert!(by_keys == out, "a batch by keys");
                 for (q, got) in recent.iter().zip(out) {
                     let want = oracle.classify(q).map(|(r, v)| (r.clone(), v.to_vec()));
                     let got = got.map(|(r, v)| (r.clone(), v.to_vec()));

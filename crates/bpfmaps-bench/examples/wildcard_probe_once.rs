@@ -25,7 +25,9 @@
 //!
 //! With a second argument `many` (a ClassBench file or `cilium:SHAPE:N`),
 //! the packets go through `classify_many` in bursts of 32 (collect
-//! `'*classify_many_once*'`).
+//! `'*classify_many_once*'`); with `many-keys`, their keys' bytes
+//! through `classify_many_keys` in bursts of 32 (collect
+//! `'*classify_keys_once*'`).
 //!
 //! With a second argument `key`, each packet goes through
 //! `classify_key` as its key's bytes (collect `'*classify_key_once*'`); with
@@ -116,6 +118,29 @@ fn classify_many_once(map: &WildcardMap, packets: &[Packet], guard: &bpfmaps::Gu
     out[..packets.len()].iter().flatten().count()
 }
 
+/// One call of `classify_many_keys` on a burst of keys of `size` bytes
+/// (as [`classify_many_once`]).
+#[inline(never)]
+fn classify_keys_once(
+    map: &WildcardMap,
+    keys: &[u8],
+    size: usize,
+    guard: &bpfmaps::Guard,
+) -> usize {
+    let mut out = [None; 32];
+    map.classify_many_keys(keys, guard, &mut out)
+        .expect("whole keys, room");
+    out[..keys.len() / size].iter().flatten().count()
+}
+
+/// Keys of `size` bytes back to back, through [`classify_keys_once`] 32
+/// at a time: how many matched.
+fn keys_in_bursts(map: &WildcardMap, keys: &[u8], size: usize, guard: &bpfmaps::Guard) -> usize {
+    keys.chunks(32 * size)
+        .map(|burst| classify_keys_once(map, burst, size, guard))
+        .sum()
+}
+
 /// One lookup of the hash map (its own function, for callgrind's toggle).
 #[inline(never)]
 fn lookup_once(
@@ -155,6 +180,8 @@ fn cilium(case: &str, how: Option<&str>) {
             .chunks(32)
             .map(|burst| classify_many_once(&map, burst, &guard))
             .sum()
+    } else if how == Some("many-keys") {
+        keys_in_bursts(&map, &keys.concat(), 8, &guard)
     } else {
         keys.iter()
             .filter(|k| classify_key_once(&map, &k[..], &guard))
@@ -209,6 +236,10 @@ fn main() {
             .chunks(32)
             .map(|burst| classify_many_once(&map, burst, &guard))
             .sum()
+    } else if how.as_deref() == Some("many-keys") {
+        let schema = map.schema();
+        let keys: Vec<u8> = packets.iter().flat_map(|p| schema.packet_key(p)).collect();
+        keys_in_bursts(&map, &keys, schema.key_size(), &guard)
     } else if how.as_deref() == Some("key") {
         let keys: Vec<Vec<u8>> = packets.iter().map(|p| map.schema().packet_key(p)).collect();
         keys.iter()

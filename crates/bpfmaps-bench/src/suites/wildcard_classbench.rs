@@ -87,8 +87,9 @@ const MAP: &str = "bpfmaps-wildcard";
 const MAP_KEY: &str = "bpfmaps-wildcard-key";
 /// A 5-tuple's key bytes: addresses, ports, protocol.
 const KEY_BYTES: usize = 13;
-/// The map through `classify_many`, bursts of 32 packets (a
-/// dataplane's receive batch; `rte_acl` classifies 256 a call).
+/// The map through `classify_many_keys`, bursts of 32 keys of 13 bytes
+/// (a dataplane's receive batch; `rte_acl` classifies 256 a call;
+/// before the sixty-third session, `classify_many` on [`Packet`]s).
 const MAP_BURSTS: &str = "bpfmaps-wildcard-bursts";
 const BRUTE: &str = "brute-force";
 const RTE_ACL: &str = dpdk_acl::NAME;
@@ -406,6 +407,7 @@ impl Suite for WildcardClassbench {
                     key.try_into().expect("a 5-tuple's key")
                 })
                 .collect();
+            let flat_keys: Vec<u8> = keys.concat();
             let by_key = |k: &[u8; KEY_BYTES], guard: &Guard| {
                 map.classify_key(k, guard)
                     .expect("a key of the schema's size")
@@ -416,15 +418,21 @@ impl Suite for WildcardClassbench {
                 let mut in_bursts = vec![None; sample.len()];
                 map.classify_many(sample, &guard, &mut in_bursts)
                     .expect("room for each answer");
+                let mut by_keys = vec![None; sample.len()];
+                map.classify_many_keys(&keys[..sample.len()].concat(), &guard, &mut by_keys)
+                    .expect("whole keys and room for each answer");
                 let wrong = sample
                     .iter()
                     .zip(&keys)
-                    .zip(&in_bursts)
-                    .filter(|&((p, k), b)| {
+                    .zip(in_bursts.iter().zip(&by_keys))
+                    .filter(|&((p, k), (b, bk))| {
                         let right = by_brute(p, &guard);
+                        let value =
+                            |a: &Option<(&Rule, &[u8])>| a.map_or(u32::MAX, |(_, v)| value_u32(v));
                         answer(p, &guard) != right
                             || by_key(k, &guard) != right
-                            || b.map_or(u32::MAX, |(_, v)| value_u32(v)) != right
+                            || value(b) != right
+                            || value(bk) != right
                     })
                     .count();
                 let probed: usize = packets
@@ -437,7 +445,7 @@ impl Suite for WildcardClassbench {
                 answer_loop(&packets, answer),
                 answer_loop(sample, by_brute),
                 answer_loop(&keys, by_key),
-                super::wildcard_cilium::burst_loop(&map, &packets),
+                super::wildcard_cilium::burst_loop(&map, &flat_keys, KEY_BYTES),
             ];
             let rates = rate_samples_interleaved(ctx.plan(), &mut loops);
             drop(loops);
@@ -534,7 +542,7 @@ impl Suite for WildcardClassbench {
         .with_note("Medians; `probed` is the mean number of tables a packet probed, `wrong` the sampled packets classified unlike the brute force. \
             rte_acl: DPDK 22.11's `dpdk-test-acl` on the same rules and packets (256 a call, mean of 3 passes, one run; `-` where it is not installed); \
             `speed vs rte_acl` is rte_acl's ns/packet over bpfmaps', above 1 when bpfmaps is faster; \
-            `ns/packet` is the map's `classify` on typed `Packet`s (16 bytes a field, 144 a packet), `key ns/packet` its `classify_key` on the packets' 13 header bytes, as rte_acl reads them, `bursts ns/packet` its `classify_many`, 32 packets a call; \
+            `ns/packet` is the map's `classify` on typed `Packet`s (16 bytes a field, 144 a packet), `key ns/packet` its `classify_key` on the packets' 13 header bytes, as rte_acl reads them, `bursts ns/packet` its `classify_many_keys` on the same keys, 32 a call; \
             `rte_acl build ms` is a full `rte_acl_build` (rules read and compiled), what each rule change costs it, beside bpfmaps' `updates/s`; \
             `B/rule`: the map's bytes held (the allocator's count after the build) a rule, `rte_acl B/rule` its runtime tables as `rte_acl_build` logs them.");
         for c in cases(records) {

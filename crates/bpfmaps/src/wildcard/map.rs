@@ -172,34 +172,35 @@ pub(super) type Tuple = [u8; MAX_FIELDS];
 /// rule and a value slice went through memory: 8 more instructions).
 type Probe = for<'g> fn(&WildcardMap, &Packet, &'g Guard) -> (Option<Hit<'g>>, usize);
 
-/// Classifies a run of packets in a view's tables, each answer into its
-/// place in `out` (at least as long as the packets).
-type ManyProbe =
-    for<'g> fn(&WildcardMap, &'g View, &[Packet], &'g Guard, &mut [Option<(&'g Rule, &'g [u8])>]);
+/// Classifies a batch of packets, each answer into its place in `out`
+/// (at least as long as the batch): [`WildcardMap::classify_many`].
+type ManyProbe = for<'g, 'h> fn(&WildcardMap, &'h [Packet], &'g Guard, &mut [Option<Answer<'g>>]);
+
+/// [`ManyProbe`] of keys' bytes: [`WildcardMap::classify_many_keys`].
+type ManyKeysProbe = for<'g, 'h> fn(&WildcardMap, Keys<'h>, &'g Guard, &mut [Option<Answer<'g>>]);
+
+/// A classification's answer: the best rule and its value.
+type Answer<'g> = (&'g Rule, &'g [u8]);
 
 /// A probe of a concrete key's bytes (of the schema's key size).
 type KeyProbe = for<'g> fn(&WildcardMap, &[u8], &'g Guard) -> Option<Hit<'g>>;
-
-/// Asks for a burst's buckets in a table, and their chains
-/// ([`TableProbe::prefetch_buckets`]).
-type Prefetch = fn(&TableProbe, &[Packet], &Guard);
 
 /// A map's probe and prefetch, for its word and number of fields.
 #[derive(Clone, Copy)]
 struct Probes {
     classify: Probe,
     classify_many: ManyProbe,
+    classify_many_keys: ManyKeysProbe,
     classify_key: KeyProbe,
-    prefetch: Prefetch,
 }
 
 impl Probes {
     fn of<W: Word, const N: usize>() -> Probes {
         Probes {
             classify: WildcardMap::classify_in::<W, N>,
-            classify_many: WildcardMap::classify_many_in::<W, N>,
+            classify_many: WildcardMap::classify_packets_in::<W, N>,
+            classify_many_keys: WildcardMap::classify_keys_in::<W, N>,
             classify_key: WildcardMap::classify_key_in::<W, N>,
-            prefetch: TableProbe::prefetch_buckets::<W, N>,
         }
     }
 }
@@ -371,21 +372,80 @@ fn words_of<W: Word, const N: usize>(packet: &Packet) -> Option<[W; N]> {
     Some(std::array::from_fn(|i| W::of(packet.values[i])))
 }
 
-/// `out[i] = probe(stage(packets[i]))` for each packet, each packet
-/// staged (its buckets found and asked for) before the one before it is
-/// probed; a packet `stage` turns away gets `None`.
+/// A batch of concrete headers for [`WildcardMap::classify_many`]
+/// (typed packets) or [`WildcardMap::classify_many_keys`] (keys' bytes
+/// back to back): the batch's probe is compiled for each.
+trait Headers: Copy {
+    /// Headers in the batch.
+    fn count(self) -> usize;
+    /// Headers `from..to`.
+    fn part(self, from: usize, to: usize) -> Self;
+    /// Header `i`'s first `N` values as words of `W` (`None`: a value
+    /// wider than every field, which matches no rule).
+    fn words<W: Word, const N: usize>(self, map: &WildcardMap, i: usize) -> Option<[W; N]>;
+}
+
+impl Headers for &[Packet] {
+    #[inline(always)]
+    fn count(self) -> usize {
+        self.len()
+    }
+    #[inline(always)]
+    fn part(self, from: usize, to: usize) -> Self {
+        &self[from..to]
+    }
+    #[inline(always)]
+    fn words<W: Word, const N: usize>(self, _: &WildcardMap, i: usize) -> Option<[W; N]> {
+        words_of(&self[i])
+    }
+}
+
+/// Keys of the schema's key size, back to back, each field in network
+/// order ([`WildcardMap::classify_many_keys`]).
+#[derive(Clone, Copy)]
+struct Keys<'a> {
+    bytes: &'a [u8],
+    size: usize,
+}
+
+impl Headers for Keys<'_> {
+    #[inline(always)]
+    fn count(self) -> usize {
+        self.bytes.len() / self.size
+    }
+    #[inline(always)]
+    fn part(self, from: usize, to: usize) -> Self {
+        Keys {
+            bytes: &self.bytes[from * self.size..to * self.size],
+            size: self.size,
+        }
+    }
+    #[inline(always)]
+    fn words<W: Word, const N: usize>(self, map: &WildcardMap, i: usize) -> Option<[W; N]> {
+        let key = &self.bytes[i * self.size..(i + 1) * self.size];
+        Some(map.key_reader.read_apart::<W, N>(key))
+    }
+}
+
+/// `out[i] = probe(stage(i))` for each of `n` headers, each staged (its
+/// buckets found and asked for) before the one before it is probed; a
+/// header `stage` turns away gets `None`.
 #[inline(always)]
 fn pipeline<S: Copy, A>(
-    packets: &[Packet],
+    n: usize,
     out: &mut [Option<A>],
-    stage: impl Fn(&Packet) -> Option<S>,
+    stage: impl Fn(usize) -> Option<S>,
     probe: impl Fn(S) -> Option<A>,
 ) {
-    let mut next = packets.first().and_then(&stage);
-    for (i, o) in out.iter_mut().enumerate().take(packets.len()) {
-        let this = next;
-        next = packets.get(i + 1).and_then(&stage);
-        *o = this.and_then(&probe);
+    // One call of each closure (with two, LLVM left the stage out of
+    // line: Cilium's wildcard rules at 1K, 46 instructions a packet).
+    let n = n.min(out.len());
+    let mut staged = None;
+    for i in 0..=n {
+        let this = std::mem::replace(&mut staged, if i < n { stage(i) } else { None });
+        if i > 0 {
+            out[i - 1] = this.and_then(&probe);
+        }
     }
 }
 
@@ -488,17 +548,24 @@ impl TableProbe {
         unsafe { &*self.slots.add(i) }
     }
 
-    /// Asks for each packet's bucket, then for the bucket's chain: the
-    /// misses of a burst overlap, where one packet at a time waits for
+    /// Asks for each header's bucket, then for the bucket's chain: the
+    /// misses of a burst overlap, where one header at a time waits for
     /// its own two in turn.
     ///
-    /// Chains of `W` words, `N` fields (a value wider than the word is
-    /// cut to it: its packet matches nothing, and the prefetch is only a
-    /// hint).
-    fn prefetch_buckets<W: Word, const N: usize>(&self, packets: &[Packet], guard: &Guard) {
+    /// Chains of `W` words, `N` fields (a packet with a value wider than
+    /// the word matches nothing, and is not asked for).
+    #[inline(always)]
+    fn prefetch_buckets<W: Word, const N: usize, H: Headers>(
+        &self,
+        map: &WildcardMap,
+        headers: H,
+        guard: &Guard,
+    ) {
         let mut slots = [None; BURST];
-        for (s, p) in slots.iter_mut().zip(packets) {
-            let values: [W; N] = std::array::from_fn(|i| W::of(p.values[i]));
+        for (i, s) in slots.iter_mut().enumerate().take(headers.count()) {
+            let Some(values) = headers.words::<W, N>(map, i) else {
+                continue;
+            };
             let slot = self.slot(&values);
             prefetch(slot);
             *s = Some(slot);
@@ -888,30 +955,97 @@ impl WildcardMap {
         self.probe(&values, guard).0
     }
 
-    /// [`classify_many`](WildcardMap::classify_many) on chains of `W`
-    /// words, for a schema of `N` fields, in `tables` (the view the call
-    /// loaded once): a pipeline across packets.
-    /// The next packet's buckets in the first two tables (the only one,
+    /// [`classify_many_in`](Self::classify_many_in) of packets.
+    fn classify_packets_in<'g, W: Word, const N: usize>(
+        &self,
+        packets: &[Packet],
+        guard: &'g Guard,
+        out: &mut [Option<Answer<'g>>],
+    ) {
+        self.classify_many_in::<W, N, _>(packets, guard, out);
+    }
+
+    /// [`classify_many_in`](Self::classify_many_in) of keys.
+    fn classify_keys_in<'g, W: Word, const N: usize>(
+        &self,
+        keys: Keys<'_>,
+        guard: &'g Guard,
+        out: &mut [Option<Answer<'g>>],
+    ) {
+        self.classify_many_in::<W, N, _>(keys, guard, out);
+    }
+
+    /// [`classify_many`](WildcardMap::classify_many) (or
+    /// [`classify_many_keys`](WildcardMap::classify_many_keys)) on chains
+    /// of `W` words, for a schema of `N` fields, `out` as long as the
+    /// batch or longer.
+    ///
+    /// A run of [`MANY_RUN`] headers reads one view, and is read again
+    /// if a split overlapped it ([`read_view`](Self::read_view)): runs
+    /// keep that from redoing a whole call. Where the first table
+    /// outgrows a core's L2, a run goes in bursts of [`BURST`] whose
+    /// buckets in that table are asked for first.
+    #[inline(always)]
+    fn classify_many_in<'g, W: Word, const N: usize, H: Headers>(
+        &self,
+        headers: H,
+        guard: &'g Guard,
+        out: &mut [Option<Answer<'g>>],
+    ) {
+        let n = headers.count();
+        for (r, outs) in (0..n).step_by(MANY_RUN).zip(out.chunks_mut(MANY_RUN)) {
+            let run = headers.part(r, (r + MANY_RUN).min(n));
+            self.read_view(guard, |view| {
+                let m = run.count();
+                let first = view.probes.first().filter(|t| t.len >= BURST_TABLE_SLOTS);
+                let step = if first.is_some() { BURST } else { MANY_RUN };
+                for (b, outs) in (0..m).step_by(step).zip(outs.chunks_mut(step)) {
+                    let part = run.part(b, (b + step).min(m));
+                    if let Some(first) = first {
+                        first.prefetch_buckets::<W, N, H>(self, part, guard);
+                        if view.probes.len() == 1 {
+                            // One table: its buckets are asked for already.
+                            for (i, o) in outs.iter_mut().enumerate().take(part.count()) {
+                                *o = part.words::<W, N>(self, i).and_then(|values| {
+                                    self.scan_slot(first.slot(&values), &values, None, guard)
+                                        .map(|words| self.answer(Hit::of(words)))
+                                });
+                            }
+                            continue;
+                        }
+                    }
+                    self.pipeline_view::<W, N, H>(view, part, guard, outs);
+                }
+            });
+        }
+    }
+
+    /// The headers through `view`'s tables: a pipeline across them.
+    /// The next header's buckets in the first two tables (the only one,
     /// in a view of one) are found and asked for before this one is
     /// probed, so their hashes and misses overlap this probe (and
     /// survive its mispredicted branches), where one `classify` at a
     /// time starts each packet with them.
-    fn classify_many_in<'g, W: Word, const N: usize>(
+    ///
+    /// Out of line: a call a run, and LLVM then inlines the probe into
+    /// the pipeline's loop.
+    #[inline(never)]
+    fn pipeline_view<'g, W: Word, const N: usize, H: Headers>(
         &self,
         view: &'g View,
-        packets: &[Packet],
+        headers: H,
         guard: &'g Guard,
-        out: &mut [Option<(&'g Rule, &'g [u8])>],
+        out: &mut [Option<Answer<'g>>],
     ) {
-        let words = words_of::<W, N>;
+        let n = headers.count();
         let tables = &*view.probes;
         match tables {
-            [] => out.iter_mut().take(packets.len()).for_each(|o| *o = None),
+            [] => out.iter_mut().take(n).for_each(|o| *o = None),
             [only] => pipeline(
-                packets,
+                n,
                 out,
-                |p| {
-                    let values = words(p)?;
+                |i| {
+                    let values = headers.words::<W, N>(self, i)?;
                     let slot = only.slot(&values);
                     prefetch(slot);
                     Some((values, slot))
@@ -921,29 +1055,30 @@ impl WildcardMap {
                         .map(|words| self.answer(Hit::of(words)))
                 },
             ),
-            // Whether the bounds hold is read once a call, not a packet.
-            _ if view.exits => self.pipeline_tables::<W, N, true>(view, packets, guard, out),
-            _ => self.pipeline_tables::<W, N, false>(view, packets, guard, out),
+            // Whether the bounds hold is read once a run, not a packet.
+            _ if view.exits => self.pipeline_tables::<W, N, H, true>(view, headers, guard, out),
+            _ => self.pipeline_tables::<W, N, H, false>(view, headers, guard, out),
         }
     }
 
-    /// [`classify_many_in`](Self::classify_many_in) over a view of two
-    /// tables or more, `EXITS` as in
-    /// [`probe_tables_from`](Self::probe_tables_from).
-    #[inline(always)]
-    fn pipeline_tables<'g, W: Word, const N: usize, const EXITS: bool>(
+    /// [`pipeline_view`](Self::pipeline_view) over a view of two tables
+    /// or more, `EXITS` as in
+    /// [`probe_tables_from`](Self::probe_tables_from). Out of line, as
+    /// `pipeline_view`.
+    #[inline(never)]
+    fn pipeline_tables<'g, W: Word, const N: usize, H: Headers, const EXITS: bool>(
         &self,
         view: &'g View,
-        packets: &[Packet],
+        headers: H,
         guard: &'g Guard,
-        out: &mut [Option<(&'g Rule, &'g [u8])>],
+        out: &mut [Option<Answer<'g>>],
     ) {
         let (first, second) = (&view.probes[0], &view.probes[1]);
         pipeline(
-            packets,
+            headers.count(),
             out,
-            |p| {
-                let values = words_of::<W, N>(p)?;
+            |i| {
+                let values = headers.words::<W, N>(self, i)?;
                 let ahead = [first.slot(&values), second.slot(&values)];
                 ahead.iter().for_each(|s| prefetch(*s));
                 Some((values, ahead))
@@ -1253,25 +1388,58 @@ impl WildcardMap {
             }
             return Ok(());
         }
-        // A run of packets is read again if a split overlapped it
-        // (`read_view`): runs keep that from redoing a whole call.
-        for (run, outs) in packets.chunks(MANY_RUN).zip(out.chunks_mut(MANY_RUN)) {
-            self.read_view(guard, |view| match view.probes.first() {
-                Some(first) if first.len >= BURST_TABLE_SLOTS => {
-                    for (burst, outs) in run.chunks(BURST).zip(outs.chunks_mut(BURST)) {
-                        (self.probes.prefetch)(first, burst, guard);
-                        if view.probes.len() == 1 {
-                            for (p, o) in burst.iter().zip(outs) {
-                                *o = self.classify(p, guard);
-                            }
-                        } else {
-                            (self.probes.classify_many)(self, view, burst, guard, outs);
-                        }
-                    }
-                }
-                _ => (self.probes.classify_many)(self, view, run, guard, outs),
-            });
+        (self.probes.classify_many)(self, packets, guard, out);
+        Ok(())
+    }
+
+    /// [`classify_key`](Self::classify_key) for each key of `keys` (keys
+    /// of [`Schema::key_size`] bytes back to back, each field in network
+    /// order, as a receive batch's headers hold them), into `out[i]`;
+    /// `EINVAL` if `keys` is not a whole number of keys or `out` is
+    /// shorter than their number.
+    ///
+    /// As [`classify_many`](Self::classify_many), through the same
+    /// pipeline and bursts; a key's fields are read straight into the
+    /// probe's words, where a [`Packet`] is 144 bytes to read.
+    ///
+    /// ```
+    /// use bpfmaps::wildcard::{Field, Schema, WildcardMap};
+    ///
+    /// let schema = Schema::new(vec![Field::wildcard("id", 4), Field::range("dport", 2)])?;
+    /// let policy = WildcardMap::new(schema, 4, 100)?;
+    /// let web = policy.schema().parse_rule("id 0, dport 80-443", 3)?;
+    /// policy.insert(&web, &7u32.to_ne_bytes(), 0)?;
+    /// let guard = bpfmaps::pin();
+    /// // Two keys of 6 bytes: id 1 port 443, id 2 port 22.
+    /// let keys = [0, 0, 0, 1, 0x01, 0xbb, 0, 0, 0, 2, 0, 22];
+    /// let mut out = [None; 2];
+    /// policy.classify_many_keys(&keys, &guard, &mut out)?;
+    /// assert_eq!(out[0].unwrap().1, 7u32.to_ne_bytes());
+    /// assert!(out[1].is_none());
+    /// assert!(policy.classify_many_keys(&keys[..7], &guard, &mut out).is_err());
+    /// # Ok::<(), bpfmaps::Error>(())
+    /// ```
+    pub fn classify_many_keys<'g>(
+        &self,
+        keys: &[u8],
+        guard: &'g Guard,
+        out: &mut [Option<(&'g Rule, &'g [u8])>],
+    ) -> Result<()> {
+        let size = self.key_reader.key_size();
+        if !keys.len().is_multiple_of(size) || out.len() < keys.len() / size {
+            return Err(Error::invalid(format!(
+                "{} bytes of {size}-byte keys but room for {} answers",
+                keys.len(),
+                out.len()
+            )));
         }
+        if self.index.is_some() {
+            for (key, o) in keys.chunks_exact(size).zip(out.iter_mut()) {
+                *o = self.classify_key(key, guard)?;
+            }
+            return Ok(());
+        }
+        (self.probes.classify_many_keys)(self, Keys { bytes: keys, size }, guard, out);
         Ok(())
     }
 

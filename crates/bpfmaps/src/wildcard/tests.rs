@@ -644,6 +644,13 @@ fn a_reader_of_the_view_before_a_split_still_finds_the_rules_it_moved() {
     }
 
     let m = fresh();
+    let mut out = [None];
+    m.classify_many_keys(&key, &guard, &mut out).unwrap();
+    if owned(out[0]) != best {
+        missed.push("classify_many_keys");
+    }
+
+    let m = fresh();
     if m.get(&held[1], &guard) != Some(&v(10)[..]) {
         missed.push("get");
     }
@@ -984,6 +991,18 @@ fn classify_many_answers_each_packet_and_wants_room() {
     assert_eq!(out[0].map(|(_, v)| v), Some(&v(6)[..]));
     assert_eq!(out[1], None);
     assert!(m.classify_many(&[tcp, udp], &guard, &mut out[..1]).is_err());
+    // The same by keys; a partial key or too little room is refused.
+    let keys = [s.packet_key(&tcp), s.packet_key(&udp)].concat();
+    let mut by_keys = [None; 2];
+    m.classify_many_keys(&keys, &guard, &mut by_keys).unwrap();
+    assert_eq!(by_keys, out);
+    for (bytes, room) in [(&keys[..25], 2), (&keys[..], 1)] {
+        assert!(matches!(
+            m.classify_many_keys(bytes, &guard, &mut by_keys[..room]),
+            Err(Error::Invalid(_))
+        ));
+    }
+    m.classify_many_keys(&[], &guard, &mut []).unwrap();
 }
 
 /// Past the buckets of 2^14 rules in its first table, `classify_many`
@@ -1007,12 +1026,17 @@ fn classify_many_in_bursts_answers_as_classify() {
         })
         .collect();
     let guard = pin();
+    let keys: Vec<u8> = packets.iter().flat_map(|p| s.packet_key(p)).collect();
     for n in [1, 15, 16, 17, 1_000] {
         let mut out = vec![None; n];
         m.classify_many(&packets[..n], &guard, &mut out).unwrap();
         for (p, o) in packets.iter().zip(&out) {
             assert_eq!(*o, m.classify(p, &guard));
         }
+        let mut by_keys = vec![None; n];
+        m.classify_many_keys(&keys[..n * 6], &guard, &mut by_keys)
+            .unwrap();
+        assert_eq!(by_keys, out);
     }
     let hits = packets.iter().filter(|p| m.classify(p, &guard).is_some());
     assert!((300..700).contains(&hits.count()), "hits and misses both");
@@ -1166,12 +1190,17 @@ fn classify_many_in_bursts_over_several_tables_answers_as_classify() {
         })
         .collect();
     let guard = pin();
+    let keys: Vec<u8> = packets.iter().flat_map(|p| s.packet_key(p)).collect();
     for n in [1, 2, 15, 16, 17, 1_000] {
         let mut out = vec![None; n];
         m.classify_many(&packets[..n], &guard, &mut out).unwrap();
         for (p, o) in packets.iter().zip(&out) {
             assert_eq!(*o, m.classify(p, &guard));
         }
+        let mut by_keys = vec![None; n];
+        m.classify_many_keys(&keys[..n * 6], &guard, &mut by_keys)
+            .unwrap();
+        assert_eq!(by_keys, out);
     }
     let wildcard_hits = packets
         .iter()
@@ -1431,6 +1460,11 @@ fn against_the_oracle(m: &WildcardMap, schema: &Schema, ops: &[Op]) -> Result<()
                         &[7u8][..],
                         "past the packets, untouched"
                     );
+                    // And `classify_many_keys`' of their keys.
+                    let keys: Vec<u8> = recent.iter().flat_map(|q| schema.packet_key(q)).collect();
+                    let mut by_keys = out.clone();
+                    m.classify_many_keys(&keys, &guard, &mut by_keys).unwrap();
+                    prop_assert_eq!(by_keys, out);
                 }
             }
             prop_assert_eq!(m.len(), o.len());
@@ -1535,6 +1569,12 @@ fn classbench_sets_classify_as_the_oracle_does() {
         loaded
             .classify_many(&packets, &guard, &mut in_bursts)
             .unwrap();
+        let keys: Vec<u8> = packets.iter().flat_map(|p| s.packet_key(p)).collect();
+        let mut by_keys = vec![None; packets.len()];
+        loaded
+            .classify_many_keys(&keys, &guard, &mut by_keys)
+            .unwrap();
+        assert!(by_keys == in_bursts, "{rules_file}: classify_many_keys");
         for (i, p) in packets.iter().enumerate() {
             let want = o.classify(p).map(|(r, _)| r);
             let got = in_bursts[i].map(|(r, _)| r);
