@@ -423,7 +423,7 @@ impl Headers for Keys<'_> {
     #[inline(always)]
     fn words<W: Word, const N: usize>(self, map: &WildcardMap, i: usize) -> Option<[W; N]> {
         let key = &self.bytes[i * self.size..(i + 1) * self.size];
-        Some(map.key_reader.read_apart::<W, N>(key))
+        Some(map.key_reader.read_in_batch::<W, N>(key))
     }
 }
 
