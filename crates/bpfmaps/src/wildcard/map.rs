@@ -1006,10 +1006,10 @@ impl WildcardMap {
                         if view.probes.len() == 1 {
                             // One table: its buckets are asked for already.
                             for (i, o) in outs.iter_mut().enumerate().take(part.count()) {
-                                *o = part.words::<W, N>(self, i).and_then(|values| {
-                                    self.scan_slot(first.slot(&values), &values, None, guard)
-                                        .map(|words| self.answer(Hit::of(words)))
-                                });
+                                *o = part
+                                    .words::<W, N>(self, i)
+                                    .and_then(|values| self.probe_one(first, &values, guard))
+                                    .map(|h| self.answer(h));
                             }
                             continue;
                         }
@@ -1116,9 +1116,9 @@ impl WildcardMap {
         let Some(only) = &view.only else {
             return self.probe_tables(values, view, moves, guard);
         };
-        let best = self.scan_slot(only.slot(values), values, None, guard);
+        let best = self.probe_one(only, values, guard);
         if self.unmoved_since(moves) {
-            return (best.map(Hit::of), 1);
+            return (best, 1);
         }
         self.probe_again(values, guard)
     }
@@ -1134,12 +1134,21 @@ impl WildcardMap {
         guard: &'g Guard,
     ) -> (Option<Hit<'g>>, usize) {
         self.read_view(guard, |view| match &view.only {
-            Some(only) => {
-                let best = self.scan_slot(only.slot(values), values, None, guard);
-                (best.map(Hit::of), 1)
-            }
+            Some(only) => (self.probe_one(only, values, guard), 1),
             None => self.probe_tables_once(values, view, guard),
         })
+    }
+
+    /// The best rule matching `values` in the one table `table`.
+    #[inline(always)]
+    fn probe_one<'g, W: Word, const N: usize>(
+        &self,
+        table: &TableProbe,
+        values: &[W; N],
+        guard: &'g Guard,
+    ) -> Option<Hit<'g>> {
+        self.scan_slot(table.slot(values), values, None, guard)
+            .map(Hit::of)
     }
 
     /// What `read` finds in the published view, read again until no
