@@ -619,6 +619,12 @@ fn a_reader_of_the_view_before_a_split_still_finds_the_rules_it_moved() {
     };
     let best = Some((held[1].clone(), v(10).to_vec()));
     let owned = |found: Option<(&Rule, &[u8])>| found.map(|(r, v)| (r.clone(), v.to_vec()));
+    // The reader ran the split in its window (a reader that skipped the
+    // hook would pass without the window opened).
+    let split_in_window = |m: &WildcardMap| {
+        assert!(map::IN_THE_WINDOW.take().is_none(), "the hook ran");
+        assert_eq!(m.tables(), 2);
+    };
     // Each reader's miss is named, not the first alone.
     let mut missed = Vec::new();
     let guard = pin();
@@ -627,6 +633,7 @@ fn a_reader_of_the_view_before_a_split_still_finds_the_rules_it_moved() {
     if answer(&m, &packet) != best {
         missed.push("classify");
     }
+    split_in_window(&m);
     m.check_structure();
 
     let m = fresh();
@@ -634,6 +641,7 @@ fn a_reader_of_the_view_before_a_split_still_finds_the_rules_it_moved() {
     if owned(m.classify_key(&key, &guard).unwrap()) != best {
         missed.push("classify_key");
     }
+    split_in_window(&m);
 
     let m = fresh();
     let mut out = [None];
@@ -642,6 +650,7 @@ fn a_reader_of_the_view_before_a_split_still_finds_the_rules_it_moved() {
     if owned(out[0]) != best {
         missed.push("classify_many");
     }
+    split_in_window(&m);
 
     let m = fresh();
     let mut out = [None];
@@ -649,11 +658,13 @@ fn a_reader_of_the_view_before_a_split_still_finds_the_rules_it_moved() {
     if owned(out[0]) != best {
         missed.push("classify_many_keys");
     }
+    split_in_window(&m);
 
     let m = fresh();
     if m.get(&held[1], &guard) != Some(&v(10)[..]) {
         missed.push("get");
     }
+    split_in_window(&m);
 
     let m = fresh();
     let mut all = m.rules();
@@ -666,6 +677,7 @@ fn a_reader_of_the_view_before_a_split_still_finds_the_rules_it_moved() {
     if all != want {
         missed.push("rules");
     }
+    split_in_window(&m);
     assert!(missed.is_empty(), "missed a moving rule: {missed:?}");
 }
 
