@@ -14,6 +14,11 @@ its JSON; it also runs alone):
   and lookup_many; the whole table read with items_lookup_batch and
   items_many against a `for k in table` walk, with and without a lookup
   of each key.
+- Wildcard map, ClassBench's acl1_10k (classbench/acl1_10k.gz, else
+  10K generated 5-tuple rules) loaded as one rule set: packets drawn inside random rules,
+  classified one at a time from text (`classify`), as numpy rows of
+  field values (`classify_many`) and as headers' bytes
+  (`classify_many_keys`).
 
 Each figure is the median of --reps repetitions, timed in turns.
 """
@@ -207,6 +212,68 @@ def hash_map(n: int, reps: int) -> list[dict]:
     return rows
 
 
+def load_rules(data: str | None) -> tuple[list[tuple], str]:
+    """5-tuple rules in priority order: (src, src_len, dst, dst_len,
+    sport_lo, sport_hi, dport_lo, dport_hi, proto, proto_len)."""
+    path = data and os.path.join(data, "classbench/acl1_10k.gz")
+    if path and os.path.exists(path):
+        out = []
+        with gzip.open(path, "rt") as f:
+            for line in f:
+                src, dst, slo, _, shi, dlo, _, dhi, proto = line[1:].split()[:9]
+                (s, sl), (d, dl) = (n.split("/") for n in (src, dst))
+                value, mask = (int(x, 16) for x in proto.split("/"))
+                out.append((int(ipaddress.IPv4Address(s)), int(sl), int(ipaddress.IPv4Address(d)), int(dl),
+                            int(slo), int(shi), int(dlo), int(dhi), value, 8 if mask else 0))
+        return out, f"ClassBench acl1_10k ({len(out)} rules)"
+    rng = random.Random(SEED)
+    out = []
+    for _ in range(10_000):
+        sl, dl = rng.choice([8, 16, 24, 32]), rng.choice([16, 24, 32])
+        lo = rng.randrange(65536)
+        out.append((rng.getrandbits(32) >> (32 - sl) << (32 - sl), sl, rng.getrandbits(32) >> (32 - dl) << (32 - dl), dl,
+                    0, 65535, lo, min(65535, lo + rng.choice([0, 0, 15, 1023])), rng.choice([6, 17]), 8))
+    return out, "10,000 generated 5-tuple rules"
+
+
+def wildcard(data: str | None, n: int, reps: int) -> tuple[list[dict], str]:
+    rules, source = load_rules(data)
+    fw = b.Wildcard([("src", "prefix", 4), ("dst", "prefix", 4), ("sport", "range", 2), ("dport", "range", 2),
+                     ("proto", "prefix", 1)], len(rules))
+    ip = ipaddress.IPv4Address
+    # Loaded as one rule set (`load`), as a firewall loads its policy.
+    fw.load([(f"src {ip(s)}/{sl}, dst {ip(d)}/{dl}, sport {slo}-{shi}, dport {dlo}-{dhi}, proto {p}/{pl}", prio, prio)
+             for prio, (s, sl, d, dl, slo, shi, dlo, dhi, p, pl) in enumerate(rules)])
+    rng = random.Random(SEED)
+    rows = []
+    for _ in range(n):
+        s, sl, d, dl, slo, shi, dlo, dhi, p, pl = rules[rng.randrange(len(rules))]
+        inside = lambda base, length: base | (rng.getrandbits(32) & ((1 << (32 - length)) - 1))
+        rows.append((inside(s, sl), inside(d, dl), rng.randint(slo, shi), rng.randint(dlo, dhi),
+                     p if pl else rng.choice([6, 17, 1])))
+    packets = np.array(rows, dtype=np.uint64)
+    header = np.dtype([("src", ">u4"), ("dst", ">u4"), ("sport", ">u2"), ("dport", ">u2"), ("proto", "u1")])
+    keys = np.array(rows, dtype=header).tobytes()
+    texts = [f"src {ip(r[0])}, dst {ip(r[1])}, sport {r[2]}, dport {r[3]}, proto {r[4]}" for r in rows]
+    # The three forms give the same answers before any is timed.
+    prios, values, found = fw.classify_many(packets)
+    assert [a.tolist() for a in fw.classify_many_keys(keys)] == [prios.tolist(), values.tolist(), found.tolist()]
+    for i in range(0, n, max(1, n // 2000)):
+        assert fw.classify(texts[i]) == ((int(prios[i]), int(values[i])) if found[i] else None), texts[i]
+
+    def one_by_one():
+        for t in texts:
+            fw.classify(t)
+
+    cases = {
+        "Wildcard.classify(text)": one_by_one,
+        "Wildcard.classify_many": lambda: fw.classify_many(packets),
+        "Wildcard.classify_many_keys": lambda: fw.classify_many_keys(keys),
+    }
+    out = [{"case": "wildcard,op=classify", "impl": name, **r} for name, r in in_turns(cases, n, reps).items()]
+    return out, source
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--data", default=None)
@@ -219,6 +286,9 @@ def main() -> None:
     prefixes, source = load_prefixes(args.data)
     missing = [p for p, m in (("pytricia", pytricia), ("py-radix", radix)) if m is None]
     rows = lpm(prefixes, n, reps) + hash_map(20_000 if args.quick else 100_000, reps)
+    wildcard_rows, rules = wildcard(args.data, 20_000 if args.quick else 100_000, reps)
+    rows += wildcard_rows
+    source += f"; {rules}"
     out = {"source": source, "missing_peers": missing, "python": sys.version.split()[0], "rows": rows}
     if args.json:
         with open(args.json, "w") as f:

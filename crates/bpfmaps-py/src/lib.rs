@@ -29,7 +29,8 @@ use bpfmaps::lpm::{Ipv4Lpm, Ipv6Lpm};
 use bpfmaps::{BatchError, BatchKeys, Caps, Error, Map, MapSpec, MapType};
 use ipnet::{Ipv4Net, Ipv6Net};
 use numpy::{
-    PyArray1, PyArray2, PyArrayMethods, PyReadonlyArray1, PyReadonlyArray2, PyUntypedArrayMethods,
+    PyArray1, PyArray2, PyArrayMethods, PyReadonlyArray1, PyReadonlyArray2, PyReadonlyArrayDyn,
+    PyUntypedArrayMethods,
 };
 use pyo3::IntoPyObjectExt;
 use pyo3::exceptions::{PyKeyError, PyOSError, PyTypeError, PyValueError};
@@ -1183,6 +1184,27 @@ impl Wildcard {
             .map_err(py_err)
     }
 
+    /// Adds every `(text, priority, value)` of `rules` at once, as a
+    /// rule set is loaded: all or nothing, with the GIL released while
+    /// the map is built. Tables shaped after the whole set, not its
+    /// first rules: fewer of them, and fewer probed a packet, than
+    /// inserts in turn make (`WildcardMap::load`).
+    #[pyo3(signature = (rules, flags=0))]
+    fn load(&self, py: Python<'_>, rules: Vec<(String, u32, u64)>, flags: u64) -> PyResult<()> {
+        let schema = self.map.schema();
+        let parsed = rules
+            .iter()
+            .map(|(text, priority, value)| {
+                let rule = schema
+                    .parse_rule(text, *priority)
+                    .map_err(|e| PyValueError::new_err(format!("{text:?}: {e}")))?;
+                Ok((rule, value.to_ne_bytes()))
+            })
+            .collect::<PyResult<Vec<_>>>()?;
+        py.allow_threads(|| self.map.load(parsed, flags))
+            .map_err(py_err)
+    }
+
     /// Removes the rule written `text` at `priority`; its value.
     fn remove(&self, text: &str, priority: u32) -> PyResult<u64> {
         let rule = self
@@ -1216,16 +1238,11 @@ impl Wildcard {
     /// The rows go through in chunks of [`CLASSIFY_CHUNK`] packets, so
     /// ten million rows need no ten million `Packet`s (144 bytes each)
     /// at once.
-    #[allow(clippy::type_complexity)]
     fn classify_many<'py>(
         &self,
         py: Python<'py>,
         packets: PyReadonlyArray2<'py, u64>,
-    ) -> PyResult<(
-        Bound<'py, PyArray1<u32>>,
-        Bound<'py, PyArray1<u64>>,
-        Bound<'py, PyArray1<bool>>,
-    )> {
+    ) -> PyResult<ManyAnswers<'py>> {
         let fields = self.map.schema().fields().len();
         if packets.shape()[1] != fields {
             return Err(PyValueError::new_err(format!(
@@ -1236,13 +1253,10 @@ impl Wildcard {
         let rows = packets
             .as_slice()
             .map_err(|_| PyValueError::new_err("packets must be C-contiguous"))?;
-        let n = rows.len() / fields;
         let answers = py.allow_threads(|| {
             let schema = self.map.schema();
             let guard = bpfmaps::pin();
-            let mut prios = vec![0u32; n];
-            let mut values = vec![0u64; n];
-            let mut found = vec![false; n];
+            let mut out = Answers::new(rows.len() / fields);
             let mut chunk = Vec::with_capacity(CLASSIFY_CHUNK);
             let mut answers = vec![None; CLASSIFY_CHUNK];
             for (c, part) in rows.chunks(fields * CLASSIFY_CHUNK).enumerate() {
@@ -1256,28 +1270,114 @@ impl Wildcard {
                 }
                 // In bursts, where the map asks for their buckets ahead.
                 self.map.classify_many(&chunk, &guard, &mut answers)?;
-                let at = c * CLASSIFY_CHUNK;
-                for (i, answer) in answers[..chunk.len()].iter().enumerate() {
-                    if let Some((r, v)) = answer {
-                        prios[at + i] = r.priority;
-                        values[at + i] = u64_of(v);
-                        found[at + i] = true;
-                    }
-                }
+                out.fill(c * CLASSIFY_CHUNK, &answers[..chunk.len()]);
             }
-            Ok((prios, values, found))
+            Ok(out)
         });
-        let (prios, values, found) =
-            answers.map_err(|e: Error| PyValueError::new_err(e.to_string()))?;
-        Ok((
-            PyArray1::from_vec(py, prios),
-            PyArray1::from_vec(py, values),
-            PyArray1::from_vec(py, found),
-        ))
+        answers
+            .map_err(|e: Error| PyValueError::new_err(e.to_string()))
+            .map(|a| a.into_arrays(py))
+    }
+
+    /// The bytes of one concrete key for `classify_many_keys`: every
+    /// field's bytes back to back.
+    #[getter]
+    fn key_size(&self) -> usize {
+        self.map.schema().key_size()
+    }
+
+    /// `classify_many` for keys as a capture holds them: `key_size`
+    /// bytes each, back to back, each field in network order, in a
+    /// `bytes` object or a C-contiguous numpy `uint8` array of any shape
+    /// (no per-packet conversion). ValueError for a length that is not
+    /// a whole number of keys.
+    fn classify_many_keys<'py>(
+        &self,
+        py: Python<'py>,
+        keys: &Bound<'py, PyAny>,
+    ) -> PyResult<ManyAnswers<'py>> {
+        let array;
+        let bytes: &[u8] = match keys.downcast::<PyBytes>() {
+            Ok(b) => b.as_bytes(),
+            Err(_) => {
+                array = keys
+                    .extract::<PyReadonlyArrayDyn<'py, u8>>()
+                    .map_err(|_| PyTypeError::new_err("keys: bytes or a numpy uint8 array"))?;
+                array
+                    .as_slice()
+                    .map_err(|_| PyValueError::new_err("keys must be C-contiguous"))?
+            }
+        };
+        let size = self.map.schema().key_size();
+        if !bytes.len().is_multiple_of(size) {
+            return Err(PyValueError::new_err(format!(
+                "{} bytes are not whole keys of {size} bytes",
+                bytes.len()
+            )));
+        }
+        let answers = py.allow_threads(|| {
+            let guard = bpfmaps::pin();
+            let mut out = Answers::new(bytes.len() / size);
+            let mut answers = vec![None; CLASSIFY_CHUNK];
+            for (c, part) in bytes.chunks(size * CLASSIFY_CHUNK).enumerate() {
+                self.map.classify_many_keys(part, &guard, &mut answers)?;
+                out.fill(c * CLASSIFY_CHUNK, &answers[..part.len() / size]);
+            }
+            Ok(out)
+        });
+        answers
+            .map_err(|e: Error| PyValueError::new_err(e.to_string()))
+            .map(|a| a.into_arrays(py))
     }
 }
 
-/// Packets `Wildcard.classify_many` converts and classifies at a time.
+/// What `Wildcard.classify_many` and `classify_many_keys` return:
+/// priorities, values and whether a rule matched, one of each a packet.
+type ManyAnswers<'py> = (
+    Bound<'py, PyArray1<u32>>,
+    Bound<'py, PyArray1<u64>>,
+    Bound<'py, PyArray1<bool>>,
+);
+
+/// The columns of [`ManyAnswers`], filled a chunk at a time without the
+/// GIL.
+struct Answers {
+    prios: Vec<u32>,
+    values: Vec<u64>,
+    found: Vec<bool>,
+}
+
+impl Answers {
+    fn new(n: usize) -> Answers {
+        Answers {
+            prios: vec![0; n],
+            values: vec![0; n],
+            found: vec![false; n],
+        }
+    }
+
+    /// A chunk's answers, from packet `at` on.
+    fn fill(&mut self, at: usize, answers: &[Option<(&bpfmaps::wildcard::Rule, &[u8])>]) {
+        for (i, answer) in answers.iter().enumerate() {
+            if let Some((r, v)) = answer {
+                self.prios[at + i] = r.priority;
+                self.values[at + i] = u64_of(v);
+                self.found[at + i] = true;
+            }
+        }
+    }
+
+    fn into_arrays(self, py: Python<'_>) -> ManyAnswers<'_> {
+        (
+            PyArray1::from_vec(py, self.prios),
+            PyArray1::from_vec(py, self.values),
+            PyArray1::from_vec(py, self.found),
+        )
+    }
+}
+
+/// Packets `Wildcard.classify_many` converts and classifies at a time
+/// (and keys `classify_many_keys` classifies at a time).
 const CLASSIFY_CHUNK: usize = 256;
 
 /// The module.

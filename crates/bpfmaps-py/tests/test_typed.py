@@ -129,6 +129,59 @@ def test_wildcard_rules_and_batches():
     assert len(fw) == 1
 
 
+def test_wildcard_load_adds_a_rule_set_all_or_nothing():
+    fields = [("src", "prefix", 4), ("dport", "range", 2), ("proto", "wildcard", 1)]
+    rules = [("src 10.0.0.0/8, dport 22, proto 6", 1, 100), ("dport 0-1023", 5, 200),
+             ("src 10.1.0.0/16", 3, 300)]
+    loaded, inserted = b.Wildcard(fields, 10), b.Wildcard(fields, 10)
+    loaded.load(rules)
+    for text, prio, value in rules:
+        inserted.insert(text, prio, value)
+    assert len(loaded) == 3
+    for p in ["src 10.1.2.3, dport 22, proto 6", "src 10.1.2.3, dport 80, proto 17",
+              "src 11.0.0.1, dport 80, proto 6", "src 11.0.0.1, dport 8080, proto 6"]:
+        assert loaded.classify(p) == inserted.classify(p), p
+    # A bad rule, a rule held (BPF_NOEXIST) or too many: the map unchanged.
+    with pytest.raises(ValueError):
+        loaded.load([("dport 2000-3000", 2, 1), ("dport 9-1", 2, 1)])
+    with pytest.raises(OSError) as e:
+        loaded.load([("dport 2000-3000", 2, 1), rules[1]], b.BPF_NOEXIST)
+    assert e.value.errno == errno.EEXIST
+    with pytest.raises(OSError) as e:
+        loaded.load([(f"dport {p}", 9, p) for p in range(2000, 2008)])
+    assert e.value.errno == errno.E2BIG
+    assert len(loaded) == 3 and loaded.classify("src 11.0.0.1, dport 2500, proto 6") is None
+    loaded.load([("dport 2000-3000", 2, 7)], b.BPF_NOEXIST)
+    assert loaded.classify("src 11.0.0.1, dport 2500, proto 6") == (2, 7)
+
+
+def test_wildcard_classify_many_keys_answers_as_classify_many():
+    fw = b.Wildcard([("src", "prefix", 4), ("dport", "range", 2), ("proto", "wildcard", 1)])
+    fw.insert("src 10.0.0.0/8, dport 22, proto 6", 1, 100)
+    fw.insert("dport 0-1023", 5, 200)
+    assert fw.key_size == 7
+    packets = np.array([[0x0A090909, 22, 6], [0x0B000001, 80, 17], [1, 5000, 6]], dtype=np.uint64)
+    # The fields back to back in network order, as a header holds them.
+    header = np.dtype([("src", ">u4"), ("dport", ">u2"), ("proto", "u1")])
+    keys = np.array([tuple(int(v) for v in p) for p in packets], dtype=header)
+    want = [list(a) for a in fw.classify_many(packets)]
+    for form in (keys.tobytes(), keys.view(np.uint8), keys.view(np.uint8).reshape(3, 7)):
+        assert [list(a) for a in fw.classify_many_keys(form)] == want
+    # 1,200 keys: chunks of 256 and a part, each answered in its place.
+    many = [list(a) for a in fw.classify_many_keys(np.tile(keys, 400).tobytes())]
+    assert many == [col * 400 for col in want]
+    assert [len(a) for a in fw.classify_many_keys(b"")] == [0, 0, 0]
+    with pytest.raises(ValueError):
+        fw.classify_many_keys(keys.tobytes()[:-1])  # a partial key
+    with pytest.raises(ValueError):
+        fw.classify_many_keys(keys.view(np.uint8).reshape(3, 7)[:, :6])  # not contiguous
+    with pytest.raises(TypeError):
+        fw.classify_many_keys(keys)  # a structured array, not its bytes
+    with pytest.raises(TypeError):
+        fw.classify_many_keys([1, 2, 3])
+    assert len(fw) == 2
+
+
 @settings(max_examples=60, deadline=None)
 @given(st.lists(st.tuples(st.integers(0, 255), st.integers(0, 8), st.integers(0, 65535), st.integers(0, 65535), st.integers(0, 50)), min_size=1, max_size=25),
        st.lists(st.tuples(st.integers(0, 255), st.integers(0, 65535)), min_size=1, max_size=25))

@@ -101,8 +101,7 @@ struct Output {
 impl Suite for Python {
     type Opts = Opts;
     const NAME: &'static str = "python";
-    const ABOUT: &'static str =
-        "the Python package against pytricia, py-radix and dict, same data (Python's clock)";
+    const ABOUT: &'static str = "the Python package against pytricia, py-radix and dict, same data (Python's clock); the wildcard map's three forms";
     const DESCRIBE: &'static str = "`crates/bpfmaps-py/bench/bench.py` in the virtual \
         environment `target/py-venv` (made here if absent). LPM on the real IPv4 table: \
         lookups one dotted-quad string at a time from a Python loop in `bpfmaps_rs.Lpm.get`, \
@@ -113,8 +112,11 @@ impl Suite for Python {
         table read by `items_lookup_batch` (pairs of ints, walked with `for k, v in` and \
         collected by `list`) and `items_many` (numpy arrays) against a `for k in table` walk, \
         bare and with `table[k]` for each key (BCC's `items()`, against `table.items()`, the \
-        same objects read in batches). Medians of \
-        repetitions timed in turns.";
+        same objects read in batches). Wildcard map on ClassBench's acl1_10k loaded as one rule set (10K generated \
+        5-tuple rules without the data): packets drawn inside random rules, classified one at \
+        a time from text (`classify`), as numpy rows of field values (`classify_many`) and as \
+        headers' bytes (`classify_many_keys`), the three forms' answers compared first. \
+        Medians of repetitions timed in turns.";
     const BASELINE: &'static str = "pytricia.get";
 
     fn run(&self, ctx: &Ctx, opts: Opts) -> Vec<Record> {
@@ -252,6 +254,30 @@ impl Suite for Python {
                 fmt_ratio(ratio(o, a)),
             ]);
         }
-        vec![lpm, hash]
+        let mut wildcard = Table::new(
+            "python: wildcard map from Python (acl1_10k, or generated rules), ns per packet",
+            &["form", "bpfmaps", "other", "other/bpfmaps (speed)"],
+        )
+        .with_note(
+            "Packets drawn inside random rules: as text one at a time, as numpy rows of field \
+             values, as headers' bytes (network order).",
+        );
+        let forms = [
+            ("Wildcard.classify_many_keys", "Wildcard.classify(text)"),
+            ("Wildcard.classify_many", "Wildcard.classify(text)"),
+            ("Wildcard.classify_many_keys", "Wildcard.classify_many"),
+        ];
+        for (ours, other) in forms {
+            let c = "wildcard,op=classify";
+            let (a, o) = (ns(c, ours), ns(c, other));
+            let cell = |r: Option<&Record>| r.map_or("-".into(), |r| format!("{:.0}", r.value));
+            wildcard.push(vec![
+                format!("{ours} vs {other}"),
+                cell(a),
+                cell(o),
+                fmt_ratio(ratio(o, a)),
+            ]);
+        }
+        vec![lpm, hash, wildcard]
     }
 }

@@ -809,13 +809,20 @@ Wildcard.__doc__ = """Multi-field rules with priorities (lower wins), one lookup
 per packet (TupleMerge): a schema of (name, kind, bytes) fields, kind
 ``prefix``, ``range``, ``exact`` or ``wildcard``; rules and packets
 written as text; ``classify_many`` over a numpy ``uint64`` array, one
-column per field.
+column per field; ``classify_many_keys`` over headers' bytes, each
+field in network order, ``key_size`` bytes a key.
 
 >>> fw = Wildcard([("src", "prefix", 4), ("dport", "range", 2), ("proto", "wildcard", 1)])
 >>> fw.insert("src 10.0.0.0/8, dport 22, proto 6", 1, 100)
 >>> fw.insert("dport 0-1023", 5, 200)
 >>> fw.classify("src 10.9.9.9, dport 22, proto 6"), fw.classify("src 1.2.3.4, dport 80, proto 17")
 ((1, 100), (5, 200))
+>>> import numpy as np
+>>> header = np.dtype([("src", ">u4"), ("dport", ">u2"), ("proto", "u1")])
+>>> keys = np.array([(0x0A090909, 22, 6), (0x01020304, 80, 17), (1, 5000, 6)], dtype=header)
+>>> prios, values, found = fw.classify_many_keys(keys.view(np.uint8))
+>>> prios.tolist(), values.tolist(), found.tolist()
+([1, 5, 0], [100, 200, 0], [True, True, False])
 """
 
 __all__ += ["StrMap", "MapleTree", "Wildcard"]
