@@ -44,7 +44,7 @@
 //! Its work is the overflowing bucket's, not the table's: no update
 //! rebuilds a table, but for doubling its buckets.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
@@ -85,6 +85,14 @@ const WHOLE_SPLIT_MAX: usize = 1 << 16;
 /// rules of a tied priority): a few narrow rules scanned cost less than
 /// one more table probed.
 const ABSORB_MEAN: usize = 4;
+
+/// The most rules taken out that a map remembers with their exit
+/// bounds while `held` rules are held: one for every two held, or 64
+/// ([`Writer::exits_after_taking`]). Past that the bounds are voided, so
+/// that the entries kept for them never outweigh half the map.
+fn gone_most(held: usize) -> usize {
+    (held / 2).max(64)
+}
 
 /// Rounds of merges and gathers a load ends with, at most
 /// ([`WildcardMap::absorb`]).
@@ -616,6 +624,64 @@ struct Writer {
     /// The rules' exit bounds hold, and some is better than its rule's
     /// priority (as published in the view).
     exits: bool,
+    /// Rules taken out while the bounds hold, with the bounds they had:
+    /// one put back gets its bound again, and the bounds still hold
+    /// ([`Writer::exits_after_adding`]).
+    gone: Gone,
+}
+
+/// The entries of rules taken out while the exit bounds hold: the first
+/// [`GONE_LISTED`] in a list, scanned, so that a rule taken out and put
+/// back at once (a policy's toggle, the suites' updates) costs no hash of
+/// it (a hash set's insert and take added 8 % to an update's
+/// instructions); the rest in a set.
+#[derive(Default)]
+struct Gone {
+    listed: Vec<Arc<Entry>>,
+    set: HashSet<Placed, foldhash::fast::RandomState>,
+}
+
+/// Rules taken out that [`Gone`] lists before it hashes them.
+const GONE_LISTED: usize = 8;
+
+impl Gone {
+    fn len(&self) -> usize {
+        self.listed.len() + self.set.len()
+    }
+
+    fn is_empty(&self) -> bool {
+        self.listed.is_empty() && self.set.is_empty()
+    }
+
+    fn insert(&mut self, entry: Arc<Entry>) {
+        if self.listed.len() < GONE_LISTED {
+            self.listed.push(entry);
+        } else {
+            self.set.insert(Placed(entry));
+        }
+    }
+
+    /// The entry of `rule`, taken out of the books.
+    fn take(&mut self, rule: &Rule) -> Option<Arc<Entry>> {
+        if let Some(at) = self.listed.iter().position(|e| e.rule == *rule) {
+            return Some(self.listed.swap_remove(at));
+        }
+        if self.set.is_empty() {
+            return None;
+        }
+        self.set.take(rule).map(|Placed(e)| e)
+    }
+
+    #[cfg(test)]
+    fn entries(&self) -> impl Iterator<Item = &Arc<Entry>> {
+        self.listed.iter().chain(self.set.iter().map(|p| &p.0))
+    }
+
+    /// Bytes of its list and set themselves (not the entries).
+    fn bytes(&self) -> usize {
+        self.listed.capacity() * size_of::<Arc<Entry>>()
+            + self.set.capacity() * 8 / 7 * (size_of::<Placed>() + 1)
+    }
 }
 
 /// A multi-field classifier map: rules of per-field matches (prefix,
@@ -1529,8 +1595,9 @@ impl WildcardMap {
         let entry =
             16 + size_of::<Entry>() + fields * 32 + Entry::value_bytes_outside(self.value_size);
         bytes
-            + w.placed.len() * entry
+            + (w.placed.len() + w.gone.len()) * entry
             + w.placed.capacity() * 8 / 7 * (size_of::<(Placed, u64)>() + 1)
+            + w.gone.bytes()
             + w.rule_order.as_ref().map_or(0, RuleOrder::bytes)
     }
 
@@ -1620,7 +1687,8 @@ impl WildcardMap {
     /// exit bound is worked out over every rule held, so that a probe
     /// stops where no later table can beat its match (`exits.rs`; ipc1
     /// 10K: 4.7 tables probed a packet to 3.2, at twice the load's
-    /// time), until the next insert of a new rule.
+    /// time), until the next insert of a rule that was not held then (a
+    /// rule taken out and put back keeps its bound).
     ///
     /// Readers see the rules appear one by one, each whole. It returns
     /// after a grace period (as `synchronize_rcu`), having freed what it
@@ -1715,6 +1783,7 @@ impl WildcardMap {
         let guard = &pin();
         self.ask_for_bucket(&w, rule, guard);
         let (Placed(entry), id) = w.placed.remove_entry(rule).ok_or(Error::NotFound)?;
+        let voided = w.exits_after_taking(&entry);
         w.rule_order_changed(|o| o.remove(rule));
         let state = w.tables.get_mut(&id).expect("a placed rule's table");
         assert!(chain_remove(&state.table, rule, guard), "a placed rule");
@@ -1726,7 +1795,7 @@ impl WildcardMap {
             w.tables.remove(&id);
         }
         // An emptied table's best is `u32::MAX`: it leaves the list.
-        if before != after {
+        if before != after || voided {
             self.publish(&mut w, guard);
         }
         self.len.fetch_sub(1, Ordering::Relaxed);
@@ -1771,6 +1840,7 @@ impl WildcardMap {
         w.placed.clear();
         w.rule_order = None;
         w.exits = false;
+        w.forget_gone();
         self.publish(&mut w, guard);
         self.len.store(0, Ordering::Relaxed);
     }
@@ -1804,7 +1874,7 @@ impl WildcardMap {
         };
         let placed = Arc::clone(&entry);
         let rule = &placed.rule;
-        let voided = w.exits_void();
+        let voided = w.exits_after_adding(&entry);
         let state = w.tables.get_mut(&id).expect("its table");
         let before = state.best();
         let bucket = chain_insert(&state.table, entry, guard);
@@ -2054,6 +2124,9 @@ impl WildcardMap {
     /// Nothing to skip with one table; nothing to do for a layout
     /// without the word.
     fn set_exits(&self, w: &mut Writer, guard: &Guard) {
+        // Bounds over the rules held now: a rule taken out before is not
+        // of that set.
+        w.forget_gone();
         if w.tables.len() < 2 || !self.layout.exit {
             return;
         }
@@ -2459,6 +2532,22 @@ impl WildcardMap {
             (self.len(), self.len()),
             "rules counted"
         );
+        // Rules taken out and remembered: only while the bounds hold,
+        // none held, no more than the cap.
+        assert!(
+            w.exits || w.gone.is_empty(),
+            "rules remembered for void bounds"
+        );
+        assert!(
+            w.gone.len() <= gone_most(w.placed.len()),
+            "too many remembered"
+        );
+        for e in w.gone.entries() {
+            assert!(
+                !w.placed.contains_key(&e.rule),
+                "a rule remembered and held"
+            );
+        }
         if let Some(order) = &w.rule_order {
             let mut held: Vec<&Rule> = w.placed.keys().map(|p| &p.0.rule).collect();
             held.sort_unstable();
@@ -2564,10 +2653,55 @@ impl WildcardMap {
 }
 
 impl Writer {
-    /// A new rule: the exit bounds, which do not count it, no longer
-    /// hold. Whether the view needs publishing for it.
-    fn exits_void(&mut self) -> bool {
-        std::mem::replace(&mut self.exits, false)
+    /// A new rule, `entry`: the exit bounds, which do not count it, no
+    /// longer hold, unless it is a rule taken out since they were worked
+    /// out. Whether the view needs publishing for it.
+    ///
+    /// Why a rule put back keeps them: the bounds were worked out over a
+    /// set of rules, and while every rule held is of that set, each
+    /// rule's bound still counts every held rule that overlaps it and
+    /// comes before it (a removal only leaves a bound too high). A rule
+    /// taken out and put back (a policy's rule toggled, the suites'
+    /// updates) is of the set, with the bound it had then. Any other
+    /// rule voids them all until the next load.
+    fn exits_after_adding(&mut self, entry: &Entry) -> bool {
+        if !self.exits {
+            return false;
+        }
+        if let Some(was) = self.gone.take(&entry.rule) {
+            entry
+                .exit
+                .store(was.exit.load(Ordering::Relaxed), Ordering::Relaxed);
+            return false;
+        }
+        self.exits = false;
+        self.forget_gone();
+        true
+    }
+
+    /// Records `entry`'s rule as taken out, with its bound, while the
+    /// bounds hold; past [`gone_most`] of them (a map emptied rule by
+    /// rule), the bounds are voided instead. Whether the view needs
+    /// publishing for it.
+    fn exits_after_taking(&mut self, entry: &Arc<Entry>) -> bool {
+        if !self.exits {
+            return false;
+        }
+        if self.gone.len() >= gone_most(self.placed.len()) {
+            self.exits = false;
+            self.forget_gone();
+            return true;
+        }
+        self.gone.insert(Arc::clone(entry));
+        false
+    }
+
+    /// Empties [`gone`](Self::gone) (the bounds were voided or worked out
+    /// again), its entries freed off the writer's path.
+    fn forget_gone(&mut self) {
+        if !self.gone.is_empty() {
+            drop_in_background(std::mem::take(&mut self.gone));
+        }
     }
 
     /// Records a new rule, held in table `id` (unless a load records
@@ -2626,6 +2760,12 @@ impl Writer {
 
     /// Puts `entry` in place of the entry of its rule, held in table `id`.
     fn replace(&mut self, id: u64, entry: Arc<Entry>, guard: &Guard) {
+        // The same rule: its bound still holds.
+        if let Some(Placed(was)) = self.placed.get_key_value(&entry.rule).map(|(k, _)| k) {
+            entry
+                .exit
+                .store(was.exit.load(Ordering::Relaxed), Ordering::Relaxed);
+        }
         chain_replace(&self.tables[&id].table, Arc::clone(&entry), guard);
         // The index holds the entry in use, not the one replaced.
         self.placed.remove(&entry.rule);

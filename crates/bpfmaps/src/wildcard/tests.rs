@@ -990,6 +990,119 @@ fn a_loads_exit_bounds_stop_the_probe_and_an_insert_voids_them() {
 }
 
 #[test]
+fn a_rule_taken_out_and_put_back_keeps_the_exit_bounds() {
+    let s = Schema::new(vec![Field::prefix("a", 1), Field::prefix("b", 1)]).unwrap();
+    let rule = |p: u32, a: Option<u128>, b: Option<u128>| {
+        let r = s.rule(p);
+        let r = match a {
+            Some(a) => r.prefix("a", a, 8),
+            None => r.any("a"),
+        };
+        let r = match b {
+            Some(b) => r.prefix("b", b, 8),
+            None => r.any("b"),
+        };
+        r.build().unwrap()
+    };
+    let m = WildcardMap::new(s.clone(), 4, 100).unwrap();
+    // A table of `a` (best 1) and one of `b` (best 2); nothing of `b`'s
+    // overlaps r3, whose bound lets a probe stop after `a`'s table.
+    let (r1, r2, r3) = (
+        rule(1, Some(10), None),
+        rule(2, None, Some(20)),
+        rule(3, Some(30), Some(40)),
+    );
+    m.load([(&r1, v(1)), (&r2, v(2)), (&r3, v(3))], BPF_NOEXIST)
+        .unwrap();
+    let guard = pin();
+    let probe = |m: &WildcardMap, a: u128, b: u128| {
+        let (hit, probed) = m.classify_counting(&s.packet(&[a, b]).unwrap(), &guard);
+        (hit.map(|(r, v)| (r.priority, v[0])), probed)
+    };
+    assert_eq!(probe(&m, 30, 40), (Some((3, 3)), 1));
+    // r3 out and back: a rule of the set the bounds count, its bound
+    // again.
+    m.remove(&r3).unwrap();
+    assert_eq!(probe(&m, 30, 40), (None, 2));
+    m.insert(&r3, &v(33), BPF_NOEXIST).unwrap();
+    m.check_structure();
+    assert_eq!(probe(&m, 30, 40), (Some((3, 33)), 1));
+    // A new value for it keeps its bound too.
+    m.insert(&r3, &v(34), BPF_EXIST).unwrap();
+    assert_eq!(probe(&m, 30, 40), (Some((3, 34)), 1));
+    // r1 and r2 out and back, in the other order.
+    m.remove(&r1).unwrap();
+    m.remove(&r2).unwrap();
+    m.insert(&r2, &v(2), BPF_NOEXIST).unwrap();
+    m.insert(&r1, &v(1), BPF_NOEXIST).unwrap();
+    m.check_structure();
+    assert_eq!(probe(&m, 30, 40), (Some((3, 34)), 1));
+    assert_eq!(probe(&m, 10, 20), (Some((1, 1)), 1));
+    // A rule of no such set (r4 beats r3 from `b`'s table) voids them,
+    // and a rule put back after that finds them void.
+    let r4 = rule(2, None, Some(40));
+    m.insert(&r4, &v(4), BPF_NOEXIST).unwrap();
+    assert_eq!(probe(&m, 30, 40), (Some((2, 4)), 2));
+    m.remove(&r3).unwrap();
+    m.insert(&r3, &v(3), BPF_NOEXIST).unwrap();
+    m.check_structure();
+    assert_eq!(probe(&m, 30, 40), (Some((2, 4)), 2));
+    // A load works them out again, over the rules held then: r4 removed
+    // and put back keeps its own.
+    m.load(Vec::<(Rule, [u8; 4])>::new(), BPF_NOEXIST).unwrap();
+    m.remove(&r4).unwrap();
+    assert_eq!(probe(&m, 30, 40), (Some((3, 3)), 2), "a bound too high");
+    m.insert(&r4, &v(4), BPF_NOEXIST).unwrap();
+    m.check_structure();
+    assert_eq!(probe(&m, 30, 40), (Some((2, 4)), 2));
+}
+
+#[test]
+#[cfg_attr(miri, ignore = "safe code; its 255 removals take minutes interpreted")]
+fn a_map_emptied_rule_by_rule_voids_its_bounds_rather_than_keep_every_rule() {
+    let s = Schema::new(vec![Field::prefix("a", 1), Field::prefix("b", 1)]).unwrap();
+    let m = WildcardMap::new(s.clone(), 4, 1000).unwrap();
+    // A table of `a` (best 1) and one of `b` (best 2), whose rule
+    // overlaps none of the rules of `a` after the first.
+    let first = s.rule(1).prefix("a", 10, 8).any("b").build().unwrap();
+    let other = s.rule(2).any("a").prefix("b", 20, 8).build().unwrap();
+    let filler: Vec<Rule> = (0..=255u32)
+        .filter(|&a| a != 10)
+        .map(|a| {
+            let r = s.rule(100 + a).prefix("a", u128::from(a), 8);
+            r.prefix("b", 40, 8).build().unwrap()
+        })
+        .collect();
+    let mut all = vec![(first, v(1)), (other, v(2))];
+    all.extend(filler.iter().map(|r| (r.clone(), v(r.priority))));
+    m.load(all, BPF_NOEXIST).unwrap();
+    assert_eq!(m.tables(), 2);
+    let guard = pin();
+    let probed = |m: &WildcardMap| {
+        let packet = s.packet(&[5, 40]).unwrap();
+        let (hit, probed) = m.classify_counting(&packet, &guard);
+        assert_eq!(hit.map(|(r, _)| r.priority), Some(105));
+        probed
+    };
+    assert_eq!(probed(&m), 1, "rule 105's bound skips `b`'s table");
+    // Rules taken out are remembered, up to half the rules held (or
+    // 64); then the bounds are voided and the memory let go.
+    let mut voided_at = None;
+    for (k, r) in filler.iter().filter(|r| r.priority != 105).enumerate() {
+        m.remove(r).unwrap();
+        if k % 8 == 0 || (80..90).contains(&k) {
+            m.check_structure();
+        }
+        if voided_at.is_none() && probed(&m) == 2 {
+            voided_at = Some(k + 1);
+        }
+    }
+    // 257 held at first: the k-th taken out voids them once the k - 1
+    // remembered before it reach half the 257 - k left (85 of 171).
+    assert_eq!(voided_at, Some(86));
+}
+
+#[test]
 fn classify_many_answers_each_packet_and_wants_room() {
     let s = five_tuple();
     let m = WildcardMap::new(s.clone(), 4, 10).unwrap();
@@ -1285,6 +1398,8 @@ enum Op {
     /// A [`WildcardMap::load`] of rules (priority, seeds) under flags.
     Load(Vec<(u32, Vec<u64>)>, u64),
     Remove(usize),
+    /// A rule removed before, inserted again (as a policy toggles one).
+    PutBack(usize),
     Classify(Vec<u64>),
 }
 
@@ -1297,6 +1412,7 @@ fn arb_ops(most: usize) -> impl Strategy<Value = Vec<Op>> {
             1 => (prop::collection::vec((0..8u32, seeds()), 0..30), 0..3u64)
                 .prop_map(|(rules, f)| Op::Load(rules, f)),
             1 => any::<usize>().prop_map(Op::Remove),
+            1 => any::<usize>().prop_map(Op::PutBack),
             4 => seeds().prop_map(Op::Classify),
         ],
         1..most,
@@ -1363,6 +1479,8 @@ fn against_the_oracle(m: &WildcardMap, schema: &Schema, ops: &[Op]) -> Result<()
         let schema = schema.clone();
         let mut o = BruteForce::new();
         let mut held: Vec<Rule> = Vec::new();
+        // Rules removed.
+        let mut taken: Vec<Rule> = Vec::new();
         // The last packets classified, classified again together.
         let mut recent: Vec<Packet> = Vec::new();
         let guard = pin();
@@ -1435,6 +1553,26 @@ fn against_the_oracle(m: &WildcardMap, schema: &Schema, ops: &[Op]) -> Result<()
                     let rule = held.swap_remove(k % held.len());
                     prop_assert_eq!(m.take(&rule), Ok(o.remove(&rule).unwrap()));
                     prop_assert_eq!(m.remove(&rule), Err(Error::NotFound));
+                    taken.push(rule);
+                }
+                Op::PutBack(k) => {
+                    if taken.is_empty() {
+                        continue;
+                    }
+                    let rule = taken.swap_remove(k % taken.len());
+                    if o.get(&rule).is_some() {
+                        continue; // inserted again since
+                    }
+                    let want = if o.len() >= m.max_entries() as usize {
+                        Err(Error::Full)
+                    } else {
+                        Ok(())
+                    };
+                    prop_assert_eq!(m.insert(&rule, &v(i as u32), BPF_NOEXIST), want.clone());
+                    if want.is_ok() {
+                        o.insert(rule.clone(), &v(i as u32));
+                        held.push(rule);
+                    }
                 }
                 Op::Classify(seeds) => {
                     let values: Vec<u128> = schema
@@ -1601,6 +1739,27 @@ fn classbench_sets_classify_as_the_oracle_does() {
             let key = s.packet_key(p);
             let got = loaded.classify_key(&key, &guard).unwrap().map(|(r, _)| r);
             assert_eq!(got, want, "{rules_file}, loaded, by key: packet {i} {p:?}");
+        }
+        // Every tenth rule out of the loaded map, then back in (the
+        // bounds the load worked out still hold for those put back):
+        // every packet as the oracle classifies it, both times.
+        let churned: Vec<Rule> = o.iter().map(|(r, _)| r.clone()).step_by(10).collect();
+        for phase in ["out", "back"] {
+            for r in &churned {
+                if phase == "out" {
+                    loaded.remove(r).unwrap();
+                    o.remove(r).unwrap();
+                } else {
+                    loaded.insert(r, &v(r.priority), BPF_NOEXIST).unwrap();
+                    o.insert(r.clone(), &v(r.priority));
+                }
+            }
+            loaded.check_structure();
+            for (i, p) in packets.iter().enumerate() {
+                let want = o.classify(p).map(|(r, _)| r);
+                let got = loaded.classify(p, &guard).map(|(r, _)| r);
+                assert_eq!(got, want, "{rules_file}, a tenth {phase}: packet {i} {p:?}");
+            }
         }
         eprintln!(
             "{rules_file}: {} rules in {} tables ({} loaded at once), {} packets agree",
