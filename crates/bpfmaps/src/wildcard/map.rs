@@ -44,7 +44,7 @@
 //! Its work is the overflowing bucket's, not the table's: no update
 //! rebuilds a table, but for doubling its buckets.
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
@@ -630,15 +630,16 @@ struct Writer {
     gone: Gone,
 }
 
-/// The entries of rules taken out while the exit bounds hold: the first
+/// The entries of rules taken out while the exit bounds hold, and the
+/// tables they were in: the first
 /// [`GONE_LISTED`] in a list, scanned, so that a rule taken out and put
 /// back at once (a policy's toggle, the suites' updates) costs no hash of
 /// it (a hash set's insert and take added 8 % to an update's
 /// instructions); the rest in a set.
 #[derive(Default)]
 struct Gone {
-    listed: Vec<Arc<Entry>>,
-    set: HashSet<Placed, foldhash::fast::RandomState>,
+    listed: Vec<(Arc<Entry>, u64)>,
+    set: HashMap<Placed, u64, foldhash::fast::RandomState>,
 }
 
 /// Rules taken out that [`Gone`] lists before it hashes them.
@@ -653,34 +654,35 @@ impl Gone {
         self.listed.is_empty() && self.set.is_empty()
     }
 
-    fn insert(&mut self, entry: Arc<Entry>) {
+    /// Records `entry`, taken out of table `id`.
+    fn insert(&mut self, entry: Arc<Entry>, id: u64) {
         if self.listed.len() < GONE_LISTED {
-            self.listed.push(entry);
+            self.listed.push((entry, id));
         } else {
-            self.set.insert(Placed(entry));
+            self.set.insert(Placed(entry), id);
         }
     }
 
-    /// The entry of `rule`, taken out of the books.
-    fn take(&mut self, rule: &Rule) -> Option<Arc<Entry>> {
-        if let Some(at) = self.listed.iter().position(|e| e.rule == *rule) {
+    /// The entry of `rule` and its table, taken out of the books.
+    fn take(&mut self, rule: &Rule) -> Option<(Arc<Entry>, u64)> {
+        if let Some(at) = self.listed.iter().position(|(e, _)| e.rule == *rule) {
             return Some(self.listed.swap_remove(at));
         }
         if self.set.is_empty() {
             return None;
         }
-        self.set.take(rule).map(|Placed(e)| e)
+        self.set.remove_entry(rule).map(|(Placed(e), id)| (e, id))
     }
 
     #[cfg(test)]
     fn entries(&self) -> impl Iterator<Item = &Arc<Entry>> {
-        self.listed.iter().chain(self.set.iter().map(|p| &p.0))
+        (self.listed.iter().map(|(e, _)| e)).chain(self.set.keys().map(|p| &p.0))
     }
 
     /// Bytes of its list and set themselves (not the entries).
     fn bytes(&self) -> usize {
-        self.listed.capacity() * size_of::<Arc<Entry>>()
-            + self.set.capacity() * 8 / 7 * (size_of::<Placed>() + 1)
+        self.listed.capacity() * size_of::<(Arc<Entry>, u64)>()
+            + self.set.capacity() * 8 / 7 * (size_of::<(Placed, u64)>() + 1)
     }
 }
 
@@ -1783,7 +1785,7 @@ impl WildcardMap {
         let guard = &pin();
         self.ask_for_bucket(&w, rule, guard);
         let (Placed(entry), id) = w.placed.remove_entry(rule).ok_or(Error::NotFound)?;
-        let voided = w.exits_after_taking(&entry);
+        let voided = w.exits_after_taking(&entry, id);
         w.rule_order_changed(|o| o.remove(rule));
         let state = w.tables.get_mut(&id).expect("a placed rule's table");
         assert!(chain_remove(&state.table, rule, guard), "a placed rule");
@@ -1865,7 +1867,13 @@ impl WildcardMap {
     /// (moving the table's fitting rules if `whole`, else the bucket's).
     fn add(&self, w: &mut Writer, entry: Arc<Entry>, whole: bool, guard: &Guard) {
         let fixed = entry.rule.prefix_lengths(&self.schema);
-        let (id, fresh) = match w.first_fit(&fixed) {
+        let (voided, was_in) = w.exits_after_adding(&entry);
+        // A rule put back goes back to its table, if it is still there:
+        // elsewhere it could lower a table's best priority, and packets
+        // whose bounds stopped them before that table would probe it.
+        let was_in = was_in
+            .filter(|id| (w.tables.get(id)).is_some_and(|state| fits(&fixed, &state.table.tuple)));
+        let (id, fresh) = match was_in.or_else(|| w.first_fit(&fixed)) {
             Some(id) => (id, false),
             None => {
                 let tuple = relax(&fixed, &self.schema);
@@ -1874,7 +1882,6 @@ impl WildcardMap {
         };
         let placed = Arc::clone(&entry);
         let rule = &placed.rule;
-        let voided = w.exits_after_adding(&entry);
         let state = w.tables.get_mut(&id).expect("its table");
         let before = state.best();
         let bucket = chain_insert(&state.table, entry, guard);
@@ -2655,7 +2662,8 @@ impl WildcardMap {
 impl Writer {
     /// A new rule, `entry`: the exit bounds, which do not count it, no
     /// longer hold, unless it is a rule taken out since they were worked
-    /// out. Whether the view needs publishing for it.
+    /// out. Whether the view needs publishing for it, and the table a
+    /// rule put back was in.
     ///
     /// Why a rule put back keeps them: the bounds were worked out over a
     /// set of rules, and while every rule held is of that set, each
@@ -2664,26 +2672,26 @@ impl Writer {
     /// taken out and put back (a policy's rule toggled, the suites'
     /// updates) is of the set, with the bound it had then. Any other
     /// rule voids them all until the next load.
-    fn exits_after_adding(&mut self, entry: &Entry) -> bool {
+    fn exits_after_adding(&mut self, entry: &Entry) -> (bool, Option<u64>) {
         if !self.exits {
-            return false;
+            return (false, None);
         }
-        if let Some(was) = self.gone.take(&entry.rule) {
+        if let Some((was, id)) = self.gone.take(&entry.rule) {
             entry
                 .exit
                 .store(was.exit.load(Ordering::Relaxed), Ordering::Relaxed);
-            return false;
+            return (false, Some(id));
         }
         self.exits = false;
         self.forget_gone();
-        true
+        (true, None)
     }
 
-    /// Records `entry`'s rule as taken out, with its bound, while the
-    /// bounds hold; past [`gone_most`] of them (a map emptied rule by
-    /// rule), the bounds are voided instead. Whether the view needs
-    /// publishing for it.
-    fn exits_after_taking(&mut self, entry: &Arc<Entry>) -> bool {
+    /// Records `entry`'s rule as taken out of table `id`, with its bound,
+    /// while the bounds hold; past [`gone_most`] of them (a map emptied
+    /// rule by rule), the bounds are voided instead. Whether the view
+    /// needs publishing for it.
+    fn exits_after_taking(&mut self, entry: &Arc<Entry>, id: u64) -> bool {
         if !self.exits {
             return false;
         }
@@ -2692,7 +2700,7 @@ impl Writer {
             self.forget_gone();
             return true;
         }
-        self.gone.insert(Arc::clone(entry));
+        self.gone.insert(Arc::clone(entry), id);
         false
     }
 

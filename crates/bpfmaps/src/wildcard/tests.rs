@@ -1744,6 +1744,13 @@ fn classbench_sets_classify_as_the_oracle_does() {
         // bounds the load worked out still hold for those put back):
         // every packet as the oracle classifies it, both times.
         let churned: Vec<Rule> = o.iter().map(|(r, _)| r.clone()).step_by(10).collect();
+        let shape = |m: &WildcardMap| {
+            let probed: usize = (packets.iter())
+                .map(|p| m.classify_counting(p, &guard).1)
+                .sum();
+            (m.tables(), probed)
+        };
+        let loaded_shape = shape(&loaded);
         for phase in ["out", "back"] {
             for r in &churned {
                 if phase == "out" {
@@ -1761,6 +1768,9 @@ fn classbench_sets_classify_as_the_oracle_does() {
                 assert_eq!(got, want, "{rules_file}, a tenth {phase}: packet {i} {p:?}");
             }
         }
+        // Each rule back in its table with its bound: the tables and the
+        // probes the load made.
+        assert_eq!(shape(&loaded), loaded_shape, "{rules_file}: put back");
         eprintln!(
             "{rules_file}: {} rules in {} tables ({} loaded at once), {} packets agree",
             m.len(),
