@@ -464,6 +464,7 @@ pub fn run_wildcard(data: &[u8]) {
     let mut oracle = BruteForce::new();
     // The last packets classified, classified again together.
     let mut recent = Vec::new();
+    let mut taken = Vec::new();
     for (step, op) in ops.chunks_exact(6).enumerate() {
         let val = (step as u16).to_ne_bytes();
         match op[0] % 4 {
@@ -515,9 +516,23 @@ pub fn run_wildcard(data: &[u8]) {
                     oracle.insert(r, &val);
                 }
             }
+            2 if op[0] & 0x40 != 0 && !taken.is_empty() => {
+                // A rule taken out before, put back (it keeps the exit
+                // bound a load gave it).
+                let r: Rule = taken.swap_remove(usize::from(op[1]) % taken.len());
+                let ok = oracle.get(&r).is_none() && oracle.len() < 64;
+                assert_eq!(map.insert(&r, &val, 1).is_ok(), ok, "{r:?} put back");
+                if ok {
+                    oracle.insert(r, &val);
+                }
+            }
             2 => {
                 let r = rule(op[1], &op[2..]);
-                assert_eq!(map.take(&r).ok(), oracle.remove(&r));
+                let gone = map.take(&r).ok();
+                assert_eq!(gone, oracle.remove(&r));
+                if gone.is_some() {
+                    taken.push(r);
+                }
             }
             _ => {
                 let values: Vec<u128> = schema
