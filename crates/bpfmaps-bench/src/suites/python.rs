@@ -244,15 +244,20 @@ impl Suite for Python {
                 "for k in table",
             ),
         ];
-        for (c, ours, other) in pairs {
+        // A row of `ours` against `other` in case `c`: both times, the
+        // speed.
+        let versus = |c: &str, ours: &str, other: &str| {
             let (a, o) = (ns(c, ours), ns(c, other));
             let cell = |r: Option<&Record>| r.map_or("-".into(), |r| format!("{:.0}", r.value));
-            hash.push(vec![
+            vec![
                 format!("{ours} vs {other}"),
                 cell(a),
                 cell(o),
                 fmt_ratio(ratio(o, a)),
-            ]);
+            ]
+        };
+        for (c, ours, other) in pairs {
+            hash.push(versus(c, ours, other));
         }
         let mut wildcard = Table::new(
             "python: wildcard map from Python (acl1_10k, or generated rules), ns per packet",
@@ -268,15 +273,7 @@ impl Suite for Python {
             ("Wildcard.classify_many_keys", "Wildcard.classify_many"),
         ];
         for (ours, other) in forms {
-            let c = "wildcard,op=classify";
-            let (a, o) = (ns(c, ours), ns(c, other));
-            let cell = |r: Option<&Record>| r.map_or("-".into(), |r| format!("{:.0}", r.value));
-            wildcard.push(vec![
-                format!("{ours} vs {other}"),
-                cell(a),
-                cell(o),
-                fmt_ratio(ratio(o, a)),
-            ]);
+            wildcard.push(versus("wildcard,op=classify", ours, other));
         }
         vec![lpm, hash, wildcard]
     }

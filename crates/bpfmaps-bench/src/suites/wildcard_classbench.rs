@@ -209,6 +209,13 @@ fn generated_rules(schema: &Schema, n: usize) -> Vec<Rule> {
         .collect()
 }
 
+/// Tables `map` probes over `packets`, in all.
+fn tables_probed(map: &WildcardMap, packets: &[Packet], guard: &Guard) -> usize {
+    (packets.iter())
+        .map(|p| map.classify_counting(p, guard).1)
+        .sum()
+}
+
 /// DPDK's `rte_acl` on `set` and `packets` (timed by `dpdk-test-acl`),
 /// and checked on `sample` against the brute force: its records, and a
 /// note on what ran (or why it did not).
@@ -439,11 +446,7 @@ impl Suite for WildcardClassbench {
                             || value(bk) != right
                     })
                     .count();
-                let probed: usize = packets
-                    .iter()
-                    .map(|p| map.classify_counting(p, &guard).1)
-                    .sum();
-                (wrong, probed)
+                (wrong, tables_probed(&map, &packets, &guard))
             };
             let mut loops = vec![
                 answer_loop(&packets, answer),
@@ -479,11 +482,7 @@ impl Suite for WildcardClassbench {
                 let wrong = (sample.iter())
                     .filter(|p| answer(p, &guard) != by_brute(p, &guard))
                     .count();
-                let probed: usize = packets
-                    .iter()
-                    .map(|p| map.classify_counting(p, &guard).1)
-                    .sum();
-                (wrong, probed)
+                (wrong, tables_probed(&map, &packets, &guard))
             };
             let mut recs = Vec::new();
             for (name, samples) in [MAP, BRUTE, MAP_KEY, MAP_BURSTS].into_iter().zip(&rates) {

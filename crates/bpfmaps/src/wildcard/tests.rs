@@ -935,35 +935,51 @@ fn rules_of_a_priority_two_tables_share_move_into_one() {
     }
 }
 
+/// Two one-byte prefix fields, `a` and `b`, for the exit bounds' tests.
+fn a_b() -> Schema {
+    Schema::new(vec![Field::prefix("a", 1), Field::prefix("b", 1)]).unwrap()
+}
+
+/// A rule of [`a_b`] at priority `p`: each field a /8 of its value, or
+/// anything.
+fn a_b_rule(s: &Schema, p: u32, a: Option<u128>, b: Option<u128>) -> Rule {
+    let r = s.rule(p);
+    let r = match a {
+        Some(a) => r.prefix("a", a, 8),
+        None => r.any("a"),
+    };
+    let r = match b {
+        Some(b) => r.prefix("b", b, 8),
+        None => r.any("b"),
+    };
+    r.build().unwrap()
+}
+
+/// A map of [`a_b`] loaded with three rules: r1 (`a` 10, best of `a`'s
+/// table), r2 (`b` 20, best of `b`'s) and r3 (`a` 30 and `b` 40, in
+/// `a`'s table), which nothing of `b`'s table overlaps.
+fn a_b_loaded() -> (Schema, WildcardMap, [Rule; 3]) {
+    let s = a_b();
+    let m = WildcardMap::new(s.clone(), 4, 100).unwrap();
+    let rules = [
+        a_b_rule(&s, 1, Some(10), None),
+        a_b_rule(&s, 2, None, Some(20)),
+        a_b_rule(&s, 3, Some(30), Some(40)),
+    ];
+    let values = [v(1), v(2), v(3)];
+    m.load(rules.iter().zip(values), BPF_NOEXIST).unwrap();
+    m.check_structure();
+    assert_eq!(m.tables(), 2);
+    (s, m, rules)
+}
+
 /// A load works out exit bounds: a match no rule of a later table can
 /// beat stops the probe there. A rule added after voids them (it is
 /// not counted in them) until the next load.
 #[test]
 fn a_loads_exit_bounds_stop_the_probe_and_an_insert_voids_them() {
-    let s = Schema::new(vec![Field::prefix("a", 1), Field::prefix("b", 1)]).unwrap();
-    let rule = |p: u32, a: Option<u128>, b: Option<u128>| {
-        let r = s.rule(p);
-        let r = match a {
-            Some(a) => r.prefix("a", a, 8),
-            None => r.any("a"),
-        };
-        let r = match b {
-            Some(b) => r.prefix("b", b, 8),
-            None => r.any("b"),
-        };
-        r.build().unwrap()
-    };
-    let m = WildcardMap::new(s.clone(), 4, 100).unwrap();
-    // A table of `a` (best 1) and one of `b` (best 2).
-    let (r1, r2, r3) = (
-        rule(1, Some(10), None),
-        rule(2, None, Some(20)),
-        rule(3, Some(30), Some(40)),
-    );
-    m.load([(&r1, v(1)), (&r2, v(2)), (&r3, v(3))], BPF_NOEXIST)
-        .unwrap();
-    m.check_structure();
-    assert_eq!(m.tables(), 2);
+    let (s, m, _) = a_b_loaded();
+    let rule = |p, a, b| a_b_rule(&s, p, a, b);
     let guard = pin();
     let packet = s.packet(&[30, 40]).unwrap();
     let probe = |m: &WildcardMap| {
@@ -991,29 +1007,8 @@ fn a_loads_exit_bounds_stop_the_probe_and_an_insert_voids_them() {
 
 #[test]
 fn a_rule_taken_out_and_put_back_keeps_the_exit_bounds() {
-    let s = Schema::new(vec![Field::prefix("a", 1), Field::prefix("b", 1)]).unwrap();
-    let rule = |p: u32, a: Option<u128>, b: Option<u128>| {
-        let r = s.rule(p);
-        let r = match a {
-            Some(a) => r.prefix("a", a, 8),
-            None => r.any("a"),
-        };
-        let r = match b {
-            Some(b) => r.prefix("b", b, 8),
-            None => r.any("b"),
-        };
-        r.build().unwrap()
-    };
-    let m = WildcardMap::new(s.clone(), 4, 100).unwrap();
-    // A table of `a` (best 1) and one of `b` (best 2); nothing of `b`'s
-    // overlaps r3, whose bound lets a probe stop after `a`'s table.
-    let (r1, r2, r3) = (
-        rule(1, Some(10), None),
-        rule(2, None, Some(20)),
-        rule(3, Some(30), Some(40)),
-    );
-    m.load([(&r1, v(1)), (&r2, v(2)), (&r3, v(3))], BPF_NOEXIST)
-        .unwrap();
+    let (s, m, [r1, r2, r3]) = a_b_loaded();
+    let rule = |p, a, b| a_b_rule(&s, p, a, b);
     let guard = pin();
     let probe = |m: &WildcardMap, a: u128, b: u128| {
         let (hit, probed) = m.classify_counting(&s.packet(&[a, b]).unwrap(), &guard);
@@ -1060,18 +1055,15 @@ fn a_rule_taken_out_and_put_back_keeps_the_exit_bounds() {
 #[test]
 #[cfg_attr(miri, ignore = "safe code; its 255 removals take minutes interpreted")]
 fn a_map_emptied_rule_by_rule_voids_its_bounds_rather_than_keep_every_rule() {
-    let s = Schema::new(vec![Field::prefix("a", 1), Field::prefix("b", 1)]).unwrap();
+    let s = a_b();
     let m = WildcardMap::new(s.clone(), 4, 1000).unwrap();
     // A table of `a` (best 1) and one of `b` (best 2), whose rule
     // overlaps none of the rules of `a` after the first.
-    let first = s.rule(1).prefix("a", 10, 8).any("b").build().unwrap();
-    let other = s.rule(2).any("a").prefix("b", 20, 8).build().unwrap();
+    let first = a_b_rule(&s, 1, Some(10), None);
+    let other = a_b_rule(&s, 2, None, Some(20));
     let filler: Vec<Rule> = (0..=255u32)
         .filter(|&a| a != 10)
-        .map(|a| {
-            let r = s.rule(100 + a).prefix("a", u128::from(a), 8);
-            r.prefix("b", 40, 8).build().unwrap()
-        })
+        .map(|a| a_b_rule(&s, 100 + a, Some(u128::from(a)), Some(40)))
         .collect();
     let mut all = vec![(first, v(1)), (other, v(2))];
     all.extend(filler.iter().map(|r| (r.clone(), v(r.priority))));
