@@ -1174,11 +1174,7 @@ impl Wildcard {
     /// fields left out match anything) at `priority` (lower wins).
     #[pyo3(signature = (text, priority, value, flags=0))]
     fn insert(&self, text: &str, priority: u32, value: u64, flags: u64) -> PyResult<()> {
-        let rule = self
-            .map
-            .schema()
-            .parse_rule(text, priority)
-            .map_err(|e| PyValueError::new_err(e.to_string()))?;
+        let rule = self.rule(text, priority)?;
         self.map
             .insert(&rule, &value.to_ne_bytes(), flags)
             .map_err(py_err)
@@ -1191,15 +1187,9 @@ impl Wildcard {
     /// inserts in turn make (`WildcardMap::load`).
     #[pyo3(signature = (rules, flags=0))]
     fn load(&self, py: Python<'_>, rules: Vec<(String, u32, u64)>, flags: u64) -> PyResult<()> {
-        let schema = self.map.schema();
         let parsed = rules
             .iter()
-            .map(|(text, priority, value)| {
-                let rule = schema
-                    .parse_rule(text, *priority)
-                    .map_err(|e| PyValueError::new_err(format!("{text:?}: {e}")))?;
-                Ok((rule, value.to_ne_bytes()))
-            })
+            .map(|(text, priority, value)| Ok((self.rule(text, *priority)?, value.to_ne_bytes())))
             .collect::<PyResult<Vec<_>>>()?;
         py.allow_threads(|| self.map.load(parsed, flags))
             .map_err(py_err)
@@ -1207,11 +1197,7 @@ impl Wildcard {
 
     /// Removes the rule written `text` at `priority`; its value.
     fn remove(&self, text: &str, priority: u32) -> PyResult<u64> {
-        let rule = self
-            .map
-            .schema()
-            .parse_rule(text, priority)
-            .map_err(|e| PyValueError::new_err(e.to_string()))?;
+        let rule = self.rule(text, priority)?;
         self.map.take(&rule).map(|v| u64_of(&v)).map_err(py_err)
     }
 
@@ -1328,6 +1314,16 @@ impl Wildcard {
         answers
             .map_err(|e: Error| PyValueError::new_err(e.to_string()))
             .map(|a| a.into_arrays(py))
+    }
+}
+
+impl Wildcard {
+    /// The rule written `text` at `priority`; ValueError naming the text.
+    fn rule(&self, text: &str, priority: u32) -> PyResult<bpfmaps::wildcard::Rule> {
+        self.map
+            .schema()
+            .parse_rule(text, priority)
+            .map_err(|e| PyValueError::new_err(format!("{text:?}: {e}")))
     }
 }
 

@@ -89,9 +89,16 @@ const ABSORB_MEAN: usize = 4;
 /// The most rules taken out that a map remembers with their exit
 /// bounds while `held` rules are held: one for every two held, or 64
 /// ([`Writer::exits_after_taking`]). Past that the bounds are voided, so
-/// that the entries kept for them never outweigh half the map.
+/// that the entries kept for them stay under half the map's (past 128
+/// rules held).
 fn gone_most(held: usize) -> usize {
     (held / 2).max(64)
+}
+
+/// Bytes of a hash index of rules (`Placed` to a table id) with room for
+/// `capacity`: a slot and a control byte a bucket, 7/8 of them usable.
+fn index_bytes(capacity: usize) -> usize {
+    capacity * 8 / 7 * (size_of::<(Placed, u64)>() + 1)
 }
 
 /// Rounds of merges and gathers a load ends with, at most
@@ -681,8 +688,7 @@ impl Gone {
 
     /// Bytes of its list and set themselves (not the entries).
     fn bytes(&self) -> usize {
-        self.listed.capacity() * size_of::<(Arc<Entry>, u64)>()
-            + self.set.capacity() * 8 / 7 * (size_of::<(Placed, u64)>() + 1)
+        self.listed.capacity() * size_of::<(Arc<Entry>, u64)>() + index_bytes(self.set.capacity())
     }
 }
 
@@ -1591,14 +1597,13 @@ impl WildcardMap {
             bytes += blocks.iter().map(|&(_, size)| size).sum::<usize>();
             bytes += size_of::<TableState>() + state.priorities.len() * 24;
         }
-        // Each entry once (an `Arc` header, the rule and the value), and
-        // the writer's index (a slot and a control byte a bucket, 7/8 of
-        // them usable).
+        // Each entry once (an `Arc` header, the rule and the value), held
+        // or remembered for its exit bound, and the writer's indexes.
         let entry =
             16 + size_of::<Entry>() + fields * 32 + Entry::value_bytes_outside(self.value_size);
         bytes
             + (w.placed.len() + w.gone.len()) * entry
-            + w.placed.capacity() * 8 / 7 * (size_of::<(Placed, u64)>() + 1)
+            + index_bytes(w.placed.capacity())
             + w.gone.bytes()
             + w.rule_order.as_ref().map_or(0, RuleOrder::bytes)
     }
@@ -2768,15 +2773,13 @@ impl Writer {
 
     /// Puts `entry` in place of the entry of its rule, held in table `id`.
     fn replace(&mut self, id: u64, entry: Arc<Entry>, guard: &Guard) {
-        // The same rule: its bound still holds.
-        if let Some(Placed(was)) = self.placed.get_key_value(&entry.rule).map(|(k, _)| k) {
-            entry
-                .exit
-                .store(was.exit.load(Ordering::Relaxed), Ordering::Relaxed);
-        }
-        chain_replace(&self.tables[&id].table, Arc::clone(&entry), guard);
         // The index holds the entry in use, not the one replaced.
-        self.placed.remove(&entry.rule);
+        let (Placed(was), _) = self.placed.remove_entry(&entry.rule).expect("a held rule");
+        // The same rule: its bound still holds.
+        entry
+            .exit
+            .store(was.exit.load(Ordering::Relaxed), Ordering::Relaxed);
+        chain_replace(&self.tables[&id].table, Arc::clone(&entry), guard);
         self.rule_order_changed(|o| o.replace(&entry));
         self.placed.insert(Placed(entry), id);
     }

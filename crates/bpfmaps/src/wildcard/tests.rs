@@ -1463,6 +1463,34 @@ proptest! {
     }
 }
 
+/// Inserts `rule` with `value` under `flags` into `m` and the oracle
+/// `o`: the map's result is the one the oracle's rules call for, and a
+/// new rule joins `held`.
+fn insert_both(
+    m: &WildcardMap,
+    o: &mut BruteForce,
+    held: &mut Vec<Rule>,
+    rule: Rule,
+    flags: u64,
+    value: [u8; 4],
+) -> Result<(), TestCaseError> {
+    let there = o.get(&rule).is_some();
+    let want = match (flags, there) {
+        (BPF_NOEXIST, true) => Err(Error::Exists),
+        (BPF_EXIST, false) => Err(Error::NotFound),
+        (_, false) if o.len() >= m.max_entries() as usize => Err(Error::Full),
+        _ => Ok(()),
+    };
+    prop_assert_eq!(m.insert(&rule, &value, flags), want.clone());
+    if want.is_ok() {
+        o.insert(rule.clone(), &value);
+        if !there {
+            held.push(rule);
+        }
+    }
+    Ok(())
+}
+
 /// Runs `ops` on `m` and on the brute-force oracle: every insert's and
 /// removal's result, every classification, exact lookups and the rule
 /// list agree, and the map's structure checks out after every step.
@@ -1480,20 +1508,7 @@ fn against_the_oracle(m: &WildcardMap, schema: &Schema, ops: &[Op]) -> Result<()
             match op {
                 Op::Insert(prio, seeds, flags) => {
                     let rule = rule_from(&schema, *prio, seeds);
-                    let there = o.get(&rule).is_some();
-                    let want = match (*flags, there) {
-                        (BPF_NOEXIST, true) => Err(Error::Exists),
-                        (BPF_EXIST, false) => Err(Error::NotFound),
-                        (_, false) if o.len() >= m.max_entries() as usize => Err(Error::Full),
-                        _ => Ok(()),
-                    };
-                    prop_assert_eq!(m.insert(&rule, &v(i as u32), *flags), want.clone());
-                    if want.is_ok() {
-                        o.insert(rule.clone(), &v(i as u32));
-                        if !there {
-                            held.push(rule);
-                        }
-                    }
+                    insert_both(m, &mut o, &mut held, rule, *flags, v(i as u32))?;
                 }
                 Op::Load(batch, flags) => {
                     // What inserts in turn would check, before anything
@@ -1551,20 +1566,9 @@ fn against_the_oracle(m: &WildcardMap, schema: &Schema, ops: &[Op]) -> Result<()
                     if taken.is_empty() {
                         continue;
                     }
+                    // `EEXIST` if it was inserted again since.
                     let rule = taken.swap_remove(k % taken.len());
-                    if o.get(&rule).is_some() {
-                        continue; // inserted again since
-                    }
-                    let want = if o.len() >= m.max_entries() as usize {
-                        Err(Error::Full)
-                    } else {
-                        Ok(())
-                    };
-                    prop_assert_eq!(m.insert(&rule, &v(i as u32), BPF_NOEXIST), want.clone());
-                    if want.is_ok() {
-                        o.insert(rule.clone(), &v(i as u32));
-                        held.push(rule);
-                    }
+                    insert_both(m, &mut o, &mut held, rule, BPF_NOEXIST, v(i as u32))?;
                 }
                 Op::Classify(seeds) => {
                     let values: Vec<u128> = schema
