@@ -258,8 +258,9 @@ const HEAD: usize = 16;
 
 /// The head of a block of chains carved from one allocation
 /// ([`Chain::carve`]): how many of them are alive, and the allocation's
-/// bytes. The chains follow it.
-#[repr(C, align(16))]
+/// bytes. The chains follow it, from the next cache line (where a
+/// block's homes start, [`Placement`]).
+#[repr(C, align(64))]
 struct Block {
     live: AtomicUsize,
     size: usize,
@@ -281,6 +282,85 @@ pub(super) enum Edit {
     Replace(usize, Arc<Entry>),
 }
 
+/// Bytes of a chain's home: a cache line.
+pub(super) const HOME: usize = 64;
+
+/// Buckets a table holds before its chains get homes: 2^20, those of
+/// more than 262,144 rules, whose buckets and chains (tens of MiB)
+/// outgrow the L3.
+///
+/// Why homes: a probe reads a bucket and then the chain the bucket
+/// points to, two misses one after the other in a table that outgrows
+/// the cache. A block with homes keeps a line for every bucket, in
+/// bucket order, and puts a chain at its bucket's line where it fits:
+/// the probe asks for that line while it reads the bucket, and the two
+/// misses overlap. It costs a line a bucket, empty ones too: 80-130
+/// bytes a rule more. With Cilium's rules at a million, one at a time,
+/// 1.3-1.5x the speed; at 100K rules, where the tables still fit the L3
+/// without homes, homes made the map no faster, and slower where they
+/// took the tables out of it (docs/benchmarks.md, "Chains at their
+/// bucket's line").
+pub(super) const HOMED_SLOTS: usize = 1 << 20;
+
+/// Where a block's chains go: each chain's offset from the block's
+/// head, the block's bytes, and whether it has homes.
+#[derive(Debug, PartialEq)]
+struct Placement {
+    at: Vec<usize>,
+    size: usize,
+    homes: bool,
+}
+
+impl Placement {
+    /// Chains of `bytes` for the buckets `buckets` (in ascending order)
+    /// of a table of `slots` buckets.
+    ///
+    /// Below [`HOMED_SLOTS`] buckets, side by side after the head. From
+    /// there, a home of [`HOME`] bytes for every bucket after the head:
+    /// a chain goes at its bucket's home when it ends before the next
+    /// held bucket's home (a longer chain takes the homes of the empty
+    /// buckets after its own); the others go side by side after the
+    /// homes.
+    fn of(buckets: &[usize], bytes: &[usize], slots: usize) -> Placement {
+        let head = size_of::<Block>();
+        let homes = slots >= HOMED_SLOTS;
+        let mut end = if homes { head + slots * HOME } else { head };
+        let at = bytes
+            .iter()
+            .enumerate()
+            .map(|(k, &b)| {
+                let next = buckets.get(k + 1).copied().unwrap_or(slots);
+                if homes && buckets[k] + b.div_ceil(HOME) <= next {
+                    return head + buckets[k] * HOME;
+                }
+                end += b;
+                end - b
+            })
+            .collect();
+        Placement {
+            at,
+            size: end,
+            homes,
+        }
+    }
+}
+
+/// Chains carved from one block ([`Chain::carve`]), in their buckets'
+/// order, and the address of the block's first home (0: no homes).
+pub(super) struct Carved {
+    pub(super) chains: Vec<Owned<Chain>>,
+    pub(super) homes: usize,
+}
+
+impl Carved {
+    fn empty() -> Carved {
+        Carved {
+            chains: Vec::new(),
+            homes: 0,
+        }
+    }
+}
+
 impl Block {
     /// A block of `size` bytes for `chains` chains, its head written:
     /// the address its chains start `size_of::<Block>()` bytes after.
@@ -289,12 +369,16 @@ impl Block {
     /// `size` is at least the head's, and the caller carves exactly
     /// `chains` chains from it, each freed through `Pointable::drop`.
     unsafe fn alloc(size: usize, chains: usize) -> *mut u8 {
-        let alloc = std::alloc::Layout::from_size_align(size, align_of::<Block>())
-            .expect("a block's size fits");
+        let alloc = Self::layout(size);
         // SAFETY: the layout's size is not zero (the head).
         let base = unsafe { std::alloc::alloc(alloc) };
         if base.is_null() {
             std::alloc::handle_alloc_error(alloc);
+        }
+        #[cfg(all(target_os = "linux", not(miri)))]
+        if size >= HUGE_PAGE {
+            // SAFETY: advice on memory we own; failure only loses the hint.
+            unsafe { libc::madvise(base.cast(), size, libc::MADV_HUGEPAGE) };
         }
         // SAFETY: `base` is the block's allocation, aligned for its head.
         unsafe {
@@ -305,7 +389,23 @@ impl Block {
         };
         base
     }
+
+    /// The allocation of a block of `size` bytes: a big one (a table
+    /// with homes spreads its probes over all of it) aligned for huge
+    /// pages, where the kernel gives them, so that its probes do not
+    /// miss the TLB as well.
+    fn layout(size: usize) -> std::alloc::Layout {
+        let align = if size >= HUGE_PAGE {
+            HUGE_PAGE
+        } else {
+            align_of::<Block>()
+        };
+        std::alloc::Layout::from_size_align(size, align).expect("a block's size fits")
+    }
 }
+
+/// A huge page's bytes (x86-64's 2 MiB).
+const HUGE_PAGE: usize = 2 << 20;
 
 impl Chain {
     /// The allocation of a chain of `words` words.
@@ -475,9 +575,7 @@ impl crossbeam_epoch::Pointable for Chain {
             if (*head).live.fetch_sub(1, Ordering::Release) == 1 {
                 std::sync::atomic::fence(Ordering::Acquire);
                 let size = (*head).size;
-                let alloc =
-                    std::alloc::Layout::from_size_align_unchecked(size, align_of::<Block>());
-                std::alloc::dealloc(head.cast(), alloc);
+                std::alloc::dealloc(head.cast(), Block::layout(size));
             }
         }
     }
@@ -495,44 +593,52 @@ impl Chain {
         (layout, stride, addr)
     }
 
-    /// Chains holding each of `buckets` (a bucket's entries, at least
-    /// one, in rule order), in order, carved side by side from one
+    /// Chains holding each of `buckets` (a bucket's index among the
+    /// table's `slots` and its entries, at least one, in rule order; the
+    /// buckets in ascending order), in order, carved from one
     /// allocation: a table built at once (a rebuild, a split's new
     /// table; a load's through [`carve_copies`](Chain::carve_copies))
-    /// finds its chains in one run of memory, however the heap's
-    /// free space lies in pieces after earlier maps (a table of chains
+    /// finds its chains in one run of memory, however the heap's free
+    /// space lies in pieces after earlier maps (a table of chains
     /// allocated one by one after a freed map of a million rules took
     /// 1.6-1.8x the time a packet: docs/benchmarks.md, "Each table's
-    /// chains in one block"). Each chain is freed on its own as before
-    /// (an edit replaces it with a copy allocated alone); the block goes
-    /// with the last of them, so until then the chains an edit replaced
-    /// keep their bytes.
-    pub(super) fn carve(buckets: Vec<Vec<Arc<Entry>>>, width: Width) -> Vec<Owned<Chain>> {
-        let Some(first) = buckets.first().and_then(|b| b.first()) else {
-            return Vec::new();
+    /// chains in one block"), and a big table finds them at their
+    /// buckets' homes ([`HOMED_SLOTS`]). Each chain is freed on its own
+    /// as before (an edit replaces it with a copy allocated alone); the
+    /// block goes with the last of them, so until then the chains an
+    /// edit replaced keep their bytes.
+    pub(super) fn carve(
+        buckets: Vec<(usize, Vec<Arc<Entry>>)>,
+        slots: usize,
+        width: Width,
+    ) -> Carved {
+        let Some(first) = buckets.first().and_then(|(_, b)| b.first()) else {
+            return Carved::empty();
         };
         let (layout, stride, addr) = Self::shape(first, width);
         let bytes = |rules: usize| HEAD + words_for(rules, usize::from(stride)) * size_of::<u128>();
-        let size = size_of::<Block>() + buckets.iter().map(|b| bytes(b.len())).sum::<usize>();
-        if u32::try_from(size).is_err() {
+        let (indices, sizes): (Vec<usize>, Vec<usize>) =
+            buckets.iter().map(|(i, b)| (*i, bytes(b.len()))).unzip();
+        let place = Placement::of(&indices, &sizes, slots);
+        if u32::try_from(place.size).is_err() {
             // Past what `block` can reach: each alone.
-            return buckets
+            let chains = buckets
                 .into_iter()
-                .map(|b| Owned::<Chain>::init((b, width)))
+                .map(|(_, b)| Owned::<Chain>::init((b, width)))
                 .collect();
+            return Carved { chains, homes: 0 };
         }
-        // SAFETY: `size` holds the head and the chains, as `bytes` sizes
-        // them.
-        let base = unsafe { Block::alloc(size, buckets.len()) };
-        let mut at = size_of::<Block>();
+        // SAFETY: `size` holds the head and the chains where `place` put
+        // them, as `bytes` sizes them.
+        let base = unsafe { Block::alloc(place.size, buckets.len()) };
         let mut chains = Vec::with_capacity(buckets.len());
-        for entries in buckets {
+        for ((_, entries), &at) in buckets.into_iter().zip(&place.at) {
             let rules = entries.len();
             let words = words_for(rules, usize::from(stride));
             // SAFETY: the block holds this chain's bytes at `at`, aligned
-            // (the head and every chain's bytes are multiples of 16), and
-            // no other chain's; with the header written and the words
-            // zeroed, a valid chain, which `fill` then writes.
+            // (the head, homes and every chain's bytes are multiples of
+            // 16), and no other chain's; with the header written and the
+            // words zeroed, a valid chain, which `fill` then writes.
             let chain = unsafe {
                 let ptr = base.add(at);
                 Self::write_head(ptr, words, rules, stride, addr, at as u32);
@@ -547,37 +653,52 @@ impl Chain {
             // SAFETY: a chain written whole, as `Pointable::init` makes
             // them; `drop` frees it through its block.
             chains.push(unsafe { Owned::from_usize(base.add(at).expose_provenance()) });
-            at += bytes(rules);
         }
-        chains
+        Carved {
+            chains,
+            homes: Self::homes_of(base, &place),
+        }
     }
 
-    /// Copies of `chains`, in order, carved side by side from one block
-    /// as [`carve`](Chain::carve) makes them, their words copied as they
-    /// are (no entry read). Each copy takes over its original's counts
-    /// of its entries, as an [edited](Chain::edited) copy does: the
-    /// caller publishes the copies in the originals' places and retires
-    /// the originals, which then drop none. `None` past what a block
-    /// can reach (4 GiB).
+    /// The address of the first home of a block at `base` placed by
+    /// `place`, 0 without homes.
+    fn homes_of(base: *mut u8, place: &Placement) -> usize {
+        if place.homes {
+            base.expose_provenance() + size_of::<Block>()
+        } else {
+            0
+        }
+    }
+
+    /// Copies of `chains` (each with its bucket's index among the
+    /// table's `slots`, in ascending order), in order, carved from one
+    /// block as [`carve`](Chain::carve) places them, their words copied
+    /// as they are (no entry read). Each copy takes over its original's
+    /// counts of its entries, as an [edited](Chain::edited) copy does:
+    /// the caller publishes the copies in the originals' places and
+    /// retires the originals, which then drop none. `None` past what a
+    /// block can reach (4 GiB).
     ///
     /// The writer's, once per chain (a chain already edited or copied
     /// panics).
-    pub(super) fn carve_copies(chains: &[&Chain]) -> Option<Vec<Owned<Chain>>> {
-        let size = size_of::<Block>() + chains.iter().map(|c| c.bytes()).sum::<usize>();
-        u32::try_from(size).ok()?;
+    pub(super) fn carve_copies(chains: &[(usize, &Chain)], slots: usize) -> Option<Carved> {
+        let (indices, sizes): (Vec<usize>, Vec<usize>) =
+            chains.iter().map(|(i, c)| (*i, c.bytes())).unzip();
+        let place = Placement::of(&indices, &sizes, slots);
+        u32::try_from(place.size).ok()?;
         // The counts pass before the block is made (a chain copied twice
         // panics with nothing allocated).
-        for chain in chains {
+        for (_, chain) in chains {
             chain
                 .owned
                 .compare_exchange(OWNS_ALL, OWNS_NONE, Ordering::Relaxed, Ordering::Relaxed)
                 .expect("a chain is copied once");
         }
-        // SAFETY: `size` holds the head and a copy of each chain.
-        let base = unsafe { Block::alloc(size, chains.len()) };
-        let mut at = size_of::<Block>();
+        // SAFETY: `size` holds the head and a copy of each chain where
+        // `place` put it.
+        let base = unsafe { Block::alloc(place.size, chains.len()) };
         let mut copies = Vec::with_capacity(chains.len());
-        for chain in chains {
+        for ((_, chain), &at) in chains.iter().zip(&place.at) {
             let words = chain.words.len();
             // SAFETY: the block holds this copy's bytes at `at`, aligned,
             // and no other chain's; the header is written and every word
@@ -598,9 +719,11 @@ impl Chain {
                 );
                 copies.push(Owned::from_usize(ptr.expose_provenance()));
             }
-            at += chain.bytes();
         }
-        Some(copies)
+        Some(Carved {
+            chains: copies,
+            homes: Self::homes_of(base, &place),
+        })
     }
 
     /// A fresh, zeroed chain of `rules` rules of `stride` bytes, the
@@ -1102,7 +1225,7 @@ mod tests {
                 vec![entry(3, 2), entry(3, 4)],
             ];
             let all: Vec<Arc<Entry>> = buckets.iter().flatten().cloned().collect();
-            let chains = Chain::carve(buckets.clone(), width);
+            let chains = Chain::carve(indexed(buckets.clone()), 3, width).chains;
             assert_eq!(chains.len(), 3);
             let layout = Layout::new::<W>(2, 5);
             let addr = |c: &Owned<Chain>| (&raw const **c).cast::<u8>().expose_provenance();
@@ -1154,7 +1277,7 @@ mod tests {
             drop(chains.next());
             assert!(all.iter().all(|e| Arc::strong_count(e) == 1));
             drop(copy);
-            assert!(Chain::carve(Vec::new(), width).is_empty());
+            assert!(Chain::carve(Vec::new(), 1, width).chains.is_empty());
         }
         check::<u32>(Width::W32);
         check::<u64>(Width::W64);
@@ -1171,15 +1294,22 @@ mod tests {
         let width = Width::W32;
         let layout = Layout::new::<u32>(2, 5);
         let alone = Owned::<Chain>::init((vec![entry(1, 0), entry(1, 3)], width));
-        let mut carved =
-            Chain::carve(vec![vec![entry(2, 0)], vec![entry(3, 1)]], width).into_iter();
+        let mut carved = Chain::carve(
+            indexed(vec![vec![entry(2, 0)], vec![entry(3, 1)]]),
+            2,
+            width,
+        )
+        .chains
+        .into_iter();
         let (first, second) = (carved.next().unwrap(), carved.next().unwrap());
         let all: Vec<Arc<Entry>> = [&alone, &first, &second]
             .iter()
             .flat_map(|c| c.entries())
             .collect();
         assert!(all.iter().all(|e| Arc::strong_count(e) == 2));
-        let copies = Chain::carve_copies(&[&alone, &second]).expect("a small block");
+        let copies = Chain::carve_copies(&[(0, &alone), (1, &second)], 2)
+            .expect("a small block")
+            .chains;
         for (copy, original) in copies.iter().zip([&alone, &second]) {
             assert!(
                 copy.rules::<u32>(&layout)
@@ -1195,7 +1325,7 @@ mod tests {
         }
         assert_eq!(copies[0].carved_from(), copies[1].carved_from());
         let twice = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-            Chain::carve_copies(&[&second])
+            Chain::carve_copies(&[(0, &second)], 1)
         }));
         assert!(twice.is_err(), "a chain's counts pass once");
         // The originals go, and drop no count: the copies hold them.
@@ -1209,5 +1339,95 @@ mod tests {
         );
         drop(first);
         assert!(all.iter().all(|e| Arc::strong_count(e) == 1));
+    }
+
+    /// Buckets `0..` for `buckets`, in order.
+    fn indexed(buckets: Vec<Vec<Arc<Entry>>>) -> Vec<(usize, Vec<Arc<Entry>>)> {
+        buckets.into_iter().enumerate().collect()
+    }
+
+    /// Below [`HOMED_SLOTS`] chains go side by side; from there each at
+    /// its bucket's home where it ends before the next held bucket's,
+    /// the others side by side after the homes.
+    #[test]
+    fn a_big_tables_chains_go_at_their_buckets_homes_where_they_fit() {
+        let head = size_of::<Block>();
+        assert_eq!(head % HOME, 0, "homes start on a line");
+        let small = Placement::of(&[0, 1, 5], &[64, 112, 64], HOMED_SLOTS - 1);
+        assert_eq!(
+            small,
+            Placement {
+                at: vec![head, head + 64, head + 176],
+                size: head + 240,
+                homes: false,
+            }
+        );
+        let slots = HOMED_SLOTS;
+        let homes_end = head + slots * HOME;
+        let home = |i: usize| head + i * HOME;
+        // Bucket 0's two lines fit before bucket 2; bucket 2's do not
+        // (bucket 3 is held), so it goes after the homes; bucket 3's one
+        // line fits; the last bucket's two lines run past the table.
+        let big = Placement::of(&[0, 2, 3, slots - 1], &[112, 112, 64, 112], slots);
+        assert_eq!(
+            big,
+            Placement {
+                at: vec![home(0), homes_end, home(3), homes_end + 112],
+                size: homes_end + 224,
+                homes: true,
+            }
+        );
+        assert_eq!(
+            Placement::of(&[], &[], slots).size,
+            homes_end,
+            "the homes whether held or not"
+        );
+    }
+
+    /// A big table's carved chains sit at their homes (copies too), are
+    /// whole chains, and the last of them frees the block.
+    #[test]
+    fn carved_chains_of_a_big_table_sit_at_their_homes() {
+        let entry = carving_entry;
+        let width = Width::W32;
+        let layout = Layout::new::<u32>(2, 5);
+        let slots = HOMED_SLOTS;
+        // Bucket 7's three rules need more than its line, and bucket 8
+        // is held: they go after the homes.
+        let buckets = vec![
+            (7, vec![entry(2, 0), entry(2, 1), entry(2, 7)]),
+            (8, vec![entry(1, 0)]),
+            (slots - 1, vec![entry(3, 2)]),
+        ];
+        let carved = Chain::carve(buckets.clone(), slots, width);
+        assert_ne!(carved.homes, 0);
+        let addr = |c: &Chain| (&raw const *c).cast::<u8>().expose_provenance();
+        let at: Vec<usize> = carved.chains.iter().map(|c| addr(c)).collect();
+        assert!(carved.chains[0].bytes() > HOME);
+        assert_eq!(at[0], carved.homes + slots * HOME);
+        assert_eq!(at[1], carved.homes + 8 * HOME);
+        assert_eq!(at[2], carved.homes + (slots - 1) * HOME);
+        for (c, (_, b)) in carved.chains.iter().zip(&buckets) {
+            let alone = Owned::<Chain>::init((b.clone(), width));
+            assert!(c.rules::<u32>(&layout).eq(alone.rules::<u32>(&layout)));
+        }
+        let held: Vec<(usize, &Chain)> = buckets
+            .iter()
+            .map(|(i, _)| *i)
+            .zip(carved.chains.iter().map(|c| &**c))
+            .collect();
+        let copies = Chain::carve_copies(&held, slots).expect("a block under 4 GiB");
+        assert_ne!(copies.homes, carved.homes);
+        assert_eq!(addr(&copies.chains[1]), copies.homes + 8 * HOME);
+        for (copy, (_, original)) in copies.chains.iter().zip(&held) {
+            assert!(
+                copy.rules::<u32>(&layout)
+                    .eq(original.rules::<u32>(&layout))
+            );
+        }
+        // Each block goes with its last chain (Miri checks the frees).
+        drop(carved);
+        drop(copies);
+        drop(buckets);
     }
 }

@@ -52,7 +52,7 @@ use crossbeam_epoch::{Atomic, Owned, Pointer, Shared};
 use parking_lot::Mutex;
 
 use super::chain::{
-    Chain, Edit, Entry, Hit, Layout, Width, Word, answer_of, exit_word, rule_order,
+    Chain, Edit, Entry, HOME, Hit, Layout, Width, Word, answer_of, exit_word, rule_order,
 };
 use super::exits::{TableRules, exit_bounds};
 use super::match_key::KeyReader;
@@ -285,6 +285,11 @@ struct Table {
     /// The word its chains use.
     width: Width,
     slots: Box<[Atomic<Chain>]>,
+    /// The address of the first home of the block its chains were last
+    /// carved from, 0 if that block had none ([`HOMED_SLOTS`](super::chain::HOMED_SLOTS)). The
+    /// block may be gone (its chains all replaced): a probe only asks
+    /// for the line, never reads it.
+    homes: AtomicUsize,
 }
 
 /// The bucket among `slots` of a table's hash `h`: the high word of
@@ -334,6 +339,7 @@ impl Table {
             masks,
             width: Width::of(schema),
             slots: (0..slots).map(|_| Atomic::null()).collect(),
+            homes: AtomicUsize::new(0),
         }
     }
 
@@ -509,6 +515,9 @@ struct View {
     /// load worked them out): if not, a probe stops by its match's
     /// priority alone.
     exits: bool,
+    /// Whether a table has homes: if so, probes ask for them
+    /// ([`TableProbe::slot_in`]).
+    homed: bool,
 }
 
 impl View {
@@ -519,6 +528,7 @@ impl View {
                 top: *top,
                 len: t.slots.len(),
                 slots: t.slots.as_ptr(),
+                homes: t.homes.load(Ordering::Relaxed),
                 masks: t.masks,
             })
             .collect();
@@ -526,11 +536,13 @@ impl View {
             [only] => Some(*only),
             _ => None,
         };
+        let homed = probes.iter().any(|p| p.homes != 0);
         View {
             tables,
             probes,
             only,
             exits,
+            homed,
         }
     }
 }
@@ -543,6 +555,8 @@ struct TableProbe {
     top: u32,
     len: usize,
     slots: *const Atomic<Chain>,
+    /// The table's homes ([`Table::homes`]), as the view was made.
+    homes: usize,
     masks: [u128; MAX_FIELDS],
 }
 
@@ -554,10 +568,20 @@ unsafe impl Send for TableProbe {}
 unsafe impl Sync for TableProbe {}
 
 impl TableProbe {
-    /// The bucket `values` hash to.
+    /// The bucket `values` hash to; with `HOMES`, in a table with homes,
+    /// its home's line is asked for too, where the bucket's chain likely
+    /// starts: that miss overlaps the bucket's, where the chain's
+    /// address waits on the bucket's. `HOMES` is the view's
+    /// ([`View::homed`]): a view of small tables checks for none.
     #[inline(always)]
-    fn slot<W: Word, const N: usize>(&self, values: &[W; N]) -> &Atomic<Chain> {
+    fn slot_in<const HOMES: bool, W: Word, const N: usize>(
+        &self,
+        values: &[W; N],
+    ) -> &Atomic<Chain> {
         let i = bucket_index(hash_masked(&self.masks, values), self.len);
+        if HOMES && self.homes != 0 {
+            prefetch(std::ptr::without_provenance::<u8>(self.homes + i * HOME));
+        }
         // SAFETY: `i < len`; the buckets live as long as the view and
         // `self` with it.
         unsafe { &*self.slots.add(i) }
@@ -581,7 +605,7 @@ impl TableProbe {
             let Some(values) = headers.words::<W, N>(map, i) else {
                 continue;
             };
-            let slot = self.slot(&values);
+            let slot = self.slot_in::<true, W, N>(&values);
             prefetch(slot);
             *s = Some(slot);
         }
@@ -934,6 +958,32 @@ impl WildcardMap {
             .unwrap_or(0)
     }
 
+    /// Per table in probe order: its chains at their bucket's home
+    /// ([`HOME`]), the chains it holds, and whether the view's probe asks
+    /// for the table's homes.
+    #[cfg(test)]
+    pub(super) fn chains_at_home(&self) -> Vec<(usize, usize, bool)> {
+        let guard = &pin();
+        // SAFETY: as in `classify_counting`.
+        let view = unsafe { self.view.load(Ordering::Acquire, guard).deref() };
+        view.tables
+            .iter()
+            .zip(view.probes.iter())
+            .map(|((_, table), probe)| {
+                let homes = table.homes.load(Ordering::Relaxed);
+                let (mut home, mut held) = (0, 0);
+                for (i, slot) in table.slots.iter().enumerate() {
+                    let chain = slot.load(Ordering::Acquire, guard);
+                    if !chain.is_null() {
+                        held += 1;
+                        home += usize::from(homes != 0 && chain.into_usize() == homes + i * HOME);
+                    }
+                }
+                (home, held, probe.homes == homes)
+            })
+            .collect()
+    }
+
     /// Buckets in the first table probed (0 without one).
     #[cfg(test)]
     pub(super) fn first_table_buckets(&self) -> usize {
@@ -1120,7 +1170,7 @@ impl WildcardMap {
                 out,
                 |i| {
                     let values = headers.words::<W, N>(self, i)?;
-                    let slot = only.slot(&values);
+                    let slot = only.slot_in::<true, W, N>(&values);
                     prefetch(slot);
                     Some((values, slot))
                 },
@@ -1129,18 +1179,38 @@ impl WildcardMap {
                         .map(|words| self.answer(Hit::of(words)))
                 },
             ),
-            // Whether the bounds hold is read once a run, not a packet.
-            _ if view.exits => self.pipeline_tables::<W, N, H, true>(view, headers, guard, out),
-            _ => self.pipeline_tables::<W, N, H, false>(view, headers, guard, out),
+            // Whether the bounds hold and the tables have homes are read
+            // once a run, not a packet.
+            _ => match (view.exits, view.homed) {
+                (true, true) => {
+                    self.pipeline_tables::<W, N, H, true, true>(view, headers, guard, out)
+                }
+                (true, false) => {
+                    self.pipeline_tables::<W, N, H, true, false>(view, headers, guard, out)
+                }
+                (false, true) => {
+                    self.pipeline_tables::<W, N, H, false, true>(view, headers, guard, out)
+                }
+                (false, false) => {
+                    self.pipeline_tables::<W, N, H, false, false>(view, headers, guard, out)
+                }
+            },
         }
     }
 
     /// [`pipeline_view`](Self::pipeline_view) over a view of two tables
-    /// or more, `EXITS` as in
+    /// or more, `EXITS` and `HOMES` as in
     /// [`probe_tables_from`](Self::probe_tables_from). Out of line, as
     /// `pipeline_view`.
     #[inline(never)]
-    fn pipeline_tables<'g, W: Word, const N: usize, H: Headers, const EXITS: bool>(
+    fn pipeline_tables<
+        'g,
+        W: Word,
+        const N: usize,
+        H: Headers,
+        const EXITS: bool,
+        const HOMES: bool,
+    >(
         &self,
         view: &'g View,
         headers: H,
@@ -1153,14 +1223,22 @@ impl WildcardMap {
             out,
             |i| {
                 let values = headers.words::<W, N>(self, i)?;
-                let ahead = [first.slot(&values), second.slot(&values)];
+                let ahead = [
+                    first.slot_in::<HOMES, W, N>(&values),
+                    second.slot_in::<HOMES, W, N>(&values),
+                ];
                 ahead.iter().for_each(|s| prefetch(*s));
                 Some((values, ahead))
             },
             |(values, [a, b])| {
-                self.probe_tables_from::<W, N, EXITS>(&values, view, [Some(a), Some(b)], guard)
-                    .0
-                    .map(|h| self.answer(h))
+                self.probe_tables_from::<W, N, EXITS, HOMES>(
+                    &values,
+                    view,
+                    [Some(a), Some(b)],
+                    guard,
+                )
+                .0
+                .map(|h| self.answer(h))
             },
         )
     }
@@ -1221,7 +1299,7 @@ impl WildcardMap {
         values: &[W; N],
         guard: &'g Guard,
     ) -> Option<Hit<'g>> {
-        self.scan_slot(table.slot(values), values, None, guard)
+        self.scan_slot(table.slot_in::<true, W, N>(values), values, None, guard)
             .map(Hit::of)
     }
 
@@ -1296,14 +1374,27 @@ impl WildcardMap {
         view: &'g View,
         guard: &'g Guard,
     ) -> (Option<Hit<'g>>, usize) {
-        let slot_of = |i: usize| view.probes.get(i).map(|t| t.slot(values));
+        match (view.exits, view.homed) {
+            (true, true) => self.probe_tables_in::<W, N, true, true>(values, view, guard),
+            (true, false) => self.probe_tables_in::<W, N, true, false>(values, view, guard),
+            (false, true) => self.probe_tables_in::<W, N, false, true>(values, view, guard),
+            (false, false) => self.probe_tables_in::<W, N, false, false>(values, view, guard),
+        }
+    }
+
+    /// [`probe_tables_once`](Self::probe_tables_once), `EXITS` and
+    /// `HOMES` as in [`probe_tables_from`](Self::probe_tables_from).
+    #[inline(always)]
+    fn probe_tables_in<'g, W: Word, const N: usize, const EXITS: bool, const HOMES: bool>(
+        &self,
+        values: &[W; N],
+        view: &'g View,
+        guard: &'g Guard,
+    ) -> (Option<Hit<'g>>, usize) {
+        let slot_of = |i: usize| view.probes.get(i).map(|t| t.slot_in::<HOMES, W, N>(values));
         let ahead = [slot_of(0), slot_of(1)];
         ahead.iter().flatten().for_each(|s| prefetch(*s));
-        if view.exits {
-            self.probe_tables_from::<W, N, true>(values, view, ahead, guard)
-        } else {
-            self.probe_tables_from::<W, N, false>(values, view, ahead, guard)
-        }
+        self.probe_tables_from::<W, N, EXITS, HOMES>(values, view, ahead, guard)
     }
 
     /// [`probe_tables`](Self::probe_tables) with the buckets of the
@@ -1314,9 +1405,10 @@ impl WildcardMap {
     /// that table or the ones after it can beat the match (`exits.rs`).
     ///
     /// `EXITS`: whether the view's bounds hold (a constant, so that a map
-    /// without them runs the walk it ran before them).
+    /// without them runs the walk it ran before them). `HOMES`: whether
+    /// its tables have homes to ask for ([`View::homed`]).
     #[inline(always)]
-    fn probe_tables_from<'g, W: Word, const N: usize, const EXITS: bool>(
+    fn probe_tables_from<'g, W: Word, const N: usize, const EXITS: bool, const HOMES: bool>(
         &self,
         values: &[W; N],
         view: &'g View,
@@ -1333,7 +1425,7 @@ impl WildcardMap {
         // The probes of different tables are independent: while one
         // table's chain is read, the next table's chain and the bucket
         // after it are already asked for, so their misses overlap.
-        let slot_of = |i: usize| tables.get(i).map(|t| t.slot(values));
+        let slot_of = |i: usize| tables.get(i).map(|t| t.slot_in::<HOMES, W, N>(values));
         for (i, TableProbe { top, .. }) in tables.iter().enumerate() {
             if best.is_some_and(|b| W::of(u128::from(*top)) > b[exit]) {
                 break;
@@ -2107,27 +2199,36 @@ impl WildcardMap {
     /// read: a rebuild of each table instead took a million exact
     /// rules' load 4.6 s, against 2.9-3.4 s without it and with this
     /// copy (docs/benchmarks.md, "Each table's chains in one block").
+    ///
+    /// A table with homes ([`HOMED_SLOTS`](super::chain::HOMED_SLOTS)) gets the new block's, and the
+    /// view is published again so that probes ask for them.
     fn carve_loaded(&self, w: &mut Writer, first_new: u64, guard: &Guard) {
+        let mut homed = false;
         for state in w.tables.range(first_new..).map(|(_, state)| state) {
             let table = &state.table;
-            let held: Vec<(&Atomic<Chain>, &Chain)> = table
+            let held: Vec<(usize, &Chain)> = table
                 .slots
                 .iter()
-                .filter_map(|slot| {
+                .enumerate()
+                .filter_map(|(i, slot)| {
                     // SAFETY: under the guard (the writer's).
-                    unsafe { slot.load(Ordering::Acquire, guard).as_ref() }.map(|c| (slot, c))
+                    unsafe { slot.load(Ordering::Acquire, guard).as_ref() }.map(|c| (i, c))
                 })
                 .collect();
             if held.iter().all(|(_, chain)| chain.carved_from().is_some()) {
                 continue;
             }
-            let chains: Vec<&Chain> = held.iter().map(|&(_, chain)| chain).collect();
-            let Some(copies) = Chain::carve_copies(&chains) else {
+            let Some(copies) = Chain::carve_copies(&held, table.slots.len()) else {
                 continue;
             };
-            for ((slot, _), copy) in held.into_iter().zip(copies) {
-                install(slot, Some(copy), guard);
+            for ((i, _), copy) in held.into_iter().zip(copies.chains) {
+                install(&table.slots[i], Some(copy), guard);
             }
+            table.homes.store(copies.homes, Ordering::Relaxed);
+            homed |= copies.homes != 0;
+        }
+        if homed {
+            self.publish(w, guard);
         }
     }
 
@@ -3186,7 +3287,7 @@ fn build_table(tuple: Tuple, schema: &Schema, slots: usize, entries: &[Arc<Entry
     }
     // The chains of the buckets that hold rules, carved from one block
     // in bucket order.
-    let (held, buckets): (Vec<usize>, Vec<_>) = chains
+    let buckets: Vec<(usize, Vec<Arc<Entry>>)> = chains
         .into_iter()
         .enumerate()
         .filter(|(_, chain)| !chain.is_empty())
@@ -3194,9 +3295,12 @@ fn build_table(tuple: Tuple, schema: &Schema, slots: usize, entries: &[Arc<Entry
             chain.sort_by(|a, b| a.rule.cmp(&b.rule));
             (i, chain)
         })
-        .unzip();
-    for (i, chain) in held.into_iter().zip(Chain::carve(buckets, table.width)) {
+        .collect();
+    let held: Vec<usize> = buckets.iter().map(|(i, _)| *i).collect();
+    let carved = Chain::carve(buckets, slots, table.width);
+    for (i, chain) in held.into_iter().zip(carved.chains) {
         table.slots[i].store(chain, Ordering::Relaxed);
     }
+    table.homes.store(carved.homes, Ordering::Relaxed);
     table
 }

@@ -1191,6 +1191,64 @@ fn bucket_counts_grow_with_the_rules() {
     }
 }
 
+/// A big table's chains sit at their buckets' homes after a load and
+/// after a rebuild, where a probe asks for them beside the bucket; edits
+/// move chains out of their homes, and every answer stays right.
+#[test]
+#[cfg_attr(miri, ignore = "half a million rules: hours interpreted")]
+fn a_big_tables_chains_sit_at_their_buckets_homes() {
+    let s = id_port();
+    // More than 262,144 rules: 2^20 buckets.
+    let n = 270_000;
+    let m = WildcardMap::new(s.clone(), 4, 4 * n).unwrap();
+    let check = |from: u32, to: u32| {
+        let guard = pin();
+        for i in from..to {
+            let p = id_port_packet(&s, i);
+            let got = m.classify(&p, &guard).map(|(_, value)| value.to_vec());
+            assert_eq!(got, Some(v(i).to_vec()), "rule {i}");
+        }
+    };
+    m.load((0..n).map(|i| (id_port_rule(&s, i), v(i))), BPF_NOEXIST)
+        .unwrap();
+    let [(home, held, true)] = m.chains_at_home()[..] else {
+        panic!("one table, its homes probed: {:?}", m.chains_at_home());
+    };
+    assert!(m.first_table_buckets() >= super::chain::HOMED_SLOTS);
+    // Buckets a rule hold about a chain each at four buckets a rule;
+    // those that run into the next held bucket go after the homes.
+    assert!(home * 10 > held * 9, "{home} of {held} at home");
+    check(0, n);
+    // Removes and inserts edit chains: their copies are allocated alone.
+    for i in 0..n / 4 {
+        m.remove(&id_port_rule(&s, i)).unwrap();
+    }
+    let [(fewer, _, true)] = m.chains_at_home()[..] else {
+        panic!("{:?}", m.chains_at_home());
+    };
+    assert!(fewer < home);
+    // Inserts past the table's buckets rebuild it, homes and all.
+    let last = 2 * n + n / 4;
+    for i in n..last {
+        m.insert(&id_port_rule(&s, i), &v(i), BPF_NOEXIST).unwrap();
+    }
+    let [(home, held, true)] = m.chains_at_home()[..] else {
+        panic!("{:?}", m.chains_at_home());
+    };
+    assert!(m.first_table_buckets() > super::chain::HOMED_SLOTS);
+    assert!(
+        home * 10 > held * 9,
+        "{home} of {held} at home after the rebuild"
+    );
+    check(n / 4, last);
+    // A small table has none.
+    let small = WildcardMap::new(s.clone(), 4, 64).unwrap();
+    small
+        .load((0..64).map(|i| (id_port_rule(&s, i), v(i))), BPF_NOEXIST)
+        .unwrap();
+    assert_eq!(small.chains_at_home()[0].0, 0);
+}
+
 /// A table built at once (a load, a rebuild with more buckets) carves
 /// every chain from one block; an edit's copy of a chain is allocated
 /// alone, and the block stays while a chain of it lives.
