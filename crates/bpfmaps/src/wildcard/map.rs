@@ -286,9 +286,10 @@ struct Table {
     width: Width,
     slots: Box<[Atomic<Chain>]>,
     /// The address of the first home of the block its chains were last
-    /// carved from, 0 if that block had none ([`HOMED_SLOTS`](super::chain::HOMED_SLOTS)). The
-    /// block may be gone (its chains all replaced): a probe only asks
-    /// for the line, never reads it.
+    /// carved from, 0 if that block had none
+    /// ([`HOMED_SLOTS`](super::chain::HOMED_SLOTS)). The block may be
+    /// gone (its chains all replaced): a probe only asks for the line,
+    /// never reads it.
     homes: AtomicUsize,
 }
 
@@ -2200,8 +2201,9 @@ impl WildcardMap {
     /// rules' load 4.6 s, against 2.9-3.4 s without it and with this
     /// copy (docs/benchmarks.md, "Each table's chains in one block").
     ///
-    /// A table with homes ([`HOMED_SLOTS`](super::chain::HOMED_SLOTS)) gets the new block's, and the
-    /// view is published again so that probes ask for them.
+    /// A table with homes ([`HOMED_SLOTS`](super::chain::HOMED_SLOTS))
+    /// gets the new block's, and the view is published again so that
+    /// probes ask for them.
     fn carve_loaded(&self, w: &mut Writer, first_new: u64, guard: &Guard) {
         let mut homed = false;
         for state in w.tables.range(first_new..).map(|(_, state)| state) {
