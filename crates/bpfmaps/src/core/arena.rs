@@ -47,7 +47,23 @@ const CLASSES: usize = MAX_BLOCK / GRANULE + 1;
 const RETIRE_BATCH: usize = 64;
 /// Small maps stay small: chunks start at 4 KiB and double up to 2 MiB.
 const FIRST_CHUNK: usize = 4 << 10;
-const HUGE_PAGE: usize = 2 << 20;
+/// A huge page's bytes (x86-64's 2 MiB).
+pub(crate) const HUGE_PAGE: usize = 2 << 20;
+
+/// Asks the kernel for huge pages under `size` bytes at `p` (memory of
+/// this process's own allocation, aligned to [`HUGE_PAGE`]) when they
+/// span one: a big structure's random reads then miss the TLB less.
+/// Where the kernel gives none (or off Linux, or under Miri), nothing.
+pub(crate) fn advise_huge_pages(p: *mut u8, size: usize) {
+    #[cfg(all(target_os = "linux", not(miri)))]
+    if size >= HUGE_PAGE {
+        // SAFETY: advice on memory the caller owns; failure only loses
+        // the hint.
+        unsafe { libc::madvise(p.cast(), size, libc::MADV_HUGEPAGE) };
+    }
+    #[cfg(not(all(target_os = "linux", not(miri))))]
+    let _ = (p, size);
+}
 
 /// A block arena. `alloc` is for the (single) writer; `release` may run
 /// anywhere.
@@ -359,11 +375,7 @@ impl Arena {
         let Some(chunk) = NonNull::new(p) else {
             std::alloc::handle_alloc_error(layout)
         };
-        #[cfg(all(target_os = "linux", not(miri)))]
-        if size >= HUGE_PAGE {
-            // SAFETY: advice on memory we own; failure only loses the hint.
-            unsafe { libc::madvise(p.cast(), size, libc::MADV_HUGEPAGE) };
-        }
+        advise_huge_pages(p, size);
         let mut chunks = self.chunks.write();
         chunks.current.push(Chunk {
             start: chunk,

@@ -16,6 +16,7 @@ use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
 use crossbeam_epoch::{Owned, Pointer};
 
 use super::schema::{MAX_FIELDS, Rule, Schema};
+use crate::core::arena::{HUGE_PAGE, advise_huge_pages};
 
 /// A rule and its value, shared by the chains that hold it.
 pub(super) struct Entry {
@@ -294,9 +295,10 @@ pub(super) const HOME: usize = 64;
 /// the cache. A block with homes keeps a line for every bucket, in
 /// bucket order, and puts a chain at its bucket's line where it fits:
 /// the probe asks for that line while it reads the bucket, and the two
-/// misses overlap. It costs a line a bucket, empty ones too: 80-130
-/// bytes a rule more. With Cilium's rules at a million, one at a time,
-/// 1.3-1.5x the speed; at 100K rules, where the tables still fit the L3
+/// misses overlap. It costs a line a bucket, empty ones too: 80-110
+/// bytes a rule more at a million rules. With Cilium's rules at a
+/// million, one at a time, 1.5x the speed for exact rules, 1.26x for
+/// mixed ones, about the same for wildcard ones; at 100K rules, where the tables still fit the L3
 /// without homes, homes made the map no faster, and slower where they
 /// took the tables out of it (docs/benchmarks.md, "Chains at their
 /// bucket's line").
@@ -375,11 +377,7 @@ impl Block {
         if base.is_null() {
             std::alloc::handle_alloc_error(alloc);
         }
-        #[cfg(all(target_os = "linux", not(miri)))]
-        if size >= HUGE_PAGE {
-            // SAFETY: advice on memory we own; failure only loses the hint.
-            unsafe { libc::madvise(base.cast(), size, libc::MADV_HUGEPAGE) };
-        }
+        advise_huge_pages(base, size);
         // SAFETY: `base` is the block's allocation, aligned for its head.
         unsafe {
             base.cast::<Block>().write(Block {
@@ -403,9 +401,6 @@ impl Block {
         std::alloc::Layout::from_size_align(size, align).expect("a block's size fits")
     }
 }
-
-/// A huge page's bytes (x86-64's 2 MiB).
-const HUGE_PAGE: usize = 2 << 20;
 
 impl Chain {
     /// The allocation of a chain of `words` words.
@@ -1384,8 +1379,9 @@ mod tests {
         );
     }
 
-    /// A big table's carved chains sit at their homes (copies too), are
-    /// whole chains, and the last of them frees the block.
+    /// A big table's carved chains sit at their homes (copies too) and
+    /// are whole chains; their blocks, aligned for huge pages, are freed
+    /// with the layout they were made with (Miri checks the frees).
     #[test]
     fn carved_chains_of_a_big_table_sit_at_their_homes() {
         let entry = carving_entry;
@@ -1425,7 +1421,7 @@ mod tests {
                     .eq(original.rules::<u32>(&layout))
             );
         }
-        // Each block goes with its last chain (Miri checks the frees).
+        // Each block goes with its last chain.
         drop(carved);
         drop(copies);
         drop(buckets);
