@@ -315,17 +315,19 @@ struct Placement {
 
 impl Placement {
     /// Chains of `bytes` for the buckets `buckets` (in ascending order)
-    /// of a table of `slots` buckets.
+    /// of a table of `slots` buckets, `homed` or not (the map's choice:
+    /// from [`HOMED_SLOTS`] buckets).
     ///
-    /// Below [`HOMED_SLOTS`] buckets, side by side after the head. From
-    /// there, a home of [`HOME`] bytes for every bucket after the head:
-    /// a chain goes at its bucket's home when it ends before the next
-    /// held bucket's home (a longer chain takes the homes of the empty
-    /// buckets after its own); the others go side by side after the
-    /// homes.
-    fn of(buckets: &[usize], bytes: &[usize], slots: usize) -> Placement {
+    /// Without homes, one after another after the head. With them, a
+    /// home of [`HOME`] bytes for every bucket after the head: a chain
+    /// goes at its bucket's home when it ends before the next held
+    /// bucket's home (a longer chain takes the homes of the empty
+    /// buckets after its own); the others go one after another after
+    /// the homes. One after another, a chain that would cross more line
+    /// boundaries than its size needs starts on the next line
+    /// ([`on_fewest_lines`]).
+    fn of(buckets: &[usize], bytes: &[usize], slots: usize, homes: bool) -> Placement {
         let head = size_of::<Block>();
-        let homes = slots >= HOMED_SLOTS;
         let mut end = if homes { head + slots * HOME } else { head };
         let at = bytes
             .iter()
@@ -335,8 +337,9 @@ impl Placement {
                 if homes && buckets[k] + b.div_ceil(HOME) <= next {
                     return head + buckets[k] * HOME;
                 }
-                end += b;
-                end - b
+                let at = on_fewest_lines(end, b);
+                end = at + b;
+                at
             })
             .collect();
         Placement {
@@ -344,6 +347,20 @@ impl Placement {
             size: end,
             homes,
         }
+    }
+}
+
+/// Where a chain of `bytes` goes at or after offset `end` of a block
+/// (whose head starts a line): at `end`, unless it would then span more
+/// lines than `bytes` needs, and then at the next line's start. A probe
+/// reads its chain's lines: from one after another, three one-rule
+/// chains of Cilium's key (64 bytes) in four straddled two lines where
+/// a chain of two rules came before them.
+fn on_fewest_lines(end: usize, bytes: usize) -> usize {
+    if (end % HOME + bytes).div_ceil(HOME) > bytes.div_ceil(HOME) {
+        end.next_multiple_of(HOME)
+    } else {
+        end
     }
 }
 
@@ -605,6 +622,7 @@ impl Chain {
     pub(super) fn carve(
         buckets: Vec<(usize, Vec<Arc<Entry>>)>,
         slots: usize,
+        homed: bool,
         width: Width,
     ) -> Carved {
         let Some(first) = buckets.first().and_then(|(_, b)| b.first()) else {
@@ -614,7 +632,7 @@ impl Chain {
         let bytes = |rules: usize| HEAD + words_for(rules, usize::from(stride)) * size_of::<u128>();
         let (indices, sizes): (Vec<usize>, Vec<usize>) =
             buckets.iter().map(|(i, b)| (*i, bytes(b.len()))).unzip();
-        let place = Placement::of(&indices, &sizes, slots);
+        let place = Placement::of(&indices, &sizes, slots, homed);
         if u32::try_from(place.size).is_err() {
             // Past what `block` can reach: each alone.
             let chains = buckets
@@ -676,10 +694,14 @@ impl Chain {
     ///
     /// The writer's, once per chain (a chain already edited or copied
     /// panics).
-    pub(super) fn carve_copies(chains: &[(usize, &Chain)], slots: usize) -> Option<Carved> {
+    pub(super) fn carve_copies(
+        chains: &[(usize, &Chain)],
+        slots: usize,
+        homed: bool,
+    ) -> Option<Carved> {
         let (indices, sizes): (Vec<usize>, Vec<usize>) =
             chains.iter().map(|(i, c)| (*i, c.bytes())).unzip();
-        let place = Placement::of(&indices, &sizes, slots);
+        let place = Placement::of(&indices, &sizes, slots, homed);
         u32::try_from(place.size).ok()?;
         // The counts pass before the block is made (a chain copied twice
         // panics with nothing allocated).
@@ -1206,7 +1228,7 @@ mod tests {
     }
 
     /// Chains carved from one block are each the chain `init` would
-    /// make, side by side in order; the block counts them, each frees
+    /// make, one after another in order; the block counts them, each frees
     /// its own counts when it goes (an edited copy of one is allocated
     /// alone), and the last of them frees the block, at every width.
     #[test]
@@ -1220,7 +1242,7 @@ mod tests {
                 vec![entry(3, 2), entry(3, 4)],
             ];
             let all: Vec<Arc<Entry>> = buckets.iter().flatten().cloned().collect();
-            let chains = Chain::carve(indexed(buckets.clone()), 3, width).chains;
+            let chains = Chain::carve(indexed(buckets.clone()), 3, false, width).chains;
             assert_eq!(chains.len(), 3);
             let layout = Layout::new::<W>(2, 5);
             let addr = |c: &Owned<Chain>| (&raw const **c).cast::<u8>().expose_provenance();
@@ -1233,13 +1255,18 @@ mod tests {
                 assert_ne!(c.block, 0);
                 assert_eq!(alone.block, 0);
             }
-            // Side by side, in order, after the block's head.
-            for pair in chains.windows(2) {
-                assert_eq!(addr(&pair[0]) + pair[0].bytes(), addr(&pair[1]));
-            }
+            // One after another, in order, after the block's head, each
+            // on the fewest lines it can take.
             let head = addr(&chains[0]) - chains[0].block as usize;
             assert_eq!(head + size_of::<Block>(), addr(&chains[0]));
-            let size = size_of::<Block>() + chains.iter().map(|c| c.bytes()).sum::<usize>();
+            for pair in chains.windows(2) {
+                let end = addr(&pair[0]) + pair[0].bytes() - head;
+                assert_eq!(head + on_fewest_lines(end, pair[1].bytes()), addr(&pair[1]));
+                let lines = |c: &Owned<Chain>| (addr(c) % HOME + c.bytes()).div_ceil(HOME);
+                assert_eq!(lines(&pair[1]), pair[1].bytes().div_ceil(HOME));
+            }
+            let last = &chains[2];
+            let size = addr(last) + last.bytes() - head;
             assert!(chains.iter().all(|c| c.carved_from() == Some((head, size))));
             // SAFETY: the block lives while any of its chains does.
             let live = || unsafe {
@@ -1272,7 +1299,7 @@ mod tests {
             drop(chains.next());
             assert!(all.iter().all(|e| Arc::strong_count(e) == 1));
             drop(copy);
-            assert!(Chain::carve(Vec::new(), 1, width).chains.is_empty());
+            assert!(Chain::carve(Vec::new(), 1, false, width).chains.is_empty());
         }
         check::<u32>(Width::W32);
         check::<u64>(Width::W64);
@@ -1292,6 +1319,7 @@ mod tests {
         let mut carved = Chain::carve(
             indexed(vec![vec![entry(2, 0)], vec![entry(3, 1)]]),
             2,
+            false,
             width,
         )
         .chains
@@ -1302,7 +1330,7 @@ mod tests {
             .flat_map(|c| c.entries())
             .collect();
         assert!(all.iter().all(|e| Arc::strong_count(e) == 2));
-        let copies = Chain::carve_copies(&[(0, &alone), (1, &second)], 2)
+        let copies = Chain::carve_copies(&[(0, &alone), (1, &second)], 2, false)
             .expect("a small block")
             .chains;
         for (copy, original) in copies.iter().zip([&alone, &second]) {
@@ -1320,7 +1348,7 @@ mod tests {
         }
         assert_eq!(copies[0].carved_from(), copies[1].carved_from());
         let twice = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-            Chain::carve_copies(&[(0, &second)], 1)
+            Chain::carve_copies(&[(0, &second)], 1, false)
         }));
         assert!(twice.is_err(), "a chain's counts pass once");
         // The originals go, and drop no count: the copies hold them.
@@ -1341,19 +1369,22 @@ mod tests {
         buckets.into_iter().enumerate().collect()
     }
 
-    /// Below [`HOMED_SLOTS`] chains go side by side; from there each at
-    /// its bucket's home where it ends before the next held bucket's,
-    /// the others side by side after the homes.
+    /// Without homes chains go side by side; with them each at its
+    /// bucket's home where it ends before the next held bucket's, the
+    /// others side by side after the homes.
     #[test]
     fn a_big_tables_chains_go_at_their_buckets_homes_where_they_fit() {
         let head = size_of::<Block>();
         assert_eq!(head % HOME, 0, "homes start on a line");
-        let small = Placement::of(&[0, 1, 5], &[64, 112, 64], HOMED_SLOTS - 1);
+        // One after another: the third (one line) would straddle two at
+        // 176, so it starts the next line; the fourth spans two lines
+        // wherever it starts, so it follows at once.
+        let small = Placement::of(&[0, 1, 5, 6], &[64, 112, 64, 80], HOMED_SLOTS, false);
         assert_eq!(
             small,
             Placement {
-                at: vec![head, head + 64, head + 176],
-                size: head + 240,
+                at: vec![head, head + 64, head + 192, head + 256],
+                size: head + 336,
                 homes: false,
             }
         );
@@ -1362,18 +1393,19 @@ mod tests {
         let home = |i: usize| head + i * HOME;
         // Bucket 0's two lines fit before bucket 2; bucket 2's do not
         // (bucket 3 is held), so it goes after the homes; bucket 3's one
-        // line fits; the last bucket's two lines run past the table.
-        let big = Placement::of(&[0, 2, 3, slots - 1], &[112, 112, 64, 112], slots);
+        // line fits; the last bucket's two lines run past the table, and
+        // go on the line after bucket 2's (at 112 they would span three).
+        let big = Placement::of(&[0, 2, 3, slots - 1], &[112, 112, 64, 112], slots, true);
         assert_eq!(
             big,
             Placement {
-                at: vec![home(0), homes_end, home(3), homes_end + 112],
-                size: homes_end + 224,
+                at: vec![home(0), homes_end, home(3), homes_end + 128],
+                size: homes_end + 240,
                 homes: true,
             }
         );
         assert_eq!(
-            Placement::of(&[], &[], slots).size,
+            Placement::of(&[], &[], slots, true).size,
             homes_end,
             "the homes whether held or not"
         );
@@ -1395,7 +1427,7 @@ mod tests {
             (8, vec![entry(1, 0)]),
             (slots - 1, vec![entry(3, 2)]),
         ];
-        let carved = Chain::carve(buckets.clone(), slots, width);
+        let carved = Chain::carve(buckets.clone(), slots, true, width);
         assert_ne!(carved.homes, 0);
         let addr = |c: &Chain| (&raw const *c).cast::<u8>().expose_provenance();
         let at: Vec<usize> = carved.chains.iter().map(|c| addr(c)).collect();
@@ -1412,7 +1444,7 @@ mod tests {
             .map(|(i, _)| *i)
             .zip(carved.chains.iter().map(|c| &**c))
             .collect();
-        let copies = Chain::carve_copies(&held, slots).expect("a block under 4 GiB");
+        let copies = Chain::carve_copies(&held, slots, true).expect("a block under 4 GiB");
         assert_ne!(copies.homes, carved.homes);
         assert_eq!(addr(&copies.chains[1]), copies.homes + 8 * HOME);
         for (copy, (_, original)) in copies.chains.iter().zip(&held) {

@@ -749,6 +749,10 @@ pub struct WildcardMap {
     value_size: usize,
     max_entries: u32,
     collision_limit: usize,
+    /// Tables of this many buckets or more carve their chains at their
+    /// buckets' homes: [`HOMED_SLOTS`](super::chain::HOMED_SLOTS), lower
+    /// in tests so that small maps have homes.
+    homes_from: usize,
     writer: Mutex<Writer>,
     view: Atomic<View>,
     /// Splits that took rules out of a table, counted before they do:
@@ -819,7 +823,16 @@ impl WildcardMap {
             len: AtomicUsize::new(0),
             index: None,
             map_flags: 0,
+            homes_from: super::chain::HOMED_SLOTS,
         })
+    }
+
+    /// The same map whose tables of `slots` buckets or more have homes:
+    /// tests give small maps homes with it.
+    #[cfg(test)]
+    pub(super) fn with_homes_from(mut self, slots: usize) -> Self {
+        self.homes_from = slots;
+        self
     }
 
     /// Its schema.
@@ -1990,7 +2003,7 @@ impl WildcardMap {
         let grown = outgrows(state.rules, &state.table);
         if grown {
             let slots = slots_for(state.rules);
-            state.table = rebuilt(&state.table, &self.schema, slots, &[], guard);
+            state.table = self.rebuilt(&state.table, slots, &[], guard);
         }
         let after = state.best();
         w.place_new(&placed, id);
@@ -2080,17 +2093,12 @@ impl WildcardMap {
             .find(|(_, s)| s.table.tuple == target)
             .map(|(&tid, _)| tid);
         let target_id = match existing {
-            None => w.new_table(build_table(
-                target,
-                &self.schema,
-                slots_for(moving.len()),
-                &moving,
-            )),
+            None => w.new_table(self.build_table(target, slots_for(moving.len()), &moving)),
             Some(t) => {
                 let state = w.tables.get_mut(&t).expect("target");
                 if outgrows(state.rules + moving.len(), &state.table) {
                     let slots = slots_for(state.rules + moving.len());
-                    state.table = rebuilt(&state.table, &self.schema, slots, &moving, guard);
+                    state.table = self.rebuilt(&state.table, slots, &moving, guard);
                 } else {
                     for e in &moving {
                         chain_insert(&state.table, Arc::clone(e), guard);
@@ -2220,7 +2228,8 @@ impl WildcardMap {
             if held.iter().all(|(_, chain)| chain.carved_from().is_some()) {
                 continue;
             }
-            let Some(copies) = Chain::carve_copies(&held, table.slots.len()) else {
+            let slots = table.slots.len();
+            let Some(copies) = Chain::carve_copies(&held, slots, slots >= self.homes_from) else {
                 continue;
             };
             for ((i, _), copy) in held.into_iter().zip(copies.chains) {
@@ -2232,6 +2241,49 @@ impl WildcardMap {
         if homed {
             self.publish(w, guard);
         }
+    }
+
+    /// A fresh, unpublished table like `table` (its tuple) with `slots`
+    /// buckets, holding `table`'s entries and `more`.
+    fn rebuilt(
+        &self,
+        table: &Table,
+        slots: usize,
+        more: &[Arc<Entry>],
+        guard: &Guard,
+    ) -> Arc<Table> {
+        let mut all = table_entries(table, guard);
+        all.extend(more.iter().cloned());
+        Arc::new(self.build_table(table.tuple, slots, &all))
+    }
+
+    /// A fresh, unpublished table of `tuple` with `slots` buckets holding
+    /// `entries`, with homes from [`homes_from`](Self::homes_from) buckets.
+    fn build_table(&self, tuple: Tuple, slots: usize, entries: &[Arc<Entry>]) -> Table {
+        let table = Table::new(tuple, &self.schema, slots);
+        let mut chains: Vec<Vec<Arc<Entry>>> = vec![Vec::new(); slots];
+        for e in entries {
+            let i = bucket_index(table.hash(&lows(&e.rule)), slots);
+            chains[i].push(Arc::clone(e));
+        }
+        // The chains of the buckets that hold rules, carved from one block
+        // in bucket order.
+        let buckets: Vec<(usize, Vec<Arc<Entry>>)> = chains
+            .into_iter()
+            .enumerate()
+            .filter(|(_, chain)| !chain.is_empty())
+            .map(|(i, mut chain)| {
+                chain.sort_by(|a, b| a.rule.cmp(&b.rule));
+                (i, chain)
+            })
+            .collect();
+        let held: Vec<usize> = buckets.iter().map(|(i, _)| *i).collect();
+        let carved = Chain::carve(buckets, slots, slots >= self.homes_from, table.width);
+        for (i, chain) in held.into_iter().zip(carved.chains) {
+            table.slots[i].store(chain, Ordering::Relaxed);
+        }
+        table.homes.store(carved.homes, Ordering::Relaxed);
+        table
     }
 
     /// Works out every rule's exit bound (`exits.rs`) and publishes the
@@ -2536,7 +2588,7 @@ impl WildcardMap {
             if w.has_table_of(&meet) {
                 continue;
             }
-            let table = build_table(meet, &self.schema, slots_for(moving.len()), &moving);
+            let table = self.build_table(meet, slots_for(moving.len()), &moving);
             if !is_short(&table, self.collision_limit, guard) {
                 continue;
             }
@@ -2549,7 +2601,7 @@ impl WildcardMap {
                 } else {
                     let tuple = state.table.tuple;
                     let slots = slots_for(rest.len());
-                    state.table = Arc::new(build_table(tuple, &self.schema, slots, &rest));
+                    state.table = Arc::new(self.build_table(tuple, slots, &rest));
                 }
             }
             let id = w.new_table(table);
@@ -2583,11 +2635,11 @@ impl WildcardMap {
         } else {
             let tuple = source.table.tuple;
             let slots = slots_for(staying.len());
-            source.table = Arc::new(build_table(tuple, &self.schema, slots, &staying));
+            source.table = Arc::new(self.build_table(tuple, slots, &staying));
         }
         let target = w.tables.get_mut(&into).expect("the target");
         let slots = merged_slots(moving.len(), target);
-        target.table = rebuilt(&target.table, &self.schema, slots, moving, guard);
+        target.table = self.rebuilt(&target.table, slots, moving, guard);
         for e in moving {
             count(&mut target.priorities, e.rule.priority, true);
         }
@@ -3262,47 +3314,4 @@ pub(super) fn slots_for(rules: usize) -> usize {
 /// Whether `table` holds fewer buckets than [`slots_for`] its `rules`.
 fn outgrows(rules: usize, table: &Table) -> bool {
     slots_for(rules) > table.slots.len()
-}
-
-/// A fresh, unpublished table like `table` (its tuple) with `slots`
-/// buckets, holding `table`'s entries and `more`.
-fn rebuilt(
-    table: &Table,
-    schema: &Schema,
-    slots: usize,
-    more: &[Arc<Entry>],
-    guard: &Guard,
-) -> Arc<Table> {
-    let mut all = table_entries(table, guard);
-    all.extend(more.iter().cloned());
-    Arc::new(build_table(table.tuple, schema, slots, &all))
-}
-
-/// A fresh, unpublished table of `tuple` with `slots` buckets holding
-/// `entries`.
-fn build_table(tuple: Tuple, schema: &Schema, slots: usize, entries: &[Arc<Entry>]) -> Table {
-    let table = Table::new(tuple, schema, slots);
-    let mut chains: Vec<Vec<Arc<Entry>>> = vec![Vec::new(); slots];
-    for e in entries {
-        let i = bucket_index(table.hash(&lows(&e.rule)), slots);
-        chains[i].push(Arc::clone(e));
-    }
-    // The chains of the buckets that hold rules, carved from one block
-    // in bucket order.
-    let buckets: Vec<(usize, Vec<Arc<Entry>>)> = chains
-        .into_iter()
-        .enumerate()
-        .filter(|(_, chain)| !chain.is_empty())
-        .map(|(i, mut chain)| {
-            chain.sort_by(|a, b| a.rule.cmp(&b.rule));
-            (i, chain)
-        })
-        .collect();
-    let held: Vec<usize> = buckets.iter().map(|(i, _)| *i).collect();
-    let carved = Chain::carve(buckets, slots, table.width);
-    for (i, chain) in held.into_iter().zip(carved.chains) {
-        table.slots[i].store(chain, Ordering::Relaxed);
-    }
-    table.homes.store(carved.homes, Ordering::Relaxed);
-    table
 }

@@ -1475,7 +1475,8 @@ proptest! {
     /// Random schemas, rules and packets against the brute-force oracle:
     /// every insert's and removal's result, every classification, exact
     /// lookups and the rule list; a collision limit of 1 to 3, so that
-    /// tables split often.
+    /// tables split often; homes in tables from 1 or 8 buckets or (as
+    /// the map makes them) none this small.
     /// (Under Miri, up to 40 operations: with 120, its two cases took
     /// over 5 minutes of wall time.)
     #[test]
@@ -1483,21 +1484,28 @@ proptest! {
         schema in arb_schema(),
         ops in arb_ops(crate::scaled(120, 40)),
         limit in 1..4usize,
+        homes_from in prop::sample::select(vec![1usize, 8, usize::MAX]),
     ) {
-        let m = WildcardMap::with_collision_limit(schema.clone(), 4, 40, limit).unwrap();
+        let m = WildcardMap::with_collision_limit(schema.clone(), 4, 40, limit)
+            .unwrap()
+            .with_homes_from(homes_from);
         against_the_oracle(&m, &schema, &ops)?;
     }
 
     /// One load of many rules into a map with the default collision
     /// limit, so that its tables crowd (their rules are drawn around a few
     /// values) and the load ends by splitting them; then the operations.
+    /// Homes as above.
     #[test]
     fn a_crowded_load_matches_the_brute_force_oracle(
         schema in arb_schema(),
         rules in prop::collection::vec((0..8u32, prop::collection::vec(any::<u64>(), 4)), 1..crate::scaled(120, 40)),
         ops in arb_ops(crate::scaled(60, 12)),
+        homes_from in prop::sample::select(vec![1usize, 16, usize::MAX]),
     ) {
-        let m = WildcardMap::new(schema.clone(), 4, 200).unwrap();
+        let m = WildcardMap::new(schema.clone(), 4, 200)
+            .unwrap()
+            .with_homes_from(homes_from);
         let mut all = vec![Op::Load(rules, BPF_ANY)];
         all.extend(ops);
         against_the_oracle(&m, &schema, &all)?;
@@ -1850,6 +1858,18 @@ fn readers_never_miss_a_stable_rule_while_a_writer_churns() {
     readers_under_churn(m, &[1, 80, 443, 6], crate::scaled(3000, 20));
 }
 
+/// The same in tables that all have homes: the walk over several tables
+/// asks for each one's home line while it reads the bucket, as homes
+/// come and go with each table made, split and merged.
+#[test]
+fn readers_never_miss_a_stable_rule_while_a_writer_churns_tables_with_homes() {
+    let s = five_tuple();
+    let m = WildcardMap::with_collision_limit(s.clone(), 4, 10_000, 3)
+        .unwrap()
+        .with_homes_from(1);
+    readers_under_churn(m, &[1, 80, 443, 6], crate::scaled(3000, 20));
+}
+
 /// The same with the engine of one-prefix-field schemas: readers see
 /// each prefix's answer before or after each rewrite of it.
 #[test]
@@ -1875,7 +1895,34 @@ fn readers_of_one_table_never_miss_a_rule_while_it_grows() {
     let s = id_port();
     let stable = crate::scaled(64, 8) as u32;
     let added = crate::scaled(40_000, 40) as u32;
-    let m = Arc::new(WildcardMap::new(s.clone(), 4, stable + added).unwrap());
+    let m = WildcardMap::new(s, 4, stable + added).unwrap();
+    readers_of_one_table(m, stable, added, false);
+}
+
+/// The same with homes in every table (`with_homes_from(1)`), and half
+/// the added rules loaded at once, whose copy into a new block with
+/// homes replaces every chain: readers, one packet at a time and in
+/// bursts, probe a table whose homes come and go (each rebuild and the
+/// load's copy make a block; the edits between replace its chains with
+/// copies allocated alone, and the last of them frees it).
+#[test]
+fn readers_of_a_table_with_homes_never_miss_a_rule_while_it_grows() {
+    let s = id_port();
+    let stable = crate::scaled(64, 8) as u32;
+    let added = crate::scaled(40_000, 40) as u32;
+    let m = WildcardMap::new(s, 4, stable + added)
+        .unwrap()
+        .with_homes_from(1);
+    readers_of_one_table(m, stable, added, true);
+}
+
+/// [`readers_of_one_table_never_miss_a_rule_while_it_grows`] on `m` (of
+/// [`id_port`]'s schema): `stable` rules held throughout, `added` added
+/// one at a time (the second half in one load if `load_half`) and then
+/// removed. The readers also classify in bursts of the two packets.
+fn readers_of_one_table(m: WildcardMap, stable: u32, added: u32, load_half: bool) {
+    let s = m.schema().clone();
+    let m = Arc::new(m);
     let rule = |i: u32| id_port_rule(&s, i);
     for i in 0..stable {
         m.insert(&rule(i), &v(i), BPF_NOEXIST).unwrap();
@@ -1890,11 +1937,18 @@ fn readers_of_one_table_never_miss_a_rule_while_it_grows() {
                     let guard = pin();
                     let packet = |id: u32| id_port_packet(&s, id);
                     let k = i % stable;
+                    let j = stable + i % added;
                     let (_, value) = m.classify(&packet(k), &guard).expect("a stable rule");
                     assert_eq!(value, v(k), "stable rule {k}");
-                    let j = stable + i % added;
                     if let Some((rule, value)) = m.classify(&packet(j), &guard) {
                         assert_eq!(value, v(j), "added rule {j}: {rule:?}");
+                    }
+                    let mut out = [None; 2];
+                    m.classify_many(&[packet(k), packet(j)], &guard, &mut out)
+                        .unwrap();
+                    assert_eq!(out[0].expect("a stable rule").1, v(k), "burst, {k}");
+                    if let Some((rule, value)) = out[1] {
+                        assert_eq!(value, v(j), "burst, added rule {j}: {rule:?}");
                     }
                     seen += 1;
                     i = i.wrapping_add(7919);
@@ -1904,14 +1958,26 @@ fn readers_of_one_table_never_miss_a_rule_while_it_grows() {
             })
         })
         .collect();
-    for i in stable..stable + added {
+    let half = if load_half { added / 2 } else { added };
+    for i in stable..stable + half {
         m.insert(&rule(i), &v(i), BPF_NOEXIST).unwrap();
     }
+    m.load(
+        (stable + half..stable + added).map(|i| (rule(i), v(i))),
+        BPF_NOEXIST,
+    )
+    .unwrap();
     assert_eq!(m.tables(), 1);
     assert_eq!(
         m.first_table_buckets(),
         super::map::slots_for((stable + added) as usize)
     );
+    if load_half {
+        let [(home, held, true)] = m.chains_at_home()[..] else {
+            panic!("one table, its homes probed: {:?}", m.chains_at_home());
+        };
+        assert!(home > 0 && home <= held, "{home} of {held} at home");
+    }
     for i in stable..stable + added {
         m.remove(&rule(i)).unwrap();
     }
