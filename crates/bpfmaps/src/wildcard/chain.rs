@@ -614,7 +614,7 @@ impl Chain {
     /// space lies in pieces after earlier maps (a table of chains
     /// allocated one by one after a freed map of a million rules took
     /// 1.6-1.8x the time a packet: docs/benchmarks.md, "Each table's
-    /// chains in one block"), and a big table finds them at their
+    /// chains in one block"), and a `homed` table finds them at their
     /// buckets' homes ([`HOMED_SLOTS`]). Each chain is freed on its own
     /// as before (an edit replaces it with a copy allocated alone); the
     /// block goes with the last of them, so until then the chains an
@@ -1369,9 +1369,10 @@ mod tests {
         buckets.into_iter().enumerate().collect()
     }
 
-    /// Without homes chains go side by side; with them each at its
-    /// bucket's home where it ends before the next held bucket's, the
-    /// others side by side after the homes.
+    /// Without homes chains go one after another, each on the fewest
+    /// lines it can take; with them each at its bucket's home where it
+    /// ends before the next held bucket's, the others one after another
+    /// after the homes.
     #[test]
     fn a_big_tables_chains_go_at_their_buckets_homes_where_they_fit() {
         let head = size_of::<Block>();
