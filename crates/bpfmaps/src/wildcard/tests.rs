@@ -1867,7 +1867,10 @@ fn readers_never_miss_a_stable_rule_while_a_writer_churns_tables_with_homes() {
     let m = WildcardMap::with_collision_limit(s.clone(), 4, 10_000, 3)
         .unwrap()
         .with_homes_from(1);
-    readers_under_churn(m, &[1, 80, 443, 6], crate::scaled(3000, 20));
+    // Under Miri 8 rounds, where the test above runs 20: the walk is
+    // that test's but for the homes asked for, and 8 still load,
+    // rewrite and remove (its window is 6 there).
+    readers_under_churn(m, &[1, 80, 443, 6], crate::scaled(3000, 8));
 }
 
 /// The same with the engine of one-prefix-field schemas: readers see
@@ -1909,7 +1912,9 @@ fn readers_of_one_table_never_miss_a_rule_while_it_grows() {
 fn readers_of_a_table_with_homes_never_miss_a_rule_while_it_grows() {
     let s = id_port();
     let stable = crate::scaled(64, 8) as u32;
-    let added = crate::scaled(40_000, 40) as u32;
+    // Under Miri 24, where the test above adds 40: still two rebuilds
+    // (at 9 and 17 rules) before the load.
+    let added = crate::scaled(40_000, 24) as u32;
     let m = WildcardMap::new(s, 4, stable + added)
         .unwrap()
         .with_homes_from(1);
