@@ -298,9 +298,9 @@ pub(super) const HOME: usize = 64;
 /// misses overlap. It costs a line a bucket, empty ones too: 80-110
 /// bytes a rule more at a million rules. With Cilium's rules at a
 /// million, one at a time, 1.5x the speed for exact rules, 1.26x for
-/// mixed ones, about the same for wildcard ones; at 100K rules, where the tables still fit the L3
-/// without homes, homes made the map no faster, and slower where they
-/// took the tables out of it (docs/benchmarks.md, "Chains at their
+/// mixed ones, about the same for wildcard ones; at 100K rules, where
+/// the tables still fit the L3 without homes, homes made the map no
+/// faster, and slower where they took the tables out of it (docs/benchmarks.md, "Chains at their
 /// bucket's line").
 pub(super) const HOMED_SLOTS: usize = 1 << 20;
 
@@ -315,8 +315,8 @@ struct Placement {
 
 impl Placement {
     /// Chains of `bytes` for the buckets `buckets` (in ascending order)
-    /// of a table of `slots` buckets, `homed` or not (the map's choice:
-    /// from [`HOMED_SLOTS`] buckets).
+    /// of a table of `slots` buckets, with `homes` or not (the map's
+    /// choice: from [`HOMED_SLOTS`] buckets).
     ///
     /// Without homes, one after another after the head. With them, a
     /// home of [`HOME`] bytes for every bucket after the head: a chain

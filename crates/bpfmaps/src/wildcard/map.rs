@@ -2203,10 +2203,11 @@ impl WildcardMap {
     /// held before are left as they are: a small load into a big map
     /// copies only what it made.) The copies replace the chains in
     /// their buckets one by one (each the same rules, so a reader sees
-    /// the one or the other alike), and the originals are retired. A copy of every chain's words, no entry
-    /// read: a rebuild of each table instead took a million exact
-    /// rules' load 4.6 s, against 2.9-3.4 s without it and with this
-    /// copy (docs/benchmarks.md, "Each table's chains in one block").
+    /// the one or the other alike), and the originals are retired. A
+    /// copy of every chain's words, no entry read: a rebuild of each
+    /// table instead took a million exact rules' load 4.6 s, against
+    /// 2.9-3.4 s without it and with this copy (docs/benchmarks.md,
+    /// "Each table's chains in one block").
     ///
     /// A table with homes ([`HOMED_SLOTS`](super::chain::HOMED_SLOTS))
     /// gets the new block's, and the view is published again so that
@@ -2228,7 +2229,7 @@ impl WildcardMap {
                 continue;
             }
             let slots = table.slots.len();
-            let Some(copies) = Chain::carve_copies(&held, slots, slots >= self.homes_from) else {
+            let Some(copies) = Chain::carve_copies(&held, slots, self.homed(slots)) else {
                 continue;
             };
             for ((i, _), copy) in held.into_iter().zip(copies.chains) {
@@ -2240,6 +2241,12 @@ impl WildcardMap {
         if homed {
             self.publish(w, guard);
         }
+    }
+
+    /// Whether a table of `slots` buckets gets homes for its chains
+    /// ([`homes_from`](Self::homes_from)).
+    fn homed(&self, slots: usize) -> bool {
+        slots >= self.homes_from
     }
 
     /// A fresh, unpublished table like `table` (its tuple) with `slots`
@@ -2257,7 +2264,7 @@ impl WildcardMap {
     }
 
     /// A fresh, unpublished table of `tuple` with `slots` buckets holding
-    /// `entries`, with homes from [`homes_from`](Self::homes_from) buckets.
+    /// `entries`, with homes if [`homed`](Self::homed).
     fn build_table(&self, tuple: Tuple, slots: usize, entries: &[Arc<Entry>]) -> Table {
         let table = Table::new(tuple, &self.schema, slots);
         let mut chains: Vec<Vec<Arc<Entry>>> = vec![Vec::new(); slots];
@@ -2277,7 +2284,7 @@ impl WildcardMap {
             })
             .collect();
         let held: Vec<usize> = buckets.iter().map(|(i, _)| *i).collect();
-        let carved = Chain::carve(buckets, slots, slots >= self.homes_from, table.width);
+        let carved = Chain::carve(buckets, slots, self.homed(slots), table.width);
         for (i, chain) in held.into_iter().zip(carved.chains) {
             table.slots[i].store(chain, Ordering::Relaxed);
         }
