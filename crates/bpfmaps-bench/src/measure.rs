@@ -67,6 +67,49 @@ pub fn spin(time: Duration) {
     }
 }
 
+/// A thread that reads a buffer of its own, line by line, until dropped:
+/// a neighbour taking the shared last-level cache, as another tenant of
+/// the VM's host does in a slow window, made on purpose so that a map's
+/// sensitivity to it can be measured rather than waited for.
+pub struct Neighbour {
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Neighbour {
+    /// A neighbour reading `mib` MiB round and round (none for 0).
+    pub fn reading(mib: usize) -> Neighbour {
+        use std::sync::atomic::{AtomicBool, Ordering};
+        let stop = std::sync::Arc::new(AtomicBool::new(false));
+        let thread = (mib > 0).then(|| {
+            let stop = stop.clone();
+            std::thread::spawn(move || {
+                // Written once, so its pages are real; then read a line
+                // at a time in order, the stream a copy or a scan makes
+                // (prefetched, so it takes lines at the memory's pace).
+                let lines = vec![1u64; mib << 17];
+                let mut sum = 0u64;
+                while !stop.load(Ordering::Relaxed) {
+                    for line in lines.chunks_exact(8) {
+                        sum = sum.wrapping_add(line[0]);
+                    }
+                }
+                std::hint::black_box(sum);
+            })
+        });
+        Neighbour { stop, thread }
+    }
+}
+
+impl Drop for Neighbour {
+    fn drop(&mut self) {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        if let Some(t) = self.thread.take() {
+            t.join().expect("the neighbour thread");
+        }
+    }
+}
+
 /// Waits until bpfmaps' background reaper thread has freed everything
 /// handed to it so far (it frees in order), so that a measurement does not
 /// share the CPU with freeing a map dropped just before it. First it

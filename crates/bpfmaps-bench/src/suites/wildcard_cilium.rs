@@ -23,7 +23,7 @@ use rand::{Rng, SeedableRng};
 
 use crate::alloc::MemProbe;
 use crate::lpm_tables::{flush_deferred, value_u32};
-use crate::measure::{answer_loop, rate_samples_interleaved};
+use crate::measure::{Neighbour, answer_loop, rate_samples_interleaved};
 use crate::record::{
     BUILD_MS, MEM_BYTES_PER_KEY, NS_PER_LOOKUP, Record, TABLES, TABLES_PROBED,
     WILDCARD_DISAGREEMENTS, case, cases, cell, find, ratio,
@@ -47,6 +47,11 @@ pub struct Opts {
     /// Packets classified per case.
     #[arg(long, default_value_t = 1 << 16)]
     packets: usize,
+    /// MiB a neighbour thread reads round and round while the lookups
+    /// are timed (`measure::Neighbour`: a slow window's noisy tenant,
+    /// on the other core) [default: 0, none].
+    #[arg(long, default_value_t = 0)]
+    neighbour_mib: usize,
 }
 
 const SEED: u64 = 0x6369_6c69;
@@ -357,7 +362,13 @@ pub fn six_lookups_once(h: &TypedHashMap<[u8; 8], u32>, k: &[u8; 8], guard: &Gua
     six_lookups(h, k, guard).is_some()
 }
 
-fn one_case(ctx: &Ctx, shape: &str, n: usize, n_packets: usize) -> Vec<Record> {
+fn one_case(
+    ctx: &Ctx,
+    shape: &str,
+    n: usize,
+    n_packets: usize,
+    neighbour_mib: usize,
+) -> Vec<Record> {
     let suite = WildcardCilium::NAME;
     let schema = schema();
     let mut rng = StdRng::seed_from_u64(SEED ^ n as u64);
@@ -460,8 +471,9 @@ fn one_case(ctx: &Ctx, shape: &str, n: usize, n_packets: usize) -> Vec<Record> {
             burst_loop(&map, &flat, 8),
             answer_loop(&packets, by_packet),
         ];
+        let neighbour = Neighbour::reading(neighbour_mib);
         let rates = rate_samples_interleaved(ctx.plan(), &mut loops);
-        drop(loops);
+        drop((neighbour, loops));
         let names = [MAP, EMULATION, MAP_BURSTS, MAP_PACKETS];
         for (name, samples) in names.into_iter().zip(&rates) {
             recs.push(Record::stats(
@@ -559,10 +571,23 @@ impl Suite for WildcardCilium {
         let shapes: Vec<String> = SHAPES.iter().map(|s| s.to_string()).collect();
         let shapes = ctx.list_or(opts.shapes, &shapes, &shapes);
         ctx.set_steps((counts.len() * shapes.len()) as u64);
+        if opts.neighbour_mib > 0 {
+            ctx.note(&format!(
+                "wildcard-cilium: a neighbour thread read {} MiB round and round while the \
+                 lookups were timed",
+                opts.neighbour_mib
+            ));
+        }
         let mut all = Vec::new();
         for shape in &shapes {
             for &n in &counts {
-                let recs = one_case(ctx, shape, n.max(1), opts.packets.max(1));
+                let recs = one_case(
+                    ctx,
+                    shape,
+                    n.max(1),
+                    opts.packets.max(1),
+                    opts.neighbour_mib,
+                );
                 ctx.step();
                 ctx.print(&recs);
                 all.extend(recs);

@@ -1690,7 +1690,7 @@ fn against_the_oracle(m: &WildcardMap, schema: &Schema, ops: &[Op]) -> Result<()
                 }
             }
             prop_assert_eq!(m.len(), o.len());
-            check_after(&m, i, ops.len());
+            check_after(m, i, ops.len());
         }
         for rule in &held {
             prop_assert_eq!(m.get(rule, &guard), o.get(rule));
