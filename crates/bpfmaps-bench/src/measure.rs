@@ -73,7 +73,7 @@ pub fn spin(time: Duration) {
 /// sensitivity to it can be measured rather than waited for.
 pub struct Neighbour {
     stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
-    thread: Option<std::thread::JoinHandle<()>>,
+    thread: Option<std::thread::JoinHandle<u64>>,
 }
 
 impl Neighbour {
@@ -88,25 +88,36 @@ impl Neighbour {
                 // at a time in order, the stream a copy or a scan makes
                 // (prefetched, so it takes lines at the memory's pace).
                 let lines = vec![1u64; mib << 17];
-                let mut sum = 0u64;
+                let (mut sum, mut passes) = (0u64, 0);
                 while !stop.load(Ordering::Relaxed) {
                     for line in lines.chunks_exact(8) {
                         sum = sum.wrapping_add(line[0]);
                     }
+                    passes += 1;
                 }
                 std::hint::black_box(sum);
+                passes
             })
         });
         Neighbour { stop, thread }
+    }
+
+    /// Stops the neighbour: the passes it made over its buffer.
+    pub fn stop(mut self) -> u64 {
+        self.stopped()
+    }
+
+    fn stopped(&mut self) -> u64 {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        self.thread
+            .take()
+            .map_or(0, |t| t.join().expect("the neighbour thread"))
     }
 }
 
 impl Drop for Neighbour {
     fn drop(&mut self) {
-        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
-        if let Some(t) = self.thread.take() {
-            t.join().expect("the neighbour thread");
-        }
+        self.stopped();
     }
 }
 
@@ -312,6 +323,15 @@ mod tests {
         bpfmaps::core::reclaim::drop_in_background(big);
         settle_reaper();
         settle_reaper(); // and returns when there is nothing to wait for
+    }
+
+    #[test]
+    fn a_neighbour_reads_until_stopped() {
+        let neighbour = Neighbour::reading(1);
+        std::thread::sleep(Duration::from_millis(50));
+        // A pass over 1 MiB takes tens of microseconds.
+        assert!(neighbour.stop() > 0);
+        assert_eq!(Neighbour::reading(0).stop(), 0, "none for 0 MiB");
     }
 
     #[test]
