@@ -298,10 +298,13 @@ pub(super) const HOME: usize = 64;
 /// misses overlap. It costs a line a bucket, empty ones too: 80-110
 /// bytes a rule more at a million rules. With Cilium's rules at a
 /// million, one at a time, 1.5x the speed for exact rules, 1.26x for
-/// mixed ones, about the same for wildcard ones; at 100K rules, where
-/// the tables still fit the L3 without homes, homes made the map no
-/// faster, and slower where they took the tables out of it (docs/benchmarks.md, "Chains at their
-/// bucket's line").
+/// mixed ones, about the same for wildcard ones (docs/benchmarks.md,
+/// "Chains at their bucket's line"). At 100K rules, where the tables
+/// fit the L3 without homes, homes made the map no faster alone and
+/// slower where they took the tables out of it; beside a neighbour
+/// reading 16 MiB, a lone table's homes gained about 0.2x one at a time
+/// for a third more memory, and were not kept ("A neighbour on the
+/// cache").
 pub(super) const HOMED_SLOTS: usize = 1 << 20;
 
 /// Where a block's chains go: each chain's offset from the block's

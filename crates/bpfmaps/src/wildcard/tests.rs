@@ -708,10 +708,11 @@ fn a_split_on_an_exact_field_hashes_all_its_bits() {
             .build()
             .unwrap()
     };
-    for id in 0..25 {
+    let ids = 25;
+    for id in 0..ids {
         m.insert(&rule(id), &v(id), BPF_NOEXIST).unwrap();
         o.insert(rule(id), &v(id));
-        check_after(&m, id as usize, 25);
+        check_after(&m, id as usize, ids as usize);
     }
     let tuples = m.tuples();
     assert!(tuples.contains(&vec![32, 8]), "{tuples:?}");
@@ -1265,6 +1266,8 @@ fn a_big_tables_chains_sit_at_their_buckets_homes() {
 #[test]
 fn tables_built_at_once_carve_their_chains_from_one_block() {
     let s = id_port();
+    // Under Miri 32: the inserts after the removals still rebuild the
+    // table (at 33 rules and at 65), as asserted below.
     let n = crate::scaled(2_000, 32) as u32;
     let m = WildcardMap::new(s.clone(), 4, 4 * n).unwrap();
     m.load((0..n).map(|i| (id_port_rule(&s, i), v(i))), BPF_NOEXIST)
