@@ -753,6 +753,9 @@ pub struct WildcardMap {
     /// buckets' homes: [`HOMED_SLOTS`](super::chain::HOMED_SLOTS), lower
     /// in tests so that small maps have homes.
     homes_from: usize,
+    /// A map's only table has homes from this many buckets:
+    /// [`LONE_HOMED_SLOTS`](super::chain::LONE_HOMED_SLOTS).
+    lone_homes_from: usize,
     writer: Mutex<Writer>,
     view: Atomic<View>,
     /// Splits that took rules out of a table, counted before they do:
@@ -824,6 +827,7 @@ impl WildcardMap {
             index: None,
             map_flags: 0,
             homes_from: super::chain::HOMED_SLOTS,
+            lone_homes_from: super::chain::LONE_HOMED_SLOTS,
         })
     }
 
@@ -832,6 +836,16 @@ impl WildcardMap {
     #[cfg(test)]
     pub(super) fn with_homes_from(mut self, slots: usize) -> Self {
         self.homes_from = slots;
+        self.lone_homes_from = slots;
+        self
+    }
+
+    /// The same map whose only table has homes from `slots` buckets, and
+    /// whose tables among others have none.
+    #[cfg(test)]
+    pub(super) fn with_lone_homes_from(mut self, slots: usize) -> Self {
+        self.homes_from = usize::MAX;
+        self.lone_homes_from = slots;
         self
     }
 
@@ -1993,6 +2007,7 @@ impl WildcardMap {
         };
         let placed = Arc::clone(&entry);
         let rule = &placed.rule;
+        let lone = w.tables.len() == 1;
         let state = w.tables.get_mut(&id).expect("its table");
         let before = state.best();
         let bucket = chain_insert(&state.table, entry, guard);
@@ -2003,7 +2018,7 @@ impl WildcardMap {
         let grown = outgrows(state.rules, &state.table);
         if grown {
             let slots = slots_for(state.rules);
-            state.table = self.rebuilt(&state.table, slots, &[], guard);
+            state.table = self.rebuilt(&state.table, slots, &[], lone, guard);
         }
         let after = state.best();
         w.place_new(&placed, id);
@@ -2093,12 +2108,12 @@ impl WildcardMap {
             .find(|(_, s)| s.table.tuple == target)
             .map(|(&tid, _)| tid);
         let target_id = match existing {
-            None => w.new_table(self.build_table(target, slots_for(moving.len()), &moving)),
+            None => w.new_table(self.build_table(target, slots_for(moving.len()), &moving, false)),
             Some(t) => {
                 let state = w.tables.get_mut(&t).expect("target");
                 if outgrows(state.rules + moving.len(), &state.table) {
                     let slots = slots_for(state.rules + moving.len());
-                    state.table = self.rebuilt(&state.table, slots, &moving, guard);
+                    state.table = self.rebuilt(&state.table, slots, &moving, false, guard);
                 } else {
                     for e in &moving {
                         chain_insert(&state.table, Arc::clone(e), guard);
@@ -2214,6 +2229,7 @@ impl WildcardMap {
     /// probes ask for them.
     fn carve_loaded(&self, w: &mut Writer, first_new: u64, guard: &Guard) {
         let mut homed = false;
+        let lone = w.tables.len() == 1;
         for state in w.tables.range(first_new..).map(|(_, state)| state) {
             let table = &state.table;
             let held: Vec<(usize, &Chain)> = table
@@ -2229,7 +2245,7 @@ impl WildcardMap {
                 continue;
             }
             let slots = table.slots.len();
-            let Some(copies) = Chain::carve_copies(&held, slots, self.homed(slots)) else {
+            let Some(copies) = Chain::carve_copies(&held, slots, self.homed(slots, lone)) else {
                 continue;
             };
             for ((i, _), copy) in held.into_iter().zip(copies.chains) {
@@ -2244,28 +2260,32 @@ impl WildcardMap {
     }
 
     /// Whether a table of `slots` buckets gets homes for its chains
-    /// ([`homes_from`](Self::homes_from)).
-    fn homed(&self, slots: usize) -> bool {
-        slots >= self.homes_from
+    /// ([`homes_from`](Self::homes_from)), or, when it is the map's only
+    /// table (`lone`), from fewer ([`lone_homes_from`](Self::lone_homes_from)).
+    fn homed(&self, slots: usize, lone: bool) -> bool {
+        slots >= self.homes_from || (lone && slots >= self.lone_homes_from)
     }
 
     /// A fresh, unpublished table like `table` (its tuple) with `slots`
-    /// buckets, holding `table`'s entries and `more`.
+    /// buckets, holding `table`'s entries and `more`; `lone` if it is the
+    /// map's only table.
     fn rebuilt(
         &self,
         table: &Table,
         slots: usize,
         more: &[Arc<Entry>],
+        lone: bool,
         guard: &Guard,
     ) -> Arc<Table> {
         let mut all = table_entries(table, guard);
         all.extend(more.iter().cloned());
-        Arc::new(self.build_table(table.tuple, slots, &all))
+        Arc::new(self.build_table(table.tuple, slots, &all, lone))
     }
 
     /// A fresh, unpublished table of `tuple` with `slots` buckets holding
-    /// `entries`, with homes if [`homed`](Self::homed).
-    fn build_table(&self, tuple: Tuple, slots: usize, entries: &[Arc<Entry>]) -> Table {
+    /// `entries`, with homes if [`homed`](Self::homed) (`lone`: it is the
+    /// map's only table).
+    fn build_table(&self, tuple: Tuple, slots: usize, entries: &[Arc<Entry>], lone: bool) -> Table {
         let table = Table::new(tuple, &self.schema, slots);
         let mut chains: Vec<Vec<Arc<Entry>>> = vec![Vec::new(); slots];
         for e in entries {
@@ -2284,7 +2304,7 @@ impl WildcardMap {
             })
             .collect();
         let held: Vec<usize> = buckets.iter().map(|(i, _)| *i).collect();
-        let carved = Chain::carve(buckets, slots, self.homed(slots), table.width);
+        let carved = Chain::carve(buckets, slots, self.homed(slots, lone), table.width);
         for (i, chain) in held.into_iter().zip(carved.chains) {
             table.slots[i].store(chain, Ordering::Relaxed);
         }
@@ -2594,7 +2614,7 @@ impl WildcardMap {
             if w.has_table_of(&meet) {
                 continue;
             }
-            let table = self.build_table(meet, slots_for(moving.len()), &moving);
+            let table = self.build_table(meet, slots_for(moving.len()), &moving, false);
             if !is_short(&table, self.collision_limit, guard) {
                 continue;
             }
@@ -2607,7 +2627,7 @@ impl WildcardMap {
                 } else {
                     let tuple = state.table.tuple;
                     let slots = slots_for(rest.len());
-                    state.table = Arc::new(self.build_table(tuple, slots, &rest));
+                    state.table = Arc::new(self.build_table(tuple, slots, &rest, false));
                 }
             }
             let id = w.new_table(table);
@@ -2641,11 +2661,12 @@ impl WildcardMap {
         } else {
             let tuple = source.table.tuple;
             let slots = slots_for(staying.len());
-            source.table = Arc::new(self.build_table(tuple, slots, &staying));
+            source.table = Arc::new(self.build_table(tuple, slots, &staying, false));
         }
+        let lone = w.tables.len() == 1;
         let target = w.tables.get_mut(&into).expect("the target");
         let slots = merged_slots(moving.len(), target);
-        target.table = self.rebuilt(&target.table, slots, moving, guard);
+        target.table = self.rebuilt(&target.table, slots, moving, lone, guard);
         for e in moving {
             count(&mut target.priorities, e.rule.priority, true);
         }

@@ -1202,6 +1202,52 @@ fn bucket_counts_grow_with_the_rules() {
     }
 }
 
+/// A map's only table has homes from fewer buckets than a table among
+/// others ([`LONE_HOMED_SLOTS`](super::chain::LONE_HOMED_SLOTS)): the
+/// same rules load with homes alone and without them beside a second
+/// table, and both maps answer every rule.
+#[test]
+fn only_a_lone_table_has_homes_below_the_homed_size() {
+    let s = Schema::new(vec![Field::wildcard("id", 4), Field::exact("port", 2)]).unwrap();
+    let n = 64;
+    let exact = |i: u32| {
+        s.rule(2)
+            .exact("id", u128::from(i))
+            .exact("port", u128::from(i % 7))
+            .build()
+            .unwrap()
+    };
+    let maps = [0, 1].map(|others| {
+        let m = WildcardMap::new(s.clone(), 4, 2 * n)
+            .unwrap()
+            .with_lone_homes_from(16);
+        let any_id = (0..others).map(|p| (s.rule(3).exact("port", p).build().unwrap(), v(n + 1)));
+        // From id 1: a wildcard field's 0 matches any id.
+        m.load((1..=n).map(|i| (exact(i), v(i))).chain(any_id), BPF_NOEXIST)
+            .unwrap();
+        m
+    });
+    let [(home, held, true)] = maps[0].chains_at_home()[..] else {
+        panic!(
+            "one table, its homes probed: {:?}",
+            maps[0].chains_at_home()
+        );
+    };
+    assert!(maps[0].first_table_buckets() >= 16);
+    assert!(home * 2 > held, "{home} of {held} at home");
+    let homes = maps[1].chains_at_home();
+    assert_eq!(homes.len(), 2, "{homes:?}");
+    assert!(homes.iter().all(|&(home, ..)| home == 0), "{homes:?}");
+    let guard = pin();
+    for i in 1..=n {
+        let p = s.packet(&[u128::from(i), u128::from(i % 7)]).unwrap();
+        for m in &maps {
+            let got = m.classify(&p, &guard).map(|(_, value)| value.to_vec());
+            assert_eq!(got, Some(v(i).to_vec()), "rule {i}");
+        }
+    }
+}
+
 /// A big table's chains sit at their buckets' homes after a load and
 /// after a rebuild, where a probe asks for them beside the bucket; edits
 /// move chains out of their homes, and every answer stays right.
