@@ -38,7 +38,7 @@ pub struct WildcardCilium;
 /// `wildcard-cilium` options.
 #[derive(Debug, Args)]
 pub struct Opts {
-    /// Rule counts [quick: 1000,100000; full: 1000,100000,1000000].
+    /// Rule counts [quick: 1000,100000; full: 1000,50000,100000,1000000].
     #[arg(long, value_delimiter = ',')]
     rules: Vec<usize>,
     /// Rule shapes: exact, wildcard, mixed [all three].
@@ -567,7 +567,11 @@ impl Suite for WildcardCilium {
     const BASELINE: &'static str = EMULATION;
 
     fn run(&self, ctx: &Ctx, opts: Opts) -> Vec<Record> {
-        let counts = ctx.list_or(opts.rules, &[1000, 100_000], &[1000, 100_000, 1_000_000]);
+        let counts = ctx.list_or(
+            opts.rules,
+            &[1000, 100_000],
+            &[1000, 50_000, 100_000, 1_000_000],
+        );
         let shapes: Vec<String> = SHAPES.iter().map(|s| s.to_string()).collect();
         let shapes = ctx.list_or(opts.shapes, &shapes, &shapes);
         ctx.set_steps((counts.len() * shapes.len()) as u64);
