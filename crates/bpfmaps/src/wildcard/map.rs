@@ -840,11 +840,11 @@ impl WildcardMap {
         self
     }
 
-    /// The same map whose only table has homes from `slots` buckets, and
-    /// whose tables among others have none.
+    /// The same map whose only table has homes from `slots` buckets (a
+    /// table among others as before: after
+    /// [`with_homes_from`](Self::with_homes_from), which sets both).
     #[cfg(test)]
     pub(super) fn with_lone_homes_from(mut self, slots: usize) -> Self {
-        self.homes_from = usize::MAX;
         self.lone_homes_from = slots;
         self
     }

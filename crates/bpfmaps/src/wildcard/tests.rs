@@ -1534,8 +1534,9 @@ proptest! {
     /// Random schemas, rules and packets against the brute-force oracle:
     /// every insert's and removal's result, every classification, exact
     /// lookups and the rule list; a collision limit of 1 to 3, so that
-    /// tables split often; homes in tables from 1 or 8 buckets or (as
-    /// the map makes them) none this small.
+    /// tables split often; homes in tables from 1 or 8 buckets, in a
+    /// lone table only from 8, or (as the map makes them) none this
+    /// small.
     /// (Under Miri, up to 40 operations: with 120, its two cases took
     /// over 5 minutes of wall time.)
     #[test]
@@ -1543,11 +1544,12 @@ proptest! {
         schema in arb_schema(),
         ops in arb_ops(crate::scaled(120, 40)),
         limit in 1..4usize,
-        homes_from in prop::sample::select(vec![1usize, 8, usize::MAX]),
+        (homes_from, lone) in prop::sample::select(vec![(1usize, 1usize), (8, 8), (usize::MAX, 8), (usize::MAX, usize::MAX)]),
     ) {
         let m = WildcardMap::with_collision_limit(schema.clone(), 4, 40, limit)
             .unwrap()
-            .with_homes_from(homes_from);
+            .with_homes_from(homes_from)
+            .with_lone_homes_from(lone);
         against_the_oracle(&m, &schema, &ops)?;
     }
 
@@ -1560,11 +1562,12 @@ proptest! {
         schema in arb_schema(),
         rules in prop::collection::vec((0..8u32, prop::collection::vec(any::<u64>(), 4)), 1..crate::scaled(120, 40)),
         ops in arb_ops(crate::scaled(60, 12)),
-        homes_from in prop::sample::select(vec![1usize, 16, usize::MAX]),
+        (homes_from, lone) in prop::sample::select(vec![(1usize, 1usize), (16, 16), (usize::MAX, 16), (usize::MAX, usize::MAX)]),
     ) {
         let m = WildcardMap::new(schema.clone(), 4, 200)
             .unwrap()
-            .with_homes_from(homes_from);
+            .with_homes_from(homes_from)
+            .with_lone_homes_from(lone);
         let mut all = vec![Op::Load(rules, BPF_ANY)];
         all.extend(ops);
         against_the_oracle(&m, &schema, &all)?;
