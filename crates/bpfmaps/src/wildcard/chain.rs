@@ -303,25 +303,30 @@ pub(super) const HOME: usize = 64;
 /// fit the L3 without homes, homes on every table made walks over
 /// several tables slower (Cilium's mixed rules in bursts, 2.93x the six
 /// lookups' speed -> 2.38x; "A neighbour on the cache"); a map's only
-/// table has them from fewer buckets ([`LONE_HOMED_SLOTS`]).
+/// table has them from fewer rules ([`LONE_HOMED_RULES`]).
 pub(super) const HOMED_SLOTS: usize = 1 << 20;
 
-/// Buckets a map's only table holds before its chains get homes: 2^17,
-/// those of 32,768 rules or more, whose buckets (a MiB) and chains
-/// outgrow a core's L2. A table keeps the homes it was built with until
-/// it is rebuilt, alone or not.
+/// Rules a map's only table holds, at most, before its chains get homes
+/// (when it is built): 32,768, past which it keeps two buckets a rule in
+/// 2^17 buckets or more (`DENSE_SLOTS_PER_RULE`), whose buckets (a MiB)
+/// and chains outgrow a core's L2. A table keeps the homes it was built
+/// with until it is rebuilt, alone or not; a table grown by inserts is
+/// rebuilt at 16,385 rules and then at 65,537, so it has homes from the
+/// second.
 ///
 /// Why lower than [`HOMED_SLOTS`]: a probe of the only table reads one
 /// bucket and then one chain, and the homes' overlap of those two
 /// misses is most of what it can save. A walk over several tables
 /// already overlaps one table's misses with the next's, and there homes
 /// cost more than they save (Cilium's mixed rules in bursts, above).
-/// Cilium's exact rules one at a time on a 2 MiB-L2 Xeon, against the
-/// six lookups: 30K rules 1.04x -> 1.13x, 50K 0.96x -> 1.06x, 100K
-/// 1.12x -> 1.27x, ahead in each of 12 paired rounds; 1.6x -> 1.5x in
-/// bursts, and 323 -> 434 bytes a rule at 100K (docs/benchmarks.md,
-/// "Homes for a lone table").
-pub(super) const LONE_HOMED_SLOTS: usize = 1 << 17;
+/// Why counted in rules: at four buckets a rule (16,385 to 32,768 rules
+/// in 2^17 buckets) homes doubled the bytes a rule and made Cilium's
+/// exact rules slower (20K: 1.06x the six lookups -> 0.98x). Past it,
+/// on a 2 MiB-L2 Xeon, one at a time against the six lookups: 50K
+/// 0.96x -> 1.06x, 100K 1.12x -> 1.27x, ahead in each of 8 paired
+/// rounds; 1.6x -> 1.5x in bursts, and 323 -> 434 bytes a rule
+/// (docs/benchmarks.md, "Homes for a lone table").
+pub(super) const LONE_HOMED_RULES: usize = 1 << 15;
 
 /// Where a block's chains go: each chain's offset from the block's
 /// head, the block's bytes, and whether it has homes.

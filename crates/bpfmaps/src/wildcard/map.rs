@@ -753,9 +753,9 @@ pub struct WildcardMap {
     /// buckets' homes: [`HOMED_SLOTS`](super::chain::HOMED_SLOTS), lower
     /// in tests so that small maps have homes.
     homes_from: usize,
-    /// A map's only table has homes from this many buckets:
-    /// [`LONE_HOMED_SLOTS`](super::chain::LONE_HOMED_SLOTS).
-    lone_homes_from: usize,
+    /// A map's only table has homes when it holds more rules than this:
+    /// [`LONE_HOMED_RULES`](super::chain::LONE_HOMED_RULES).
+    lone_homes_over: usize,
     writer: Mutex<Writer>,
     view: Atomic<View>,
     /// Splits that took rules out of a table, counted before they do:
@@ -827,7 +827,7 @@ impl WildcardMap {
             index: None,
             map_flags: 0,
             homes_from: super::chain::HOMED_SLOTS,
-            lone_homes_from: super::chain::LONE_HOMED_SLOTS,
+            lone_homes_over: super::chain::LONE_HOMED_RULES,
         })
     }
 
@@ -836,16 +836,16 @@ impl WildcardMap {
     #[cfg(test)]
     pub(super) fn with_homes_from(mut self, slots: usize) -> Self {
         self.homes_from = slots;
-        self.lone_homes_from = slots;
+        self.lone_homes_over = slots;
         self
     }
 
-    /// The same map whose only table has homes from `slots` buckets (a
-    /// table among others as before: after
+    /// The same map whose only table has homes when it holds more than
+    /// `rules` rules (a table among others as before: after
     /// [`with_homes_from`](Self::with_homes_from), which sets both).
     #[cfg(test)]
-    pub(super) fn with_lone_homes_from(mut self, slots: usize) -> Self {
-        self.lone_homes_from = slots;
+    pub(super) fn with_lone_homes_over(mut self, rules: usize) -> Self {
+        self.lone_homes_over = rules;
         self
     }
 
@@ -2245,7 +2245,9 @@ impl WildcardMap {
                 continue;
             }
             let slots = table.slots.len();
-            let Some(copies) = Chain::carve_copies(&held, slots, self.homed(slots, lone)) else {
+            let Some(copies) =
+                Chain::carve_copies(&held, slots, self.homed(slots, state.rules, lone))
+            else {
                 continue;
             };
             for ((i, _), copy) in held.into_iter().zip(copies.chains) {
@@ -2259,11 +2261,12 @@ impl WildcardMap {
         }
     }
 
-    /// Whether a table of `slots` buckets gets homes for its chains
-    /// ([`homes_from`](Self::homes_from)), or, when it is the map's only
-    /// table (`lone`), from fewer ([`lone_homes_from`](Self::lone_homes_from)).
-    fn homed(&self, slots: usize, lone: bool) -> bool {
-        slots >= self.homes_from || (lone && slots >= self.lone_homes_from)
+    /// Whether a table of `slots` buckets holding `rules` rules gets
+    /// homes for its chains ([`homes_from`](Self::homes_from)), or, when
+    /// it is the map's only table (`lone`), by its rules
+    /// ([`lone_homes_over`](Self::lone_homes_over)).
+    fn homed(&self, slots: usize, rules: usize, lone: bool) -> bool {
+        slots >= self.homes_from || (lone && rules > self.lone_homes_over)
     }
 
     /// A fresh, unpublished table like `table` (its tuple) with `slots`
@@ -2304,7 +2307,12 @@ impl WildcardMap {
             })
             .collect();
         let held: Vec<usize> = buckets.iter().map(|(i, _)| *i).collect();
-        let carved = Chain::carve(buckets, slots, self.homed(slots, lone), table.width);
+        let carved = Chain::carve(
+            buckets,
+            slots,
+            self.homed(slots, entries.len(), lone),
+            table.width,
+        );
         for (i, chain) in held.into_iter().zip(carved.chains) {
             table.slots[i].store(chain, Ordering::Relaxed);
         }

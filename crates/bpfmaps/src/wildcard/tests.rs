@@ -1202,10 +1202,11 @@ fn bucket_counts_grow_with_the_rules() {
     }
 }
 
-/// A map's only table has homes from fewer buckets than a table among
-/// others ([`LONE_HOMED_SLOTS`](super::chain::LONE_HOMED_SLOTS)): the
-/// same rules load with homes alone and without them beside a second
-/// table, and both maps answer every rule.
+/// A map's only table has homes once it holds enough rules
+/// ([`LONE_HOMED_RULES`](super::chain::LONE_HOMED_RULES), here 16),
+/// where a table among others needs `HOMED_SLOTS` buckets: the same
+/// rules load with homes alone and without them beside a second table,
+/// and both maps answer every rule.
 #[test]
 fn only_a_lone_table_has_homes_below_the_homed_size() {
     let s = Schema::new(vec![Field::wildcard("id", 4), Field::exact("port", 2)]).unwrap();
@@ -1220,7 +1221,7 @@ fn only_a_lone_table_has_homes_below_the_homed_size() {
     let maps = [0, 1].map(|others| {
         let m = WildcardMap::new(s.clone(), 4, 2 * n)
             .unwrap()
-            .with_lone_homes_from(16);
+            .with_lone_homes_over(16);
         let any_id = (0..others).map(|p| (s.rule(3).exact("port", p).build().unwrap(), v(n + 1)));
         // From id 1: a wildcard field's 0 matches any id.
         m.load((1..=n).map(|i| (exact(i), v(i))).chain(any_id), BPF_NOEXIST)
@@ -1233,7 +1234,6 @@ fn only_a_lone_table_has_homes_below_the_homed_size() {
             maps[0].chains_at_home()
         );
     };
-    assert!(maps[0].first_table_buckets() >= 16);
     assert!(home * 2 > held, "{home} of {held} at home");
     let homes = maps[1].chains_at_home();
     assert_eq!(homes.len(), 2, "{homes:?}");
@@ -1535,8 +1535,8 @@ proptest! {
     /// every insert's and removal's result, every classification, exact
     /// lookups and the rule list; a collision limit of 1 to 3, so that
     /// tables split often; homes in tables from 1 or 8 buckets, in a
-    /// lone table only from 8, or (as the map makes them) none this
-    /// small.
+    /// lone table only past 8 rules, or (as the map makes them) none
+    /// this small.
     /// (Under Miri, up to 40 operations: with 120, its two cases took
     /// over 5 minutes of wall time.)
     #[test]
@@ -1549,7 +1549,7 @@ proptest! {
         let m = WildcardMap::with_collision_limit(schema.clone(), 4, 40, limit)
             .unwrap()
             .with_homes_from(homes_from)
-            .with_lone_homes_from(lone);
+            .with_lone_homes_over(lone);
         against_the_oracle(&m, &schema, &ops)?;
     }
 
@@ -1567,7 +1567,7 @@ proptest! {
         let m = WildcardMap::new(schema.clone(), 4, 200)
             .unwrap()
             .with_homes_from(homes_from)
-            .with_lone_homes_from(lone);
+            .with_lone_homes_over(lone);
         let mut all = vec![Op::Load(rules, BPF_ANY)];
         all.extend(ops);
         against_the_oracle(&m, &schema, &all)?;
