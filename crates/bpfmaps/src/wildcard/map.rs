@@ -832,19 +832,16 @@ impl WildcardMap {
     }
 
     /// The same map whose tables of `slots` buckets or more have homes,
-    /// as has a lone table of more than `slots` rules: tests give small
-    /// maps homes with it.
+    /// alone or not: tests give small maps homes with it.
     #[cfg(test)]
     pub(super) fn with_homes_from(mut self, slots: usize) -> Self {
         self.homes_from = slots;
-        self.lone_homes_over = slots;
         self
     }
 
     /// The same map whose only table has homes when it holds more than
-    /// `rules` rules (a table among others as before: after
-    /// [`with_homes_from`](Self::with_homes_from), which sets both
-    /// thresholds).
+    /// `rules` rules (and a table among others as
+    /// [`with_homes_from`](Self::with_homes_from) says).
     #[cfg(test)]
     pub(super) fn with_lone_homes_over(mut self, rules: usize) -> Self {
         self.lone_homes_over = rules;

@@ -1544,7 +1544,7 @@ proptest! {
         schema in arb_schema(),
         ops in arb_ops(crate::scaled(120, 40)),
         limit in 1..4usize,
-        (homes_from, lone) in prop::sample::select(vec![(1usize, 1usize), (8, 8), (usize::MAX, 8), (usize::MAX, usize::MAX)]),
+        (homes_from, lone) in prop::sample::select(vec![(1usize, usize::MAX), (8, usize::MAX), (usize::MAX, 8), (usize::MAX, usize::MAX)]),
     ) {
         let m = WildcardMap::with_collision_limit(schema.clone(), 4, 40, limit)
             .unwrap()
@@ -1562,7 +1562,7 @@ proptest! {
         schema in arb_schema(),
         rules in prop::collection::vec((0..8u32, prop::collection::vec(any::<u64>(), 4)), 1..crate::scaled(120, 40)),
         ops in arb_ops(crate::scaled(60, 12)),
-        (homes_from, lone) in prop::sample::select(vec![(1usize, 1usize), (16, 16), (usize::MAX, 16), (usize::MAX, usize::MAX)]),
+        (homes_from, lone) in prop::sample::select(vec![(1usize, usize::MAX), (16, usize::MAX), (usize::MAX, 16), (usize::MAX, usize::MAX)]),
     ) {
         let m = WildcardMap::new(schema.clone(), 4, 200)
             .unwrap()
