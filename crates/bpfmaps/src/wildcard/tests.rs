@@ -2351,6 +2351,161 @@ fn rule_keys_update_and_concrete_keys_classify_through_the_contract() {
     assert_eq!(out, v(1));
 }
 
+/// `n` distinct random rules of the 5-tuple schema, priorities 0-99.
+fn random_five_tuple_rules(n: usize, seed: u64) -> Vec<Rule> {
+    use rand::{Rng, SeedableRng};
+    let s = five_tuple();
+    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+    let mut rules = std::collections::BTreeSet::new();
+    while rules.len() < n {
+        let seeds: Vec<u64> = (0..5).map(|_| rng.random()).collect();
+        rules.insert(rule_from(&s, rng.random_range(0..100), &seeds));
+    }
+    // Out of rule order, as a policy's rules come.
+    let mut rules: Vec<Rule> = rules.into_iter().collect();
+    rules.sort_by_key(|r| r.bounds().first().map(|b| b.0));
+    rules
+}
+
+/// `rules`' keys back to back, and their values (`v(i)` for the `i`th).
+fn batch_of_rules(s: &Schema, rules: &[Rule]) -> (Vec<u8>, Vec<u8>) {
+    let keys = rules.iter().flat_map(|r| s.rule_key(r)).collect();
+    let values = (0..rules.len() as u32).flat_map(v).collect();
+    (keys, values)
+}
+
+#[test]
+#[cfg_attr(
+    miri,
+    ignore = "safe code over `load`, whose unsafe parts the load tests cover; 36 s interpreted"
+)]
+fn a_big_update_batch_goes_in_as_one_load() {
+    use crate::Map;
+    let s = five_tuple();
+    let n = 400;
+    let rules = random_five_tuple_rules(n, 1);
+    let (keys, values) = batch_of_rules(&s, &rules);
+    let batched = WildcardMap::new(s.clone(), 4, 1000).unwrap();
+    assert_eq!(batched.update_batch(&keys, &values, BPF_ANY), Ok(n));
+    batched.check_structure();
+    let loaded = WildcardMap::new(s.clone(), 4, 1000).unwrap();
+    let valued = || rules.iter().zip(0u32..).map(|(r, i)| (r, v(i)));
+    loaded.load(valued(), BPF_ANY).unwrap();
+    // The load's tables and exit bounds, which updates one by one do not
+    // make: some bound here is better than its rule's priority.
+    assert_eq!(batched.tuples(), loaded.tuples());
+    let bounds = |m: &WildcardMap| rules.iter().map(|r| m.exit_bound(r)).collect::<Vec<_>>();
+    assert_eq!(bounds(&batched), bounds(&loaded));
+    assert!(rules.iter().any(|r| loaded.exit_bound(r) < r.priority));
+    let one_by_one = WildcardMap::new(s.clone(), 4, 1000).unwrap();
+    for (r, value) in valued() {
+        one_by_one.insert(r, &value, BPF_NOEXIST).unwrap();
+    }
+    assert_ne!(bounds(&one_by_one), bounds(&loaded));
+    // And the answers of the rules given.
+    let mut oracle = BruteForce::new();
+    for (r, value) in valued() {
+        oracle.insert(r.clone(), &value);
+    }
+    let packets = random_five_tuple_rules(n, 2);
+    for p in &packets {
+        let packet = s
+            .packet(&p.bounds().iter().map(|b| b.0).collect::<Vec<_>>())
+            .unwrap();
+        assert_eq!(answer(&batched, &packet), oracle_answer(&oracle, &packet));
+    }
+    // A batch smaller than the map goes in one by one: the bounds no
+    // longer hold.
+    let more = random_five_tuple_rules(2 * n, 3);
+    let fresh: Vec<Rule> = more
+        .into_iter()
+        .filter(|r| oracle.get(r).is_none())
+        .take(n - 1)
+        .collect();
+    let (keys, values) = batch_of_rules(&s, &fresh);
+    assert_eq!(batched.update_batch(&keys, &values, BPF_NOEXIST), Ok(n - 1));
+    assert!(rules.iter().all(|r| batched.exit_bound(r) == r.priority));
+}
+
+/// What updates one at a time through the contract make of a batch:
+/// how many went in, or where and why they stopped.
+fn updated_one_by_one(
+    m: &dyn crate::Map,
+    keys: &[u8],
+    values: &[u8],
+    flags: u64,
+) -> Result<usize, (usize, i32)> {
+    let (ks, vs) = (m.info().key_size as usize, m.info().value_size as usize);
+    let n = keys.len() / ks;
+    for i in 0..n {
+        m.update(&keys[i * ks..][..ks], &values[i * vs..][..vs], flags)
+            .map_err(|e| (i, e.errno()))?;
+    }
+    Ok(n)
+}
+
+#[test]
+#[cfg_attr(
+    miri,
+    ignore = "safe code over `load`, whose unsafe parts the load tests cover; 48 s interpreted"
+)]
+fn a_big_update_batch_stops_where_updates_one_by_one_would() {
+    use crate::Map;
+    let s = five_tuple();
+    // Batches of `10 * k` rules.
+    let k = 10;
+    let new = || WildcardMap::new(s.clone(), 4, 50 * k as u32).unwrap();
+    let (batched, each) = (new(), new());
+    let rules = random_five_tuple_rules(70 * k, 4);
+    // Each batch below holds at least as many rules as the map: a load.
+    let same = |keys: &[u8], values: &[u8], flags, want: Result<usize, (usize, i32)>| {
+        assert!(keys.len() / s.rule_key_size() >= batched.len());
+        let got = batched
+            .update_batch(keys, values, flags)
+            .map_err(|e| (e.processed, e.error.errno()));
+        assert_eq!(got, updated_one_by_one(&each, keys, values, flags));
+        assert_eq!(got, want);
+        assert_eq!(batched.rules(), each.rules());
+        batched.check_structure();
+    };
+    // Whether the held rules' exit bounds hold (some is better than its
+    // rule's priority): a load's, which a batch one by one would void.
+    let bounds_hold = || {
+        batched
+            .rules()
+            .iter()
+            .any(|(r, _)| batched.exit_bound(r) < r.priority)
+    };
+    // A bad key (a /33 prefix) at 7 of 10: the 7 before it go in.
+    let (mut keys, values) = batch_of_rules(&s, &rules[..10 * k]);
+    let ks = s.rule_key_size();
+    keys[7 * k * ks + 12..][..4].copy_from_slice(&33u32.to_ne_bytes());
+    same(&keys, &values, BPF_ANY, Err((7 * k, 22)));
+    assert!(bounds_hold());
+    // BPF_NOEXIST, a held rule at 8 of 10: the load refuses the whole
+    // batch, and one by one stops at it.
+    let mut given = rules[10 * k..20 * k].to_vec();
+    given[8 * k] = rules[5].clone();
+    let (keys, values) = batch_of_rules(&s, &given);
+    same(&keys, &values, BPF_NOEXIST, Err((8 * k, 17)));
+    // BPF_EXIST, the 15 held and a new rule at 14.
+    let mut given: Vec<Rule> = batched.rules().into_iter().map(|(r, _)| r).collect();
+    given.insert(14 * k, rules[69 * k].clone());
+    let (keys, values) = batch_of_rules(&s, &given);
+    same(&keys, &values, BPF_EXIST, Err((14 * k, 2)));
+    // BPF_ANY, a rule twice: its last value stays.
+    let mut given = rules[20 * k..36 * k].to_vec();
+    given[16 * k - 1] = rules[20 * k].clone();
+    let (keys, values) = batch_of_rules(&s, &given);
+    same(&keys, &values, BPF_ANY, Ok(16 * k));
+    assert!(bounds_hold());
+    // Past max_entries: where the map fills.
+    let held = batched.len();
+    let (keys, values) = batch_of_rules(&s, &rules[36 * k..36 * k + held + 1]);
+    same(&keys, &values, BPF_NOEXIST, Err((50 * k - held, 7)));
+    assert_eq!(batched.len(), 50 * k);
+}
+
 #[test]
 fn get_next_key_walks_rule_order_and_goes_on_past_a_removed_rule() {
     let s = five_tuple();
