@@ -599,6 +599,42 @@ pub fn update_each<T: MapOps + ?Sized>(
     })
 }
 
+/// A family's `map_update_batch` through a bulk build that leaves what
+/// [`update_each`] would: the keys up to the first one `parse` refuses
+/// go to `bulk`, and the error then says where the batch stopped. A
+/// bulk build is all or nothing: if `bulk` refuses the keys, they are
+/// updated one by one, so the count and error are exact.
+pub fn update_in_bulk<'a, T: MapOps + ?Sized, K>(
+    map: &T,
+    (keys, values): (&'a [u8], &'a [u8]),
+    n: usize,
+    flag: UpdateFlag,
+    parse: impl Fn(&'a [u8]) -> Result<K>,
+    bulk: impl FnOnce(Vec<(K, &'a [u8])>) -> Result<()>,
+) -> Result<usize, BatchError> {
+    let (ks, vs) = (keys.len() / n.max(1), values.len() / n.max(1));
+    let mut parsed = Vec::with_capacity(n);
+    let mut stop = None;
+    for i in 0..n {
+        match parse(&keys[i * ks..][..ks]) {
+            Ok(key) => parsed.push((key, &values[i * vs..][..vs])),
+            Err(error) => {
+                stop = Some(BatchError {
+                    processed: i,
+                    error,
+                });
+                break;
+            }
+        }
+    }
+    let good = parsed.len();
+    if bulk(parsed).is_err() {
+        return update_each(map, &keys[..good * ks], &values[..good * vs], good, flag)
+            .and_then(|done| stop.map_or(Ok(done), Err));
+    }
+    stop.map_or(Ok(n), Err)
+}
+
 /// `map_get_next_key` then `map_lookup_elem`, entry by entry, the guard
 /// renewed now and then: the default `map_lookup_batch`. A key deleted
 /// between the two steps is skipped.

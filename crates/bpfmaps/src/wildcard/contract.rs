@@ -31,7 +31,9 @@
 
 use super::map::WildcardMap;
 use super::schema::{FieldKind, MAX_FIELD_SIZE, MAX_FIELDS, Packet, Rule, Schema};
-use crate::core::contract::{BatchError, Caps, MapInfo, MapOps, MapType, update_each};
+use crate::core::contract::{
+    BatchError, Caps, MapInfo, MapOps, MapType, update_each, update_in_bulk,
+};
 use crate::core::error::{Error, Result};
 use crate::core::family::{Family, KeyKind, SizeRule};
 use crate::core::flags::{BPF_F_NO_PREALLOC, UpdateFlag};
@@ -336,27 +338,14 @@ impl MapOps for WildcardMap {
         if n == 0 || n < self.len() {
             return update_each(self, keys, values, n, flag);
         }
-        let (ks, vs) = (keys.len() / n, values.len() / n);
-        let mut rules = Vec::with_capacity(n);
-        let mut stop = None;
-        for i in 0..n {
-            match self.schema().rule_from_key(&keys[i * ks..][..ks]) {
-                Ok(rule) => rules.push((rule, &values[i * vs..][..vs])),
-                Err(error) => {
-                    stop = Some(BatchError {
-                        processed: i,
-                        error,
-                    });
-                    break;
-                }
-            }
-        }
-        let good = rules.len();
-        if self.load(rules, flag.bits()).is_err() {
-            return update_each(self, &keys[..good * ks], &values[..good * vs], good, flag)
-                .and_then(|done| stop.map_or(Ok(done), Err));
-        }
-        stop.map_or(Ok(n), Err)
+        update_in_bulk(
+            self,
+            (keys, values),
+            n,
+            flag,
+            |key| self.schema().rule_from_key(key),
+            |rules| self.load(rules, flag.bits()),
+        )
     }
 
     fn map_delete_elem(&self, key: &[u8], _: &Guard) -> Result<()> {

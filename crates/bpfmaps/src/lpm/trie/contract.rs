@@ -4,7 +4,9 @@
 use std::sync::atomic::Ordering;
 
 use super::LpmTrie;
-use crate::core::contract::{BatchError, Caps, MapInfo, MapOps, MapSpec, MapType, update_each};
+use crate::core::contract::{
+    BatchError, Caps, MapInfo, MapOps, MapSpec, MapType, update_each, update_in_bulk,
+};
 use crate::core::error::{Error, Result};
 use crate::core::family::{Family, KeyKind};
 use crate::core::flags::{BPF_F_NO_PREALLOC, UpdateFlag};
@@ -111,27 +113,20 @@ impl MapOps for LpmTrie {
         if flag != UpdateFlag::Any || n < 64 || 4 * n < len {
             return update_each(self, keys, values, n, flag);
         }
-        let (ks, vs) = (keys.len() / n, values.len() / n);
-        let mut parsed = Vec::with_capacity(n);
-        let mut stop = None;
-        for i in 0..n {
-            match self.check_key_data(&keys[i * ks..][..ks]) {
-                Ok(k) => parsed.push((k.data, k.prefixlen, &values[i * vs..][..vs])),
-                Err(error) => {
-                    stop = Some(BatchError {
-                        processed: i,
-                        error,
-                    });
-                    break;
-                }
-            }
-        }
-        let good = parsed.len();
-        if self.extend(parsed).is_err() {
-            return update_each(self, &keys[..good * ks], &values[..good * vs], good, flag)
-                .and_then(|done| stop.map_or(Ok(done), Err));
-        }
-        stop.map_or(Ok(n), Err)
+        update_in_bulk(
+            self,
+            (keys, values),
+            n,
+            flag,
+            |key| self.check_key_data(key).map(|k| (k.data, k.prefixlen)),
+            |parsed| {
+                self.extend(
+                    parsed
+                        .into_iter()
+                        .map(|((data, prefixlen), value)| (data, prefixlen, value)),
+                )
+            },
+        )
     }
 
     /// Post-order, like the kernel (a prefix comes after every prefix it
