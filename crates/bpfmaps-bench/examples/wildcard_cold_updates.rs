@@ -17,22 +17,14 @@
 //! `../shared/data/classbench/ipc1_10k.gz` (docs/benchmarks.md, "Cold
 //! updates").
 
-use std::io::Read;
 use std::time::Instant;
 
 use bpfmaps::wildcard::{WildcardMap, classbench};
 use bpfmaps::{BPF_ANY, BPF_NOEXIST};
+use bpfmaps_bench::suites::wildcard_classbench;
 
 fn read_text(path: &str) -> String {
-    let mut text = String::new();
-    let f = std::fs::File::open(path).unwrap_or_else(|e| panic!("{path}: {e}"));
-    if path.ends_with(".gz") {
-        flate2::read::GzDecoder::new(f).read_to_string(&mut text)
-    } else {
-        std::io::BufReader::new(f).read_to_string(&mut text)
-    }
-    .unwrap_or_else(|e| panic!("{path}: {e}"));
-    text
+    wildcard_classbench::read_text(path.as_ref()).unwrap_or_else(|e| panic!("{path}: {e}"))
 }
 
 /// Writes a byte in every line of `mib` MiB: the caches (and the TLB)

@@ -8,24 +8,18 @@
 //! `cargo run --release -p bpfmaps-bench --example wildcard_contract_batch
 //! -- ../shared/data/classbench/acl1_10k.gz [more sets]`
 
-use std::io::Read;
 use std::time::Instant;
 
 use bpfmaps::wildcard::{Rule, WildcardMap, classbench};
 use bpfmaps::{BPF_NOEXIST, Map};
+use bpfmaps_bench::stats::Stats;
+use bpfmaps_bench::suites::wildcard_classbench::read_text;
 
 /// Passes over the packets each map is timed for, in turns.
 const PASSES: usize = 15;
 
 fn rules_of(path: &str) -> Vec<Rule> {
-    let mut text = String::new();
-    let file = std::fs::File::open(path).unwrap_or_else(|e| panic!("{path}: {e}"));
-    let read = if path.ends_with(".gz") {
-        flate2::read::GzDecoder::new(file).read_to_string(&mut text)
-    } else {
-        std::io::BufReader::new(file).read_to_string(&mut text)
-    };
-    read.unwrap_or_else(|e| panic!("{path}: {e}"));
+    let text = read_text(path.as_ref()).unwrap_or_else(|e| panic!("{path}: {e}"));
     classbench::parse_rules(&classbench::schema(), &text).expect("a rule file")
 }
 
@@ -43,10 +37,11 @@ fn pass(map: &WildcardMap, keys: &[u8], stride: usize) -> f64 {
 }
 
 /// The median and range of `xs`, to `digits` decimals.
-fn median_and_range(mut xs: Vec<f64>, digits: usize) -> String {
-    xs.sort_by(f64::total_cmp);
-    let (mid, lo, hi) = (xs[xs.len() / 2], xs[0], xs[xs.len() - 1]);
-    format!("{mid:.digits$} ({lo:.digits$}-{hi:.digits$})")
+fn median_and_range(xs: &[f64], digits: usize) -> String {
+    let Stats {
+        median, min, max, ..
+    } = Stats::from_samples(xs);
+    format!("{median:.digits$} ({min:.digits$}-{max:.digits$})")
 }
 
 fn main() {
@@ -98,9 +93,9 @@ fn main() {
             rules.len(),
             each.tables(),
             batch.tables(),
-            median_and_range(t_each, 1),
-            median_and_range(t_batch, 1),
-            median_and_range(ratios, 2),
+            median_and_range(&t_each, 1),
+            median_and_range(&t_batch, 1),
+            median_and_range(&ratios, 2),
         );
     }
 }

@@ -33,7 +33,7 @@ mod strmap_real;
 mod strmap_synthetic;
 mod strmap_threads;
 pub mod wildcard_cilium;
-mod wildcard_classbench;
+pub mod wildcard_classbench;
 mod wildcard_geoip;
 
 /// Every suite, in the order `report` runs them.

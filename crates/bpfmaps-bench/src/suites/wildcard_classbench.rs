@@ -105,8 +105,8 @@ struct RuleSet {
     trace: Option<Vec<Packet>>,
 }
 
-/// A ClassBench file's text, gzipped or not.
-fn read_text(path: &std::path::Path) -> std::io::Result<String> {
+/// A ClassBench file's text, gzipped or not (also the examples').
+pub fn read_text(path: &std::path::Path) -> std::io::Result<String> {
     let mut text = String::new();
     let f = std::fs::File::open(path)?;
     if path.extension().is_some_and(|e| e == "gz") {
