@@ -9,20 +9,23 @@
 
 use std::collections::BTreeMap;
 
-use bpfmaps::conformance::{Harness, Op};
+use bpfmaps::conformance::{Harness, Op, SIZES};
 use bpfmaps::registry::family;
 use bpfmaps::stackmap::{BPF_F_SKIP_FIELD_MASK, BPF_F_USER_STACK, StackTraceMap};
 use bpfmaps::{BPF_F_FAST_STACK_CMP, BPF_F_REUSE_STACKID, Error, Map, MapType};
 
 /// Runs the operations `data` encodes on a new map of `map_type`: the
-/// first byte picks `max_entries` (1 to 32), the rest are operations.
+/// first byte picks `max_entries` (1 to 32, its low five bits) and the
+/// key and value sizes (its top three, one of `conformance::SIZES`), the
+/// rest are operations.
 pub fn run(map_type: MapType, data: &[u8]) {
     let Some((&first, mut ops)) = data.split_first() else {
         return;
     };
     let family = family(map_type).expect("a registered family");
     let max_entries = u32::from(first % 32) + 1;
-    let mut harness = Harness::new(family, max_entries)
+    let sizes = SIZES[usize::from(first >> 5)];
+    let mut harness = Harness::sized(family, max_entries, sizes)
         .unwrap_or_else(|e| panic!("{e}"))
         .expect("a family with a model");
     while let Some(op) = Op::decode(&mut ops) {
