@@ -17,15 +17,18 @@ use bpfmaps::{BPF_F_FAST_STACK_CMP, BPF_F_REUSE_STACKID, Error, Map, MapType};
 /// Runs the operations `data` encodes on a new map of `map_type`: the
 /// first byte picks `max_entries` (1 to 32, its low five bits) and the
 /// key and value sizes (its top three, one of `conformance::SIZES`), the
-/// rest are operations.
+/// second the creation flags and hash (`conformance::spec_varied`; a
+/// spec the family refuses is built without its flags), the rest are
+/// operations.
 pub fn run(map_type: MapType, data: &[u8]) {
-    let Some((&first, mut ops)) = data.split_first() else {
+    let [first, build, ref ops @ ..] = *data else {
         return;
     };
+    let mut ops = ops;
     let family = family(map_type).expect("a registered family");
     let max_entries = u32::from(first % 32) + 1;
     let sizes = SIZES[usize::from(first >> 5)];
-    let mut harness = Harness::sized(family, max_entries, sizes)
+    let mut harness = Harness::varied(family, max_entries, sizes, build)
         .unwrap_or_else(|e| panic!("{e}"))
         .expect("a family with a model");
     while let Some(op) = Op::decode(&mut ops) {

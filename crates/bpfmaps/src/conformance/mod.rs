@@ -139,6 +139,28 @@ pub fn spec_sized(
     }
 }
 
+/// [`spec_sized`], with `build` choosing the rest: its low six bits which
+/// of the family's creation flags are set (bit `k` for the family's
+/// `k`-th declared flag), its top two the hash (the map's default, the
+/// kernel's jhash, xxh3 or the hybrid). A spec the family refuses (an LRU
+/// map without preallocation) is the caller's to drop.
+pub fn spec_varied(family: &Family, max_entries: u32, sizes: (u32, u32), build: u8) -> MapSpec {
+    let mut declared = family.map_flags;
+    let mut flags = 0;
+    for k in 0..6 {
+        let bit = declared & declared.wrapping_neg();
+        if build & (1 << k) != 0 {
+            flags |= bit;
+        }
+        declared &= !bit;
+    }
+    let spec = spec_sized(family, max_entries, sizes).flags(flags);
+    match build >> 6 {
+        0 => spec,
+        n => spec.hash(crate::hash::HashPolicy::ALL[usize::from(n - 1)]),
+    }
+}
+
 /// The `i`-th of a family's distinct valid keys for a map with `info`.
 pub fn key(kind: KeyKind, info: &MapInfo, i: u64) -> Vec<u8> {
     let ks = info.key_size as usize;
@@ -974,7 +996,26 @@ impl Harness {
         max_entries: u32,
         sizes: (u32, u32),
     ) -> Result<Option<Harness>, Violation> {
-        let spec = spec_sized(family, max_entries, sizes);
+        Self::with_spec(family, spec_sized(family, max_entries, sizes))
+    }
+
+    /// [`sized`](Self::sized), with the creation flags and hash `build`
+    /// picks ([`spec_varied`]), or without them where the family refuses
+    /// them.
+    pub fn varied(
+        family: &Family,
+        max_entries: u32,
+        sizes: (u32, u32),
+        build: u8,
+    ) -> Result<Option<Harness>, Violation> {
+        Self::with_spec(family, spec_varied(family, max_entries, sizes, build))
+            .or_else(|_| Self::sized(family, max_entries, sizes))
+    }
+
+    /// A harness for a new map of `family` built from `spec`: a violation
+    /// if the family refuses it.
+    pub fn with_spec(family: &Family, spec: MapSpec) -> Result<Option<Harness>, Violation> {
+        let max_entries = spec.max_entries;
         let map = family
             .create(&spec)
             .map_err(|e| Violation(format!("creating {spec:?}: {e}")))?;
@@ -1207,10 +1248,13 @@ fn compare_batch(
 
 /// A seeded differential run of `ops` random operations on a new map of
 /// `family` (nothing to do for a family without a model), with the key
-/// and value sizes of `SIZES[seed % 8]`.
+/// and value sizes of `SIZES[seed % 8]` and flags and hash from the seed
+/// ([`spec_varied`]; seed 0 is the suite's own spec), or without the
+/// flags where the family refuses them.
 pub fn differential(family: &Family, seed: u64, ops: usize) -> Result<(), Violation> {
     let sizes = SIZES[(seed % SIZES.len() as u64) as usize];
-    let Some(mut h) = Harness::sized(family, 24, sizes)? else {
+    let build = (seed as u8).wrapping_mul(0x9d);
+    let Some(mut h) = Harness::varied(family, 24, sizes, build)? else {
         return Ok(());
     };
     let mut rng = StdRng::seed_from_u64(seed);
