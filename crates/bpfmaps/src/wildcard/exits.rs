@@ -26,7 +26,7 @@
 //! every rule held, and publishes a view whose probes read them. They
 //! hold while every rule held is of that set: a bound may be too high
 //! (a rule removed since), which costs probes; a rule taken out and put
-//! back gets the bound it had, and a new value keeps it (`map.rs`,
+//! back gets the bound it had, and a new value keeps it (`map/write.rs`,
 //! `Writer::exits_after_adding`); any other new rule is in no bound, so
 //! it voids them all until the next load, as do more rules taken out
 //! than half of those held (the entries remembered for them, freed).
