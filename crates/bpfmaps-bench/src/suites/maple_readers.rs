@@ -136,20 +136,29 @@ fn run_once(
             s.spawn(move || {
                 let mut at = (r * probes.len() / readers.max(1)) / BATCH * BATCH;
                 let mut done = 0u64;
-                while !stop.load(Ordering::Relaxed) {
+                // A batch at least, however late the thread starts: a
+                // short run on a busy machine counts something.
+                loop {
                     black_box(map.load_sum(&probes[at..at + BATCH]));
                     at = (at + BATCH) % probes.len();
                     done += BATCH as u64;
+                    if stop.load(Ordering::Relaxed) {
+                        break;
+                    }
                 }
                 loads.fetch_add(done, Ordering::Relaxed);
             });
         }
         let mut sink = 0;
-        while began.elapsed() < time {
+        // A pass at least, as the readers' batch.
+        loop {
             for &op in ops {
                 map.apply(op, &mut sink);
             }
             writer_ops += ops.len() as u64;
+            if began.elapsed() >= time {
+                break;
+            }
         }
         black_box(sink);
         stop.store(true, Ordering::Relaxed);
