@@ -14,8 +14,9 @@ use std::hint::black_box;
 use std::marker::PhantomData;
 
 use bpfmaps::lpm::{KernelLpmTrie, LpmTrie};
+use bpfmaps::wildcard::BPF_WILDCARD_KEY_ELEM;
 use bpfmaps::wildcard::{DEFAULT_COLLISION_LIMIT, Field, Packet, Schema, WildcardMap};
-use bpfmaps::{BPF_ANY, Guard};
+use bpfmaps::{BPF_ANY, Guard, Map};
 use clap::Args;
 
 use crate::lpm_tables::{Answers, AnyLpm, Built, LpmTable, build, check_agreement, value_u32};
@@ -47,20 +48,30 @@ pub struct Opts {
 const MAP: &str = "bpfmaps-wildcard";
 const TUPLE_MERGE: &str = "bpfmaps-wildcard-tuplemerge";
 const WITH_RULE: &str = "bpfmaps-wildcard-classify";
+const WITH_KEY: &str = "bpfmaps-wildcard-key";
+const CONTRACT: &str = "bpfmaps-wildcard-contract";
+
+/// How a [`WildcardLpm`] looks an address up: `classify_as` (the value
+/// alone), `classify` (the rule and its value), or `classify_key_as` on
+/// the address's bytes (the value alone; the byte contract's lookups, and
+/// so the C library's and the Python package's, take that way), or the
+/// byte contract's `lookup` of a concrete key (as a C caller fills one).
+const BY_VALUE: u8 = 0;
+const BY_RULE: u8 = 1;
+const BY_KEY: u8 = 2;
+const BY_CONTRACT: u8 = 3;
 
 /// A `WildcardMap` of one prefix field as an LPM table: prefix `p` is the
-/// rule `addr p` at priority `bits - len`, looked up with `classify_as`
-/// (the value alone). The map `WildcardMap::new` makes (its prefix
-/// engine), or with `TUPLES` the TupleMerge one (`with_collision_limit`),
-/// which it used before; with `RULE`, looked up with `classify` (the rule
-/// and its value).
-pub struct WildcardLpm<F: Family, const TUPLES: bool = false, const RULE: bool = false> {
+/// rule `addr p` at priority `bits - len`, looked up as `HOW` says. The
+/// map `WildcardMap::new` makes (its prefix engine), or with `TUPLES` the
+/// TupleMerge one (`with_collision_limit`), which it used before.
+pub struct WildcardLpm<F: Family, const TUPLES: bool = false, const HOW: u8 = BY_VALUE> {
     /// Shared, so that one map can be timed both ways.
     map: std::sync::Arc<WildcardMap>,
     _family: PhantomData<F>,
 }
 
-impl<F: Family, const TUPLES: bool, const RULE: bool> WildcardLpm<F, TUPLES, RULE> {
+impl<F: Family, const TUPLES: bool, const HOW: u8> WildcardLpm<F, TUPLES, HOW> {
     fn rule(&self, p: &Prefix<F>) -> bpfmaps::wildcard::Rule {
         self.map
             .schema()
@@ -72,9 +83,24 @@ impl<F: Family, const TUPLES: bool, const RULE: bool> WildcardLpm<F, TUPLES, RUL
 
     #[inline]
     fn get_pinned(&self, a: &F::Addr, guard: &Guard) -> Option<u32> {
+        if HOW == BY_CONTRACT {
+            // The concrete key: its type, 4 bytes ignored, the address;
+            // a rule key's size (the prefix length's 4 bytes after it).
+            let addr = a.as_ref();
+            let mut key = [0u8; 8 + 16 + 4];
+            key[..4].copy_from_slice(&BPF_WILDCARD_KEY_ELEM.to_ne_bytes());
+            key[8..8 + addr.len()].copy_from_slice(addr);
+            let mut value = [0u8; 4];
+            let found = Map::lookup(&*self.map, &key[..8 + addr.len() + 4], &mut value);
+            return found.ok().map(|()| u32::from_ne_bytes(value));
+        }
+        if HOW == BY_KEY {
+            let found = self.map.classify_key_as(a.as_ref(), guard);
+            return found.expect("a key of the schema");
+        }
         let mut packet = Packet::default();
         packet.values[0] = be(a.as_ref());
-        if RULE {
+        if HOW == BY_RULE {
             self.map.classify(&packet, guard).map(|(_, v)| value_u32(v))
         } else {
             self.map.classify_as(&packet, guard)
@@ -87,11 +113,13 @@ fn be(bytes: &[u8]) -> u128 {
     bytes.iter().fold(0, |v, &b| v << 8 | u128::from(b))
 }
 
-impl<F: Family, const TUPLES: bool, const RULE: bool> LpmTable<F> for WildcardLpm<F, TUPLES, RULE> {
-    const NAME: &'static str = match (TUPLES, RULE) {
+impl<F: Family, const TUPLES: bool, const HOW: u8> LpmTable<F> for WildcardLpm<F, TUPLES, HOW> {
+    const NAME: &'static str = match (TUPLES, HOW) {
         (true, _) => TUPLE_MERGE,
-        (false, true) => WITH_RULE,
-        (false, false) => MAP,
+        (false, BY_RULE) => WITH_RULE,
+        (false, BY_KEY) => WITH_KEY,
+        (false, BY_CONTRACT) => CONTRACT,
+        (false, _) => MAP,
     };
     fn empty() -> Self {
         let schema = Schema::new(vec![Field::prefix("addr", F::BITS as usize / 8)])
@@ -190,8 +218,17 @@ fn family<F: Family>(
     ctx.step();
     let tuples: Built<WildcardLpm<F, true>> = build::<F, WildcardLpm<F, true>>(&prefixes);
     ctx.step();
-    // The same map as `wild`, looked up with `classify`.
-    let with_rule = WildcardLpm::<F, false, true> {
+    // The same map as `wild`, looked up with `classify`, with
+    // `classify_key_as` and through the byte contract.
+    let with_rule = WildcardLpm::<F, false, BY_RULE> {
+        map: wild.table.map.clone(),
+        _family: PhantomData,
+    };
+    let with_key = WildcardLpm::<F, false, BY_KEY> {
+        map: wild.table.map.clone(),
+        _family: PhantomData,
+    };
+    let contract = WildcardLpm::<F, false, BY_CONTRACT> {
         map: wild.table.map.clone(),
         _family: PhantomData,
     };
@@ -231,6 +268,8 @@ fn family<F: Family>(
         ),
         (MAP, Answers::of::<F, _>(&wild.table, &addrs)),
         (WITH_RULE, Answers::of::<F, _>(&with_rule, &addrs)),
+        (WITH_KEY, Answers::of::<F, _>(&with_key, &addrs)),
+        (CONTRACT, Answers::of::<F, _>(&contract, &addrs)),
         (TUPLE_MERGE, Answers::of::<F, _>(&tuples.table, &addrs)),
     ] {
         let wrong = check_agreement(ctx, &c, name, &answers, &reference);
@@ -270,11 +309,13 @@ fn family<F: Family>(
         ));
     }
 
-    let impls: [&dyn AnyLpm<F>; 5] = [
+    let impls: [&dyn AnyLpm<F>; 7] = [
         &kernel.table,
         &lpm.table,
         &wild.table,
         &with_rule,
+        &with_key,
+        &contract,
         &tuples.table,
     ];
     let mut loops: Vec<_> = impls.iter().map(|t| t.lookups(&addrs)).collect();
@@ -305,8 +346,9 @@ impl Suite for WildcardGeoip {
          longest prefix wins), into the kernel-style LPM trie (the port of \
          `kernel/bpf/lpm_trie.c`) and into bpfmaps' `LpmTrie`, one insert per prefix. The \
          wildcard map is the one `WildcardMap::new` makes (for one prefix field, an LPM trie of \
-         each prefix's best rule), looked up with `classify_as` (the value alone) and with \
-         `classify` (the rule too), and, beside it, the TupleMerge one it used before. Lookups \
+         each prefix's best rule), looked up with `classify_as` (the value alone), with \
+         `classify` (the rule too) and with `classify_key_as` (the value alone, from the \
+         address's bytes) and through the byte contract's `lookup` of a concrete key, and, beside it, the TupleMerge one it used before. Lookups \
          of addresses drawn inside random stored prefixes are timed in interleaved turns, a \
          batch of lookups under one guard for each; every address's answer must be the kernel \
          trie's. Also the build time, bytes held per prefix, and the tables each wildcard map \
@@ -339,6 +381,8 @@ impl Suite for WildcardGeoip {
                 "prefixes",
                 "wildcard ns",
                 "with the rule ns",
+                "from the key ns",
+                "contract ns",
                 "TupleMerge ns",
                 "kernel trie ns",
                 "LpmTrie ns",
@@ -356,7 +400,9 @@ impl Suite for WildcardGeoip {
              is faster; `time vs LpmTrie` is the wildcard map's time over the LpmTrie's (the \
              issue's target: at most 3). The wildcard map is `WildcardMap::new`'s (one prefix \
              field: its prefix engine) looked up with `classify_as` (the value alone); `with the \
-             rule` the same map through `classify` (the rule and its value); TupleMerge the map \
+             rule` the same map through `classify` (the rule and its value), `from the key` \
+             through `classify_key_as` on the address's bytes (the value alone), `contract` \
+             through the byte contract's `lookup` of a concrete key (as C and Python call it); TupleMerge the map \
              `with_collision_limit` makes for the same rules, in parentheses where a column \
              shows both. `wrong` counts addresses \
              answered unlike the kernel trie.",
@@ -379,6 +425,8 @@ impl Suite for WildcardGeoip {
                 crate::record::case_value(c, "n").to_string(),
                 val(MAP, NS_PER_LOOKUP.name, 1),
                 val(WITH_RULE, NS_PER_LOOKUP.name, 1),
+                val(WITH_KEY, NS_PER_LOOKUP.name, 1),
+                val(CONTRACT, NS_PER_LOOKUP.name, 1),
                 val(TUPLE_MERGE, NS_PER_LOOKUP.name, 1),
                 val(kernel, NS_PER_LOOKUP.name, 1),
                 val(trie, NS_PER_LOOKUP.name, 1),

@@ -88,7 +88,7 @@ pub const WILDCARD_FAMILY: Family = Family {
             )));
         }
         let mut map = WildcardMap::new(schema, spec.value_size as usize, spec.max_entries)?;
-        map.map_flags = spec.flags;
+        map.info.map_flags = spec.flags;
         Ok(Box::new(map))
     },
 };
@@ -277,15 +277,9 @@ fn key_type_error(got: u32, want: u32) -> Error {
 impl MapOps for WildcardMap {
     const CAPS: Caps = Caps::KEYED.union(Caps::LOOKUP_AND_DELETE);
 
+    #[inline]
     fn map_info(&self) -> MapInfo {
-        MapInfo {
-            map_type: MapType::WILDCARD,
-            key_size: self.schema().rule_key_size() as u32,
-            value_size: self.value_size() as u32,
-            max_entries: self.max_entries(),
-            map_flags: self.map_flags,
-            map_extra: self.schema().map_extra(),
-        }
+        self.info
     }
 
     fn map_len(&self) -> usize {
@@ -297,15 +291,39 @@ impl MapOps for WildcardMap {
     }
 
     fn map_lookup_elem(&self, key: &[u8], value: &mut [u8], guard: &Guard) -> Result<()> {
-        let found = if native_u32(key) == BPF_WILDCARD_KEY_ELEM {
-            self.schema().check_key(key, BPF_WILDCARD_KEY_ELEM)?;
-            let fields = &key[HEADER..HEADER + self.schema().key_size()];
-            self.classify_key(fields, guard)?.map(|(_, v)| v)
-        } else {
-            self.get(&self.schema().rule_from_key(key)?, guard)
-        };
-        value.copy_from_slice(found.ok_or(Error::NotFound)?);
-        Ok(())
+        if native_u32(key) != BPF_WILDCARD_KEY_ELEM {
+            let found = self.get(&self.schema().rule_from_key(key)?, guard);
+            value.copy_from_slice(found.ok_or(Error::NotFound)?);
+            return Ok(());
+        }
+        // A concrete key: the rule key's size (the contract's own size,
+        // not the schema's worked out again), its fields at the start.
+        crate::core::error::check_len("key", key.len(), self.info.key_size as usize)?;
+        let fields = &key[HEADER..HEADER + self.schema().key_size()];
+        // Values of up to 4 bytes by `classify_key_as`: a one-prefix
+        // schema's come from its trie of values, one cache line fewer.
+        // (`value` is the map's value size: the contract checked it.)
+        fn small<const N: usize>(
+            map: &WildcardMap,
+            fields: &[u8],
+            value: &mut [u8],
+            guard: &Guard,
+        ) -> Result<()> {
+            let found: [u8; N] = map.classify_key_as(fields, guard)?.ok_or(Error::NotFound)?;
+            value.copy_from_slice(&found);
+            Ok(())
+        }
+        match value.len() {
+            1 => small::<1>(self, fields, value, guard),
+            2 => small::<2>(self, fields, value, guard),
+            3 => small::<3>(self, fields, value, guard),
+            4 => small::<4>(self, fields, value, guard),
+            _ => {
+                let found = self.classify_key(fields, guard)?.map(|(_, v)| v);
+                value.copy_from_slice(found.ok_or(Error::NotFound)?);
+                Ok(())
+            }
+        }
     }
 
     fn map_update_elem(&self, key: &[u8], value: &[u8], flag: UpdateFlag, _: &Guard) -> Result<()> {

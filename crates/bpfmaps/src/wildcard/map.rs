@@ -68,7 +68,8 @@ use super::exits::{TableRules, exit_bounds};
 use super::match_key::KeyReader;
 use super::order::RuleOrder;
 use super::prefix::PrefixIndex;
-use super::schema::{Field, FieldKind, MAX_FIELDS, Packet, Rule, Schema};
+use super::schema::{Field, FieldKind, MAX_FIELDS, Packet, Rule, Schema, be_value};
+use crate::core::contract::{MapInfo, MapType};
 use crate::core::error::{Error, Result, check_len};
 use crate::core::flags::UpdateFlag;
 use crate::core::prefetch::prefetch;
@@ -561,8 +562,13 @@ pub struct WildcardMap {
     /// The engine of a schema of one prefix field, in place of the
     /// tables (`prefix.rs`).
     index: Option<PrefixIndex>,
-    /// Creation flags through the byte contract (`BPF_F_NO_PREALLOC`).
-    pub(super) map_flags: u32,
+    /// What the byte contract reports (`map_info`) and checks each key
+    /// against, worked out once: the rule key's size, the schema as
+    /// `map_extra`, the creation flags (`BPF_F_NO_PREALLOC`). Worked out
+    /// from the schema on each lookup, they were a sixth of a contract
+    /// lookup's instructions on acl1_10k (docs/benchmarks.md, "Keys'
+    /// bytes on the prefix engine").
+    pub(super) info: MapInfo,
 }
 
 impl WildcardMap {
@@ -598,6 +604,14 @@ impl WildcardMap {
                 "value size, max entries and collision limit must be non-zero",
             ));
         }
+        let info = MapInfo {
+            map_type: MapType::WILDCARD,
+            key_size: schema.rule_key_size() as u32,
+            value_size: value_size as u32,
+            max_entries,
+            map_flags: 0,
+            map_extra: schema.map_extra(),
+        };
         Ok(WildcardMap {
             probes: probes_for(Width::of(&schema), schema.fields().len()),
             key_reader: KeyReader::new(&schema, Width::of(&schema).bytes()),
@@ -611,7 +625,7 @@ impl WildcardMap {
             moves: AtomicU64::new(0),
             len: AtomicUsize::new(0),
             index: None,
-            map_flags: 0,
+            info,
             homes_from: super::chain::HOMED_SLOTS,
             lone_homes_over: super::chain::LONE_HOMED_RULES,
         })

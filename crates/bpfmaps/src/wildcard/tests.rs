@@ -6,6 +6,7 @@ use proptest::prelude::*;
 
 use super::*;
 use crate::core::error::Error;
+use crate::wildcard::schema::{MAX_FIELD_SIZE, MAX_FIELDS};
 use crate::{BPF_ANY, BPF_EXIST, BPF_NOEXIST, pin};
 
 fn five_tuple() -> Schema {
@@ -2228,6 +2229,29 @@ proptest! {
         prop_assert_eq!(schema.rule_from_key(&schema.match_key(&p)).unwrap_err().errno(), 22);
     }
 
+    /// A key of fields of any sizes (1 to 16 bytes, where the shared
+    /// round trip above draws 1, 2, 4, 8 and 16) is read field by field
+    /// as the big-endian numbers its bytes are, and written back the same.
+    #[test]
+    fn keys_of_fields_of_any_size_round_trip(
+        sizes in prop::collection::vec(1..=16usize, 1..=MAX_FIELDS),
+        bytes in prop::collection::vec(any::<u8>(), MAX_FIELDS * MAX_FIELD_SIZE),
+    ) {
+        let fields = sizes.iter().enumerate().map(|(i, &n)| Field::exact(&format!("f{i}"), n));
+        let schema = Schema::new(fields.collect()).unwrap();
+        let key = &bytes[..schema.key_size()];
+        let p = schema.packet_from_bytes(key).unwrap();
+        let mut at = 0;
+        for (f, &value) in schema.fields().iter().zip(&p.values) {
+            let bytes = &key[at..at + f.size];
+            prop_assert_eq!(value, bytes.iter().fold(0u128, |v, &b| v << 8 | u128::from(b)));
+            at += f.size;
+        }
+        prop_assert!(p.values[sizes.len()..].iter().all(|&v| v == 0));
+        prop_assert_eq!(schema.packet_key(&p), key.to_vec());
+        prop_assert!(schema.packet_from_bytes(&bytes[..schema.key_size() + 1]).is_err());
+    }
+
     /// The order a load sorts its rules in (the priority, then the bounds
     /// packed into one number, `map::pack`) is rule order; rules it ties
     /// are the same rule when their packing is whole (at most 128 bits).
@@ -2595,6 +2619,93 @@ fn a_one_prefix_field_map_through_the_contract() {
         m.lookup(&s.rule_key(&rules[2]), &mut out),
         Err(Error::NotFound)
     );
+}
+
+/// A one-prefix map of every field size (the prefix engine) and a
+/// two-field one (TupleMerge) answer a key's bytes through
+/// `classify_key`, `classify_key_as` and the contract's `lookup` as the
+/// oracle answers its packet, for values of 1 to 6 bytes (the contract
+/// reads those of up to 4 through `classify_key_as`).
+#[test]
+#[cfg_attr(
+    miri,
+    ignore = "safe code on the probes other tests run; minutes interpreted"
+)]
+fn keys_classify_as_their_packets_for_every_field_and_value_size() {
+    let mut rng = 0x5eed_u64;
+    let mut next = move || {
+        rng ^= rng << 13;
+        rng ^= rng >> 7;
+        rng ^= rng << 17;
+        rng
+    };
+    let schemas = (1..=16)
+        .map(|size| Schema::new(vec![Field::prefix("addr", size)]).unwrap())
+        .chain([Schema::new(vec![Field::prefix("addr", 3), Field::range("port", 2)]).unwrap()]);
+    for schema in schemas {
+        for value_size in 1..=6 {
+            let spec = crate::MapSpec::new(
+                crate::MapType::WILDCARD,
+                schema.rule_key_size() as u32,
+                value_size as u32,
+                64,
+            )
+            .extra(schema.map_extra());
+            let contract = crate::create(&spec).unwrap();
+            let map = WildcardMap::new(schema.clone(), value_size, 64).unwrap();
+            let mut oracle = BruteForce::new();
+            // Rules and packets near a few values, so that most match.
+            let near = |f: &Field, r: u64| (u128::from(r % 4) << (f.bits() - 2)) & f.max();
+            for i in 0..40u32 {
+                let mut b = schema.rule(u32::from(next() as u8 % 8));
+                for f in schema.fields() {
+                    b = match f.kind {
+                        FieldKind::Prefix => {
+                            b.prefix(&f.name, near(f, next()), next() as u32 % (f.bits() + 1))
+                        }
+                        _ => b.range(&f.name, u128::from(i % 5), u128::from(i % 5 + 3)),
+                    };
+                }
+                let rule = b.build().unwrap();
+                let value: Vec<u8> = (0..value_size).map(|_| next() as u8).collect();
+                if map.insert(&rule, &value, BPF_NOEXIST).is_ok() {
+                    contract
+                        .update(&schema.rule_key(&rule), &value, BPF_NOEXIST)
+                        .unwrap();
+                    oracle.insert(rule, &value);
+                }
+            }
+            let guard = pin();
+            for _ in 0..200 {
+                let values: Vec<u128> = schema
+                    .fields()
+                    .iter()
+                    .map(|f| (near(f, next()) | u128::from(next() as u8)) & f.max())
+                    .collect();
+                let packet = schema.packet(&values).unwrap();
+                let key = schema.packet_key(&packet);
+                let want = oracle.classify(&packet).map(|(_, v)| v.to_vec());
+                let got = map
+                    .classify_key(&key, &guard)
+                    .unwrap()
+                    .map(|(_, v)| v.to_vec());
+                assert_eq!(
+                    got, want,
+                    "classify_key, {schema:?}, values of {value_size}"
+                );
+                let mut out = vec![0; value_size];
+                let looked_up = contract.lookup(&schema.match_key(&packet), &mut out);
+                assert_eq!(looked_up.ok().map(|()| out), want, "lookup, {schema:?}");
+                if value_size == 4 {
+                    let as_word = map.classify_key_as::<[u8; 4]>(&key, &guard).unwrap();
+                    assert_eq!(as_word.map(|w| w.to_vec()), want, "classify_key_as");
+                }
+                assert_eq!(map.classify_key_as::<[u8; 7]>(&key, &guard), Ok(None));
+            }
+            let short = &schema.packet_key(&Packet::default())[1..];
+            assert!(map.classify_key_as::<[u8; 4]>(short, &guard).is_err());
+        }
+    }
 }
 
 /// Where a ClassBench set's probes go (docs/benchmarks.md, "Huge pages
