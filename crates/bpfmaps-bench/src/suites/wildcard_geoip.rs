@@ -108,9 +108,18 @@ impl<F: Family, const TUPLES: bool, const HOW: u8> WildcardLpm<F, TUPLES, HOW> {
     }
 }
 
-/// A big-endian number.
+/// An address's bytes as the big-endian number they are, read as one
+/// word, as a caller converts an `Ipv4Addr` or `Ipv6Addr` (a fold a
+/// byte at a time took 16 steps an IPv6 address: 67 ns a lookup where the
+/// key's two word loads took 51, GK1-GK6).
 fn be(bytes: &[u8]) -> u128 {
-    bytes.iter().fold(0, |v, &b| v << 8 | u128::from(b))
+    match *bytes {
+        [a, b, c, d] => u128::from(u32::from_be_bytes([a, b, c, d])),
+        _ => match <[u8; 16]>::try_from(bytes) {
+            Ok(word) => u128::from_be_bytes(word),
+            Err(_) => bytes.iter().fold(0, |v, &b| v << 8 | u128::from(b)),
+        },
+    }
 }
 
 impl<F: Family, const TUPLES: bool, const HOW: u8> LpmTable<F> for WildcardLpm<F, TUPLES, HOW> {
