@@ -430,7 +430,9 @@ pub fn run_wildcard(data: &[u8]) {
         .enumerate()
         .map(|(i, &k)| {
             let name = format!("f{i}");
-            let size = [1, 2, 4, 16][usize::from(k >> 2) % 4];
+            // The common sizes, and others that each way of reading a
+            // key's field takes (under 4 bytes, 4 to 7, 8 or more).
+            let size = [1, 2, 4, 16, 3, 6, 8, 13][usize::from(k >> 2) % 8];
             match k % 4 {
                 0 => Field::prefix(&name, size),
                 1 => Field::range(&name, size.min(8)),
@@ -559,6 +561,11 @@ pub fn run_wildcard(data: &[u8]) {
                     .expect("a key of the schema's size")
                     .map(|(r, v)| (r.clone(), v.to_vec()));
                 assert_eq!(by_key, want, "{p:?} by its key");
+                let value_by_key = map
+                    .classify_key_as::<[u8; 2]>(&schema.packet_key(&p), &guard)
+                    .expect("a key of the schema's size");
+                let want_value = want.as_ref().map(|(_, v)| [v[0], v[1]]);
+                assert_eq!(value_by_key, want_value, "{p:?}'s value by its key");
                 // `classify_many`'s pipeline over the last packets.
                 recent.push(p);
                 if recent.len() > 4 {
