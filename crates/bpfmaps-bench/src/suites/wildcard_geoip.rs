@@ -29,6 +29,7 @@ use crate::record::{
 use crate::stats::Stats;
 use crate::suite::{BATCH, Ctx, Suite};
 use crate::suites::lpm_data::{SEED, generated_ipv4, load};
+use crate::suites::wildcard_cilium::BURST;
 use crate::table::{Table, fmt_ratio};
 
 /// The suite.
@@ -50,16 +51,20 @@ const TUPLE_MERGE: &str = "bpfmaps-wildcard-tuplemerge";
 const WITH_RULE: &str = "bpfmaps-wildcard-classify";
 const WITH_KEY: &str = "bpfmaps-wildcard-key";
 const CONTRACT: &str = "bpfmaps-wildcard-contract";
+const BURSTS: &str = "bpfmaps-wildcard-bursts";
 
 /// How a [`WildcardLpm`] looks an address up: `classify_as` (the value
 /// alone), `classify` (the rule and its value), or `classify_key_as` on
 /// the address's bytes (the value alone; the byte contract's lookups, and
 /// so the C library's and the Python package's, take that way), or the
-/// byte contract's `lookup` of a concrete key (as a C caller fills one).
+/// byte contract's `lookup` of a concrete key (as a C caller fills one),
+/// or `classify_many_keys` of bursts of [`BURST`] keys (the rule and its
+/// value).
 const BY_VALUE: u8 = 0;
 const BY_RULE: u8 = 1;
 const BY_KEY: u8 = 2;
 const BY_CONTRACT: u8 = 3;
+const BY_BURSTS: u8 = 4;
 
 /// A `WildcardMap` of one prefix field as an LPM table: prefix `p` is the
 /// rule `addr p` at priority `bits - len`, looked up as `HOW` says. The
@@ -83,6 +88,11 @@ impl<F: Family, const TUPLES: bool, const HOW: u8> WildcardLpm<F, TUPLES, HOW> {
 
     #[inline]
     fn get_pinned(&self, a: &F::Addr, guard: &Guard) -> Option<u32> {
+        if HOW == BY_BURSTS {
+            let mut found = None;
+            self.bursts(std::slice::from_ref(a), guard, |v| found = Some(v));
+            return found;
+        }
         if HOW == BY_CONTRACT {
             // The concrete key: its type, 4 bytes ignored, the address;
             // a rule key's size (the prefix length's 4 bytes after it).
@@ -108,6 +118,28 @@ impl<F: Family, const TUPLES: bool, const HOW: u8> WildcardLpm<F, TUPLES, HOW> {
     }
 }
 
+impl<F: Family, const TUPLES: bool, const HOW: u8> WildcardLpm<F, TUPLES, HOW> {
+    /// `found` of each value `classify_many_keys` gives `addrs`, in
+    /// bursts of [`BURST`] keys.
+    #[inline]
+    fn bursts(&self, addrs: &[F::Addr], guard: &Guard, mut found: impl FnMut(u32)) {
+        let size = F::BITS as usize / 8;
+        let mut keys = [0u8; BURST * 16];
+        let mut out = [None; BURST];
+        for group in addrs.chunks(BURST) {
+            for (key, a) in keys.chunks_exact_mut(size).zip(group) {
+                key.copy_from_slice(a.as_ref());
+            }
+            self.map
+                .classify_many_keys(&keys[..group.len() * size], guard, &mut out)
+                .expect("whole keys and room for each answer");
+            for (_, v) in out[..group.len()].iter().flatten() {
+                found(value_u32(v));
+            }
+        }
+    }
+}
+
 /// An address's bytes as the big-endian number they are, read as one
 /// word, as a caller converts an `Ipv4Addr` or `Ipv6Addr` (a fold a
 /// byte at a time took 16 steps an IPv6 address: 67 ns a lookup where the
@@ -128,6 +160,7 @@ impl<F: Family, const TUPLES: bool, const HOW: u8> LpmTable<F> for WildcardLpm<F
         (false, BY_RULE) => WITH_RULE,
         (false, BY_KEY) => WITH_KEY,
         (false, BY_CONTRACT) => CONTRACT,
+        (false, BY_BURSTS) => BURSTS,
         (false, _) => MAP,
     };
     fn empty() -> Self {
@@ -174,6 +207,10 @@ impl<F: Family, const TUPLES: bool, const HOW: u8> LpmTable<F> for WildcardLpm<F
     fn sum_batch(&self, addrs: &[F::Addr]) -> u64 {
         let guard = bpfmaps::pin();
         let mut acc = 0u64;
+        if HOW == BY_BURSTS {
+            self.bursts(black_box(addrs), &guard, |v| acc += u64::from(v));
+            return acc;
+        }
         for a in addrs {
             if let Some(v) = self.get_pinned(black_box(a), &guard) {
                 acc += u64::from(v);
@@ -228,7 +265,7 @@ fn family<F: Family>(
     let tuples: Built<WildcardLpm<F, true>> = build::<F, WildcardLpm<F, true>>(&prefixes);
     ctx.step();
     // The same map as `wild`, looked up with `classify`, with
-    // `classify_key_as` and through the byte contract.
+    // `classify_key_as`, through the byte contract and in bursts.
     let with_rule = WildcardLpm::<F, false, BY_RULE> {
         map: wild.table.map.clone(),
         _family: PhantomData,
@@ -238,6 +275,10 @@ fn family<F: Family>(
         _family: PhantomData,
     };
     let contract = WildcardLpm::<F, false, BY_CONTRACT> {
+        map: wild.table.map.clone(),
+        _family: PhantomData,
+    };
+    let bursts = WildcardLpm::<F, false, BY_BURSTS> {
         map: wild.table.map.clone(),
         _family: PhantomData,
     };
@@ -279,6 +320,7 @@ fn family<F: Family>(
         (WITH_RULE, Answers::of::<F, _>(&with_rule, &addrs)),
         (WITH_KEY, Answers::of::<F, _>(&with_key, &addrs)),
         (CONTRACT, Answers::of::<F, _>(&contract, &addrs)),
+        (BURSTS, Answers::of::<F, _>(&bursts, &addrs)),
         (TUPLE_MERGE, Answers::of::<F, _>(&tuples.table, &addrs)),
     ] {
         let wrong = check_agreement(ctx, &c, name, &answers, &reference);
@@ -318,13 +360,14 @@ fn family<F: Family>(
         ));
     }
 
-    let impls: [&dyn AnyLpm<F>; 7] = [
+    let impls: [&dyn AnyLpm<F>; 8] = [
         &kernel.table,
         &lpm.table,
         &wild.table,
         &with_rule,
         &with_key,
         &contract,
+        &bursts,
         &tuples.table,
     ];
     let mut loops: Vec<_> = impls.iter().map(|t| t.lookups(&addrs)).collect();
@@ -356,8 +399,10 @@ impl Suite for WildcardGeoip {
          `kernel/bpf/lpm_trie.c`) and into bpfmaps' `LpmTrie`, one insert per prefix. The \
          wildcard map is the one `WildcardMap::new` makes (for one prefix field, an LPM trie of \
          each prefix's best rule), looked up with `classify_as` (the value alone), with \
-         `classify` (the rule too) and with `classify_key_as` (the value alone, from the \
-         address's bytes) and through the byte contract's `lookup` of a concrete key, and, beside it, the TupleMerge one it used before. Lookups \
+         `classify` (the rule too), with `classify_key_as` (the value alone, from the \
+         address's bytes), through the byte contract's `lookup` of a concrete key and with \
+         `classify_many_keys` of 32 keys a call, and, beside it, the TupleMerge one it used \
+         before. Lookups \
          of addresses drawn inside random stored prefixes are timed in interleaved turns, a \
          batch of lookups under one guard for each; every address's answer must be the kernel \
          trie's. Also the build time, bytes held per prefix, and the tables each wildcard map \
@@ -392,6 +437,7 @@ impl Suite for WildcardGeoip {
                 "with the rule ns",
                 "from the key ns",
                 "contract ns",
+                "bursts ns",
                 "TupleMerge ns",
                 "kernel trie ns",
                 "LpmTrie ns",
@@ -411,7 +457,8 @@ impl Suite for WildcardGeoip {
              field: its prefix engine) looked up with `classify_as` (the value alone); `with the \
              rule` the same map through `classify` (the rule and its value), `from the key` \
              through `classify_key_as` on the address's bytes (the value alone), `contract` \
-             through the byte contract's `lookup` of a concrete key (as C and Python call it); TupleMerge the map \
+             through the byte contract's `lookup` of a concrete key (as C and Python call it), \
+             `bursts` through `classify_many_keys` of 32 keys a call (the rule and its value); TupleMerge the map \
              `with_collision_limit` makes for the same rules, in parentheses where a column \
              shows both. `wrong` counts addresses \
              answered unlike the kernel trie.",
@@ -436,6 +483,7 @@ impl Suite for WildcardGeoip {
                 val(WITH_RULE, NS_PER_LOOKUP.name, 1),
                 val(WITH_KEY, NS_PER_LOOKUP.name, 1),
                 val(CONTRACT, NS_PER_LOOKUP.name, 1),
+                val(BURSTS, NS_PER_LOOKUP.name, 1),
                 val(TUPLE_MERGE, NS_PER_LOOKUP.name, 1),
                 val(kernel, NS_PER_LOOKUP.name, 1),
                 val(trie, NS_PER_LOOKUP.name, 1),

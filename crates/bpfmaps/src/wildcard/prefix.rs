@@ -40,7 +40,7 @@ use parking_lot::Mutex;
 
 use super::chain::Entry;
 use super::map::{Placed, count_fresh};
-use super::schema::{Field, Rule};
+use super::schema::{Field, Packet, Rule};
 use crate::core::error::{Error, Result};
 use crate::core::flags::UpdateFlag;
 use crate::core::reclaim::{Guard, drop_in_background, pin};
@@ -48,6 +48,9 @@ use crate::lpm::{LpmTrie, Value};
 
 /// A stored prefix: its address (host bits zero) and length.
 type Key = (u128, u8);
+
+/// Addresses a batch's lookups hand the trie at once (its own group).
+const GROUP: usize = 32;
 
 /// Bytes before the value in the trie's: the best entry's address, the
 /// rule list's address and length.
@@ -164,7 +167,78 @@ impl PrefixIndex {
         guard: &'g Guard,
     ) -> Option<(&'g Rule, &'g [u8])> {
         let (buf, at) = self.address(value)?;
-        let Some(Value::Slot(bytes)) = self.trie.get(&buf[at..], guard) else {
+        Self::answer(self.trie.get(&buf[at..], guard)?)
+    }
+
+    /// [`classify`](Self::classify) of each packet's value into `out`
+    /// (as long or longer), [`GROUP`] at a time through
+    /// [`classify_group`](Self::classify_group).
+    pub(super) fn classify_many<'g>(
+        &self,
+        packets: &[Packet],
+        guard: &'g Guard,
+        out: &mut [Option<(&'g Rule, &'g [u8])>],
+    ) {
+        let mut bufs = [[0u8; 16]; GROUP];
+        for (group, outs) in packets.chunks(GROUP).zip(out.chunks_mut(GROUP)) {
+            let mut addrs: [&[u8]; GROUP] = [&[]; GROUP];
+            for ((addr, buf), p) in addrs.iter_mut().zip(&mut bufs).zip(group) {
+                // A value wider than the field keeps an empty address,
+                // which the trie answers with `None`.
+                if let Some((data, at)) = self.address(p.values[0]) {
+                    *buf = data;
+                    *addr = &buf[at..];
+                }
+            }
+            self.classify_group(&addrs[..group.len()], guard, outs);
+        }
+    }
+
+    /// [`classify_many`](Self::classify_many) of keys: the field's bytes,
+    /// `keys.len()` a multiple of its size.
+    pub(super) fn classify_many_keys<'g>(
+        &self,
+        keys: &[u8],
+        guard: &'g Guard,
+        out: &mut [Option<(&'g Rule, &'g [u8])>],
+    ) {
+        for (group, outs) in keys.chunks(GROUP * self.bytes).zip(out.chunks_mut(GROUP)) {
+            let mut addrs: [&[u8]; GROUP] = [&[]; GROUP];
+            let n = group.len() / self.bytes;
+            for (addr, key) in addrs.iter_mut().zip(group.chunks_exact(self.bytes)) {
+                *addr = key;
+            }
+            self.classify_group(&addrs[..n], guard, outs);
+        }
+    }
+
+    /// Up to [`GROUP`] addresses through the trie's staged `get_many`:
+    /// the lookups overlap their cache misses, where a loop of
+    /// `classify` overlaps what the CPU's reorder window holds.
+    #[inline(always)]
+    fn classify_group<'g>(
+        &self,
+        addrs: &[&[u8]],
+        guard: &'g Guard,
+        out: &mut [Option<(&'g Rule, &'g [u8])>],
+    ) {
+        let mut found = [None; GROUP];
+        let found = &mut found[..addrs.len()];
+        self.trie
+            .get_many(addrs, guard, found)
+            .expect("room for each answer");
+        for (o, f) in out.iter_mut().zip(found.iter()) {
+            *o = f.and_then(Self::answer);
+        }
+    }
+
+    /// The best rule and its value from what the trie holds for a
+    /// prefix: its route slot (`None` for anything else), for as long as
+    /// the caller's guard (`'g`), where the trie lends it for as long as
+    /// the trie's borrow.
+    #[inline(always)]
+    fn answer<'g>(found: Value<'_>) -> Option<(&'g Rule, &'g [u8])> {
+        let Value::Slot(bytes) = found else {
             return None;
         };
         let best = std::ptr::with_exposed_provenance::<Entry>(word(bytes, 0));

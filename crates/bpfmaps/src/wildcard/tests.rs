@@ -2625,7 +2625,8 @@ fn a_one_prefix_field_map_through_the_contract() {
 /// two-field one (TupleMerge) answer a key's bytes through
 /// `classify_key`, `classify_key_as` and the contract's `lookup` as the
 /// oracle answers its packet, for values of 1 to 6 bytes (the contract
-/// reads those of up to 4 through `classify_key_as`).
+/// reads those of up to 4 through `classify_key_as`); and a batch of
+/// them through `classify_many` and `classify_many_keys`.
 #[test]
 #[cfg_attr(
     miri,
@@ -2676,6 +2677,7 @@ fn keys_classify_as_their_packets_for_every_field_and_value_size() {
                 }
             }
             let guard = pin();
+            let mut packets = Vec::new();
             for _ in 0..200 {
                 let values: Vec<u128> = schema
                     .fields()
@@ -2701,11 +2703,75 @@ fn keys_classify_as_their_packets_for_every_field_and_value_size() {
                     assert_eq!(as_word.map(|w| w.to_vec()), want, "classify_key_as");
                 }
                 assert_eq!(map.classify_key_as::<[u8; 7]>(&key, &guard), Ok(None));
+                packets.push(packet);
             }
+            // The 200 in one batch (groups of 32 and the rest), as
+            // packets and as keys.
+            let want: Vec<_> = packets.iter().map(|p| oracle.classify(p)).collect();
+            let mut out = vec![None; packets.len()];
+            map.classify_many(&packets, &guard, &mut out).unwrap();
+            assert_eq!(out, want, "classify_many, {schema:?}");
+            let keys: Vec<u8> = packets.iter().flat_map(|p| schema.packet_key(p)).collect();
+            let mut out = vec![None; packets.len()];
+            map.classify_many_keys(&keys, &guard, &mut out).unwrap();
+            assert_eq!(out, want, "classify_many_keys, {schema:?}");
             let short = &schema.packet_key(&Packet::default())[1..];
             assert!(map.classify_key_as::<[u8; 4]>(short, &guard).is_err());
         }
     }
+}
+
+/// A prefix engine big enough for its trie's direct index (4,096
+/// prefixes and more) answers batches through the trie's staged lookups:
+/// each answer as `classify` gives it, a packet's value wider than the
+/// field none.
+#[test]
+#[cfg_attr(miri, ignore = "5,000 rules: minutes interpreted")]
+fn a_big_prefix_engine_classifies_batches_as_one_at_a_time() {
+    let schema = Schema::new(vec![Field::prefix("addr", 4)]).unwrap();
+    let map = WildcardMap::new(schema.clone(), 4, 10_000).unwrap();
+    let mut rng = 0x9e37_79b9_u64;
+    let mut next = move || {
+        rng ^= rng << 13;
+        rng ^= rng >> 7;
+        rng ^= rng << 17;
+        rng
+    };
+    let rules: Vec<_> = (0..5_000u32)
+        .map(|i| {
+            let len = 8 + (next() % 17) as u32;
+            let addr = u128::from(next() as u32 & (u32::MAX << (32 - len)));
+            let rule = schema
+                .rule(32 - len)
+                .prefix("addr", addr, len)
+                .build()
+                .unwrap();
+            (rule, v(i))
+        })
+        .collect();
+    map.load(rules.iter().map(|(r, v)| (r, v)), BPF_ANY)
+        .unwrap();
+    let mut packets: Vec<Packet> = (0..1_000)
+        .map(|_| schema.packet(&[u128::from(next() as u32)]).unwrap())
+        .collect();
+    packets[7].values[0] = 1 << 32;
+    let guard = pin();
+    let want: Vec<_> = packets.iter().map(|p| map.classify(p, &guard)).collect();
+    assert!(
+        want.iter().filter(|a| a.is_some()).count() > 100,
+        "most addresses match"
+    );
+    assert_eq!(want[7], None);
+    let mut out = vec![None; packets.len()];
+    map.classify_many(&packets, &guard, &mut out).unwrap();
+    assert_eq!(out, want);
+    let mut fitting = packets.clone();
+    fitting.remove(7);
+    let keys: Vec<u8> = fitting.iter().flat_map(|p| schema.packet_key(p)).collect();
+    let mut out = vec![None; fitting.len()];
+    map.classify_many_keys(&keys, &guard, &mut out).unwrap();
+    let want: Vec<_> = fitting.iter().map(|p| map.classify(p, &guard)).collect();
+    assert_eq!(out, want);
 }
 
 /// Where a ClassBench set's probes go (docs/benchmarks.md, "Huge pages
