@@ -2621,6 +2621,16 @@ fn a_one_prefix_field_map_through_the_contract() {
     );
 }
 
+/// A stream of pseudo-random words from `seed` (not 0).
+fn xorshift(mut seed: u64) -> impl FnMut() -> u64 {
+    move || {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        seed
+    }
+}
+
 /// A one-prefix map of every field size (the prefix engine) and a
 /// two-field one (TupleMerge) answer a key's bytes through
 /// `classify_key`, `classify_key_as` and the contract's `lookup` as the
@@ -2633,13 +2643,7 @@ fn a_one_prefix_field_map_through_the_contract() {
     ignore = "safe code on the probes other tests run; minutes interpreted"
 )]
 fn keys_classify_as_their_packets_for_every_field_and_value_size() {
-    let mut rng = 0x5eed_u64;
-    let mut next = move || {
-        rng ^= rng << 13;
-        rng ^= rng >> 7;
-        rng ^= rng << 17;
-        rng
-    };
+    let mut next = xorshift(0x5eed);
     let schemas = (1..=16)
         .map(|size| Schema::new(vec![Field::prefix("addr", size)]).unwrap())
         .chain([Schema::new(vec![Field::prefix("addr", 3), Field::range("port", 2)]).unwrap()]);
@@ -2730,13 +2734,7 @@ fn keys_classify_as_their_packets_for_every_field_and_value_size() {
 fn a_big_prefix_engine_classifies_batches_as_one_at_a_time() {
     let schema = Schema::new(vec![Field::prefix("addr", 4)]).unwrap();
     let map = WildcardMap::new(schema.clone(), 4, 10_000).unwrap();
-    let mut rng = 0x9e37_79b9_u64;
-    let mut next = move || {
-        rng ^= rng << 13;
-        rng ^= rng >> 7;
-        rng ^= rng << 17;
-        rng
-    };
+    let mut next = xorshift(0x9e37_79b9);
     let rules: Vec<_> = (0..5_000u32)
         .map(|i| {
             let len = 8 + (next() % 17) as u32;
