@@ -119,6 +119,14 @@ impl<F: Family, const TUPLES: bool, const HOW: u8> WildcardLpm<F, TUPLES, HOW> {
 }
 
 impl<F: Family, const TUPLES: bool, const HOW: u8> WildcardLpm<F, TUPLES, HOW> {
+    /// The same map, looked up as `H` says.
+    fn looked_up<const H: u8>(&self) -> WildcardLpm<F, TUPLES, H> {
+        WildcardLpm {
+            map: self.map.clone(),
+            _family: PhantomData,
+        }
+    }
+
     /// `found` of each value `classify_many_keys` gives `addrs`, in
     /// bursts of [`BURST`] keys.
     #[inline]
@@ -266,22 +274,10 @@ fn family<F: Family>(
     ctx.step();
     // The same map as `wild`, looked up with `classify`, with
     // `classify_key_as`, through the byte contract and in bursts.
-    let with_rule = WildcardLpm::<F, false, BY_RULE> {
-        map: wild.table.map.clone(),
-        _family: PhantomData,
-    };
-    let with_key = WildcardLpm::<F, false, BY_KEY> {
-        map: wild.table.map.clone(),
-        _family: PhantomData,
-    };
-    let contract = WildcardLpm::<F, false, BY_CONTRACT> {
-        map: wild.table.map.clone(),
-        _family: PhantomData,
-    };
-    let bursts = WildcardLpm::<F, false, BY_BURSTS> {
-        map: wild.table.map.clone(),
-        _family: PhantomData,
-    };
+    let with_rule = wild.table.looked_up::<BY_RULE>();
+    let with_key = wild.table.looked_up::<BY_KEY>();
+    let contract = wild.table.looked_up::<BY_CONTRACT>();
+    let bursts = wild.table.looked_up::<BY_BURSTS>();
 
     let reference = Answers::of::<F, _>(&kernel.table, &addrs);
     let mut recs = Vec::new();
