@@ -12,10 +12,18 @@
 //! with a sweep that evicts"): the host's cache behind a core is not
 //! the one the VM reports.
 //!
+//! `--idle-secs S` leaves the map's memory idle for S seconds after the
+//! sweep, as the suite's lookups leave the writer's, and times each
+//! update: per pass it also prints the updates that took over 50 us and
+//! the page faults the thread took. On this VM the host stalls the first
+//! touch of guest memory left idle for seconds, 0.1-0.2 ms a page, with
+//! no fault in the guest (docs/benchmarks.md, "Updates after idle
+//! memory"); the suite's first pass after its lookups pays those.
+//!
 //! `cargo run --release -p bpfmaps-bench --example wildcard_cold_updates
-//! -- RULE_FILE... [--rounds N] [--passes N] [--sweep-mib N]`, e.g. with
-//! `../shared/data/classbench/ipc1_10k.gz` (docs/benchmarks.md, "Cold
-//! updates").
+//! -- RULE_FILE... [--rounds N] [--passes N] [--sweep-mib N]
+//! [--idle-secs S]`, e.g. with `../shared/data/classbench/ipc1_10k.gz`
+//! (docs/benchmarks.md, "Cold updates").
 
 use std::time::Instant;
 
@@ -37,8 +45,38 @@ fn evict(mib: usize) {
     std::hint::black_box(&sweep);
 }
 
+/// Page faults (minor and major) this thread has taken.
+fn faults() -> i64 {
+    // SAFETY: `getrusage` fills the struct it is given.
+    let usage = unsafe {
+        let mut usage = std::mem::zeroed::<libc::rusage>();
+        libc::getrusage(libc::RUSAGE_THREAD, &mut usage);
+        usage
+    };
+    usage.ru_minflt + usage.ru_majflt
+}
+
+/// The median and range of `values`, sorted in place.
+fn spread(values: &mut [f64]) -> (f64, f64, f64) {
+    values.sort_by(f64::total_cmp);
+    (
+        values[values.len() / 2],
+        values[0],
+        values[values.len() - 1],
+    )
+}
+
+/// One pass's figures: ns an update, updates over 50 us, page faults.
+#[derive(Default)]
+struct Pass {
+    ns: Vec<f64>,
+    stalls: Vec<f64>,
+    faults: Vec<f64>,
+}
+
 fn main() {
     let (mut files, mut rounds, mut passes, mut mib) = (Vec::new(), 15usize, 3usize, 256usize);
+    let mut idle: Option<u64> = None;
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
         let mut number = || args.next().and_then(|n| n.parse().ok()).expect("a number");
@@ -46,6 +84,7 @@ fn main() {
             "--rounds" => rounds = number(),
             "--passes" => passes = number(),
             "--sweep-mib" => mib = number(),
+            "--idle-secs" => idle = Some(number() as u64),
             _ => files.push(a),
         }
     }
@@ -59,29 +98,48 @@ fn main() {
         )
         .expect("distinct rules");
         let moved: Vec<_> = rules.iter().step_by(10).collect();
-        let mut ns = vec![Vec::new(); passes];
+        let mut figures: Vec<Pass> = (0..passes).map(|_| Pass::default()).collect();
         for _ in 0..rounds {
             evict(mib);
-            for pass in &mut ns {
-                let started = Instant::now();
+            if let Some(secs) = idle {
+                std::thread::sleep(std::time::Duration::from_secs(secs));
+            }
+            for pass in &mut figures {
+                let (started, faulted) = (Instant::now(), faults());
+                let mut stalls = 0;
                 for r in &moved {
+                    // Each update pair timed only where stalls are counted.
+                    let pair = idle.map(|_| Instant::now());
                     map.remove(r).expect("a held rule");
                     map.insert(r, &r.priority.to_ne_bytes(), BPF_ANY)
                         .expect("room for a rule just removed");
+                    if pair.is_some_and(|t| t.elapsed().as_micros() > 50) {
+                        stalls += 1;
+                    }
                 }
-                pass.push(started.elapsed().as_nanos() as f64 / (2 * moved.len()) as f64);
+                let ns = started.elapsed().as_nanos() as f64 / (2 * moved.len()) as f64;
+                pass.ns.push(ns);
+                pass.stalls.push(stalls as f64);
+                pass.faults.push((faults() - faulted) as f64);
             }
         }
         let name = path.rsplit('/').next().unwrap_or(path);
-        for (p, t) in ns.iter_mut().enumerate() {
-            t.sort_by(f64::total_cmp);
-            println!(
-                "{name} pass {p}{}: {:.0} ns/update [{:.0}..{:.0}]",
+        for (p, pass) in figures.iter_mut().enumerate() {
+            let (median, low, high) = spread(&mut pass.ns);
+            print!(
+                "{name} pass {p}{}: {median:.0} ns/update [{low:.0}..{high:.0}]",
                 if p == 0 { " (cold)" } else { "" },
-                t[t.len() / 2],
-                t[0],
-                t[t.len() - 1]
             );
+            if idle.is_some() {
+                let (stalls, least, most) = spread(&mut pass.stalls);
+                let (faults, _, faults_most) = spread(&mut pass.faults);
+                print!(
+                    ", update pairs over 50 us {stalls:.0} [{least:.0}..{most:.0}] of {}, \
+                     page faults {faults:.0} (at most {faults_most:.0})",
+                    moved.len()
+                );
+            }
+            println!();
         }
     }
 }

@@ -357,7 +357,10 @@ impl Suite for WildcardClassbench {
          force's rule. Also: the \
          build (one `load` of the set) and the bytes the map then holds a rule (the allocator's \
          count), rule updates (every tenth rule removed and inserted again, \
-         a pass per repetition: the median pass, and the spread with the first, cold one), \
+         a pass per repetition: the median pass, and the spread with the first, cold one; on a \
+         VM whose host stalls the first touch of memory left idle for seconds, as the writer's is \
+         during the lookups, those stalls can set the figure: docs/benchmarks.md, \
+         \"Updates after idle memory\"), \
          the tables TupleMerge made and the mean number it probed per packet, after the load and \
          again after the update passes (the sample's answers checked again then). Beside DPDK 22.11's \
          `rte_acl` where Debian's `dpdk-dev` is installed: its `dpdk-test-acl` program, run as a \
