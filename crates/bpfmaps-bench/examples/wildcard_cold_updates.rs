@@ -14,9 +14,10 @@
 //!
 //! `--idle-secs S` leaves the map's memory idle for S seconds after the
 //! sweep, as the suite's lookups leave the writer's, and times each
-//! update: per pass it also prints the updates that took over 50 us and
-//! the page faults the thread took. On this VM the host stalls the first
-//! touch of guest memory left idle for seconds, 0.1-0.2 ms a page, with
+//! update pair (a remove and the insert back, two clock reads more): per
+//! pass it also prints the pairs that took over 50 us and the page
+//! faults the thread took. On this VM the host stalls the first
+//! touch of guest memory left idle for seconds, 0.1-0.2 ms a stall, with
 //! no fault in the guest (docs/benchmarks.md, "Updates after idle
 //! memory"); the suite's first pass after its lookups pays those.
 //!
