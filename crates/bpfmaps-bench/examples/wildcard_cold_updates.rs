@@ -106,7 +106,8 @@ fn main() {
                 std::thread::sleep(std::time::Duration::from_secs(secs));
             }
             for pass in &mut figures {
-                let (started, faulted) = (Instant::now(), faults());
+                let faulted = faults();
+                let started = Instant::now();
                 let mut stalls = 0;
                 for r in &moved {
                     // Each update pair timed only where stalls are counted.
