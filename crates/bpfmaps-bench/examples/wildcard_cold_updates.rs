@@ -30,6 +30,7 @@ use std::time::Instant;
 
 use bpfmaps::wildcard::{WildcardMap, classbench};
 use bpfmaps::{BPF_ANY, BPF_NOEXIST};
+use bpfmaps_bench::stats::Stats;
 use bpfmaps_bench::suites::wildcard_classbench;
 
 fn read_text(path: &str) -> String {
@@ -55,16 +56,6 @@ fn faults() -> i64 {
         usage
     };
     usage.ru_minflt + usage.ru_majflt
-}
-
-/// The median and range of `values`, sorted in place.
-fn spread(values: &mut [f64]) -> (f64, f64, f64) {
-    values.sort_by(f64::total_cmp);
-    (
-        values[values.len() / 2],
-        values[0],
-        values[values.len() - 1],
-    )
 }
 
 /// One pass's figures: ns an update, updates over 50 us, page faults.
@@ -126,19 +117,27 @@ fn main() {
             }
         }
         let name = path.rsplit('/').next().unwrap_or(path);
-        for (p, pass) in figures.iter_mut().enumerate() {
-            let (median, low, high) = spread(&mut pass.ns);
+        for (p, pass) in figures.iter().enumerate() {
+            let ns = Stats::from_samples(&pass.ns);
             print!(
-                "{name} pass {p}{}: {median:.0} ns/update [{low:.0}..{high:.0}]",
+                "{name} pass {p}{}: {:.0} ns/update [{:.0}..{:.0}]",
                 if p == 0 { " (cold)" } else { "" },
+                ns.median,
+                ns.min,
+                ns.max
             );
             if idle.is_some() {
-                let (stalls, least, most) = spread(&mut pass.stalls);
-                let (faults, _, faults_most) = spread(&mut pass.faults);
+                let stalls = Stats::from_samples(&pass.stalls);
+                let faults = Stats::from_samples(&pass.faults);
                 print!(
-                    ", update pairs over 50 us {stalls:.0} [{least:.0}..{most:.0}] of {}, \
-                     page faults {faults:.0} (at most {faults_most:.0})",
-                    moved.len()
+                    ", update pairs over 50 us {:.0} [{:.0}..{:.0}] of {}, \
+                     page faults {:.0} (at most {:.0})",
+                    stalls.median,
+                    stalls.min,
+                    stalls.max,
+                    moved.len(),
+                    faults.median,
+                    faults.max
                 );
             }
             println!();

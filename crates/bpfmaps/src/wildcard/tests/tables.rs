@@ -622,18 +622,7 @@ fn classify_many_in_bursts_answers_as_classify() {
         })
         .collect();
     let guard = pin();
-    let keys: Vec<u8> = packets.iter().flat_map(|p| s.packet_key(p)).collect();
-    for n in [1, 15, 16, 17, 1_000] {
-        let mut out = vec![None; n];
-        m.classify_many(&packets[..n], &guard, &mut out).unwrap();
-        for (p, o) in packets.iter().zip(&out) {
-            assert_eq!(*o, m.classify(p, &guard));
-        }
-        let mut by_keys = vec![None; n];
-        m.classify_many_keys(&keys[..n * 6], &guard, &mut by_keys)
-            .unwrap();
-        assert_eq!(by_keys, out);
-    }
+    batches_answer_as_one_at_a_time(&m, &packets, &[1, 15, 16, 17, 1_000], &guard);
     let hits = packets.iter().filter(|p| m.classify(p, &guard).is_some());
     assert!((300..700).contains(&hits.count()), "hits and misses both");
 }
@@ -892,18 +881,7 @@ fn classify_many_in_bursts_over_several_tables_answers_as_classify() {
         })
         .collect();
     let guard = pin();
-    let keys: Vec<u8> = packets.iter().flat_map(|p| s.packet_key(p)).collect();
-    for n in [1, 2, 15, 16, 17, 1_000] {
-        let mut out = vec![None; n];
-        m.classify_many(&packets[..n], &guard, &mut out).unwrap();
-        for (p, o) in packets.iter().zip(&out) {
-            assert_eq!(*o, m.classify(p, &guard));
-        }
-        let mut by_keys = vec![None; n];
-        m.classify_many_keys(&keys[..n * 6], &guard, &mut by_keys)
-            .unwrap();
-        assert_eq!(by_keys, out);
-    }
+    batches_answer_as_one_at_a_time(&m, &packets, &[1, 2, 15, 16, 17, 1_000], &guard);
     let wildcard_hits = packets
         .iter()
         .filter_map(|p| m.classify(p, &guard))
@@ -1065,5 +1043,29 @@ fn where_a_classbench_sets_probes_go() {
                 );
             }
         }
+    }
+}
+
+/// The first `n` of `packets`, for each `n` of `sizes`, classified in one
+/// batch, as packets (`classify_many`) and as their keys' bytes
+/// (`classify_many_keys`): each answer is `classify`'s.
+fn batches_answer_as_one_at_a_time(
+    m: &WildcardMap,
+    packets: &[Packet],
+    sizes: &[usize],
+    guard: &crate::Guard,
+) {
+    let s = m.schema();
+    let keys: Vec<u8> = packets.iter().flat_map(|p| s.packet_key(p)).collect();
+    for &n in sizes {
+        let mut out = vec![None; n];
+        m.classify_many(&packets[..n], guard, &mut out).unwrap();
+        for (p, o) in packets.iter().zip(&out) {
+            assert_eq!(*o, m.classify(p, guard));
+        }
+        let mut by_keys = vec![None; n];
+        m.classify_many_keys(&keys[..n * s.key_size()], guard, &mut by_keys)
+            .unwrap();
+        assert_eq!(by_keys, out);
     }
 }
