@@ -24,7 +24,9 @@
 //! `cargo run --release -p bpfmaps-bench --example wildcard_cold_updates
 //! -- RULE_FILE... [--rounds N] [--passes N] [--sweep-mib N]
 //! [--idle-secs S]`, e.g. with `../shared/data/classbench/ipc1_10k.gz`
-//! (docs/benchmarks.md, "Cold updates").
+//! (docs/benchmarks.md, "Cold updates"); with `--features mimalloc`
+//! before `--example`, over mimalloc instead of the system's allocator
+//! (the first line of the output names it).
 
 use std::time::Instant;
 
@@ -80,6 +82,7 @@ fn main() {
             _ => files.push(a),
         }
     }
+    println!("allocator: {}", bpfmaps_bench::alloc::UNDER);
     let schema = classbench::schema();
     for path in &files {
         let rules = classbench::parse_rules(&schema, &read_text(path)).expect("a rule file");

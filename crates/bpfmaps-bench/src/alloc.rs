@@ -1,6 +1,7 @@
 //! A counting global allocator: memory numbers are measured, not estimated.
 //!
-//! [`CountingAlloc`] wraps [`System`] and keeps two counters:
+//! [`CountingAlloc`] wraps [`Under`] (the system's allocator unless the
+//! `mimalloc` feature is on) and keeps two counters:
 //! - the process-wide bytes currently allocated ([`current`]), one relaxed
 //!   atomic add per allocation and per free;
 //! - the *calling thread's* net bytes (allocated minus freed by this
@@ -15,13 +16,38 @@
 //!
 //! Sizes are the bytes requested (`Layout::size`); malloc's own headers
 //! and rounding are not included.
+//!
+//! Under it, the system's allocator (glibc's `malloc` on Linux), or with
+//! the crate's `mimalloc` feature, mimalloc: a map's updates allocate and
+//! free as they run, and what the allocator costs them is part of what a
+//! user sees, so the allocator is a condition a figure names
+//! (docs/benchmarks.md, "The allocator's share of an update").
 
-use std::alloc::{GlobalAlloc, Layout, System};
+use std::alloc::{GlobalAlloc, Layout};
 use std::cell::Cell;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-/// The allocator: [`System`] plus byte counters.
+/// The allocator: [`Under`] plus byte counters.
 pub struct CountingAlloc;
+
+/// The allocator under the counters: the system's.
+#[cfg(not(feature = "mimalloc"))]
+pub type Under = std::alloc::System;
+/// The allocator under the counters: mimalloc (the `mimalloc` feature).
+#[cfg(feature = "mimalloc")]
+pub type Under = mimalloc::MiMalloc;
+
+/// Which allocator [`Under`] is, for a report's notes.
+pub const UNDER: &str = if cfg!(feature = "mimalloc") {
+    "mimalloc (the `mimalloc` feature)"
+} else {
+    "system malloc"
+};
+
+#[cfg(not(feature = "mimalloc"))]
+const UNDER_ALLOC: Under = std::alloc::System;
+#[cfg(feature = "mimalloc")]
+const UNDER_ALLOC: Under = mimalloc::MiMalloc;
 
 /// Installed for the whole binary (and this crate's tests).
 #[global_allocator]
@@ -47,12 +73,12 @@ fn on_free(size: usize) {
     let _ = THREAD_NET.try_with(|c| c.set(c.get().wrapping_sub(size as isize)));
 }
 
-// SAFETY: every method forwards to `System` with the caller's arguments
-// unchanged, so `System`'s guarantees carry over; the counters only observe.
+// SAFETY: every method forwards to `Under` with the caller's arguments
+// unchanged, so its guarantees carry over; the counters only observe.
 unsafe impl GlobalAlloc for CountingAlloc {
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
         // SAFETY: the caller upholds `GlobalAlloc::alloc`'s contract.
-        let p = unsafe { System.alloc(layout) };
+        let p = unsafe { UNDER_ALLOC.alloc(layout) };
         if !p.is_null() {
             on_alloc(layout.size());
         }
@@ -61,7 +87,7 @@ unsafe impl GlobalAlloc for CountingAlloc {
 
     unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
         // SAFETY: as for `alloc`.
-        let p = unsafe { System.alloc_zeroed(layout) };
+        let p = unsafe { UNDER_ALLOC.alloc_zeroed(layout) };
         if !p.is_null() {
             on_alloc(layout.size());
         }
@@ -69,15 +95,15 @@ unsafe impl GlobalAlloc for CountingAlloc {
     }
 
     unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        // SAFETY: `ptr` came from this allocator (hence from `System`) with
+        // SAFETY: `ptr` came from this allocator (hence from `Under`) with
         // `layout`, as the caller guarantees.
-        unsafe { System.dealloc(ptr, layout) };
+        unsafe { UNDER_ALLOC.dealloc(ptr, layout) };
         on_free(layout.size());
     }
 
     unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
         // SAFETY: the caller upholds `GlobalAlloc::realloc`'s contract.
-        let p = unsafe { System.realloc(ptr, layout, new_size) };
+        let p = unsafe { UNDER_ALLOC.realloc(ptr, layout, new_size) };
         if !p.is_null() {
             on_free(layout.size());
             on_alloc(new_size);

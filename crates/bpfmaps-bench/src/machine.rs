@@ -49,8 +49,15 @@ impl Machine {
             "**debug build: numbers are not meaningful**"
         };
         format!(
-            "| | |\n| --- | --- |\n| CPU | {} |\n| nproc | {} |\n| kernel | {} |\n| rustc | {} |\n| build | {} |\n| native peers | {} |\n| allocator | system malloc, wrapped by a counting allocator (one relaxed atomic add per alloc/free) |\n| date | {} |\n",
-            self.cpu_model, self.nproc, self.kernel, self.rustc, build, self.native, self.date
+            "| | |\n| --- | --- |\n| CPU | {} |\n| nproc | {} |\n| kernel | {} |\n| rustc | {} |\n| build | {} |\n| native peers | {} |\n| allocator | {}, wrapped by a counting allocator (one relaxed atomic add per alloc/free) |\n| date | {} |\n",
+            self.cpu_model,
+            self.nproc,
+            self.kernel,
+            self.rustc,
+            build,
+            self.native,
+            crate::alloc::UNDER,
+            self.date
         )
     }
 }
