@@ -37,7 +37,8 @@ pub type Under = std::alloc::System;
 #[cfg(feature = "mimalloc")]
 pub type Under = mimalloc::MiMalloc;
 
-/// Which allocator [`Under`] is, for a report's notes.
+/// Which allocator [`Under`] is, for the report's machine table and the
+/// examples' output.
 pub const UNDER: &str = if cfg!(feature = "mimalloc") {
     "mimalloc (the `mimalloc` feature)"
 } else {
