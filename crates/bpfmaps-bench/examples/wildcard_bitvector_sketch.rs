@@ -144,7 +144,7 @@ impl Sketch {
                         t[w[0] as usize..w[1] as usize].fill(i as u16);
                     }
                     let last = *starts.last().expect("0");
-                    t[last as usize..].fill(starts.len() as u16 - 1);
+                    t[last as usize..].fill((starts.len() - 1) as u16);
                     Finder::Table(t)
                 } else if points && field.bits() <= 63 {
                     let held: Vec<(u128, usize)> = (starts.iter().enumerate())
