@@ -16,6 +16,11 @@
 //! laid out as the BPF proposal's (see `contract.rs`:
 //! [`Schema::rule_key`], [`Schema::match_key`]).
 //!
+//! An update copies its bucket's chain and frees the old one a grace
+//! period later, so its time depends on the program's allocator: cold
+//! updates took 17-35 % less time under mimalloc than under glibc's
+//! `malloc` (docs/benchmarks.md, "The allocator's share of an update").
+//!
 //! Status (issue 13): the classifier, its typed API and byte contract,
 //! its tests, a fuzz target (`fuzz/`, `wildcard`) and benchmarks
 //! (`wildcard-*`); not yet at the issue's speed targets.
