@@ -17,8 +17,8 @@
 //! read where every aggregate has a bit. No updates (a rebuild each).
 //!
 //! Checks every packet's answer against the map's, then times, in
-//! interleaved turns over the suite's packets (medians and ranges of
-//! `--rounds`): the sketch's finders alone (each field's interval and
+//! turns (`measure::in_turns`: each round starts one path later), over
+//! the suite's packets (medians and ranges of `--rounds`): the sketch's finders alone (each field's interval and
 //! aggregate word, no bitmap scanned), the sketch one packet at a time
 //! and in bursts of 32 (every packet's bitmaps asked for, then each
 //! scanned), the map's `classify_key` and its bursts of 32
@@ -32,6 +32,7 @@ use std::hint::black_box;
 use std::time::Instant;
 
 use bpfmaps::wildcard::{Rule, Schema, WildcardMap};
+use bpfmaps_bench::measure::in_turns;
 use bpfmaps_bench::stats::Stats;
 use bpfmaps_bench::suites::wildcard_cilium;
 
@@ -319,43 +320,41 @@ fn main() {
         "bursts of 32",
         "six lookups",
     ];
-    let mut ns: Vec<Vec<f64>> = vec![Vec::new(); names.len()];
     let mut out = [None; 32];
-    for _ in 0..rounds {
-        for (which, samples) in ns.iter_mut().enumerate() {
-            let started = Instant::now();
-            let mut acc = 0u32;
-            match which {
-                0 => (keys.iter()).for_each(|k| acc ^= sketch.find_only(k)),
-                1 => (keys.iter()).for_each(|k| acc ^= sketch.classify(k).unwrap_or(u32::MAX)),
-                2 => {
-                    let mut o = [None; 32];
-                    for burst in keys.chunks(32) {
-                        sketch.classify_burst(burst, &mut o);
-                        for a in &o[..burst.len()] {
-                            acc ^= a.unwrap_or(u32::MAX);
-                        }
+    // In turns, each round starting one path later (`measure::in_turns`).
+    let ns = in_turns(names.len(), rounds, |which| {
+        let started = Instant::now();
+        let mut acc = 0u32;
+        match which {
+            0 => (keys.iter()).for_each(|k| acc ^= sketch.find_only(k)),
+            1 => (keys.iter()).for_each(|k| acc ^= sketch.classify(k).unwrap_or(u32::MAX)),
+            2 => {
+                let mut o = [None; 32];
+                for burst in keys.chunks(32) {
+                    sketch.classify_burst(burst, &mut o);
+                    for a in &o[..burst.len()] {
+                        acc ^= a.unwrap_or(u32::MAX);
                     }
                 }
-                3 => (keys.iter()).for_each(|k| acc ^= answer(&map, k).unwrap_or(u32::MAX)),
-                4 => {
-                    for burst in flat.chunks(8 * 32) {
-                        let n = burst.len() / 8;
-                        map.classify_many_keys(burst, &guard, &mut out[..n])
-                            .expect("whole keys");
-                        for o in &out[..n] {
-                            acc ^= o.map_or(u32::MAX, |(_, v)| v[0].into());
-                        }
-                    }
-                }
-                _ => (keys.iter()).for_each(|k| {
-                    acc ^= u32::from(wildcard_cilium::six_lookups_once(&hash, k, &guard))
-                }),
             }
-            black_box(acc);
-            samples.push(started.elapsed().as_nanos() as f64 / keys.len() as f64);
+            3 => (keys.iter()).for_each(|k| acc ^= answer(&map, k).unwrap_or(u32::MAX)),
+            4 => {
+                for burst in flat.chunks(8 * 32) {
+                    let n = burst.len() / 8;
+                    map.classify_many_keys(burst, &guard, &mut out[..n])
+                        .expect("whole keys");
+                    for o in &out[..n] {
+                        acc ^= o.map_or(u32::MAX, |(_, v)| v[0].into());
+                    }
+                }
+            }
+            _ => (keys.iter()).for_each(|k| {
+                acc ^= u32::from(wildcard_cilium::six_lookups_once(&hash, k, &guard))
+            }),
         }
-    }
+        black_box(acc);
+        started.elapsed().as_nanos() as f64 / keys.len() as f64
+    });
     let six = Stats::from_samples(&ns[5]).median;
     for (name, samples) in names.iter().zip(&ns) {
         let s = Stats::from_samples(samples);

@@ -30,12 +30,12 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 /// The allocator: [`Under`] plus byte counters.
 pub struct CountingAlloc;
 
-/// The allocator under the counters: the system's.
-#[cfg(not(feature = "mimalloc"))]
-pub type Under = std::alloc::System;
 /// The allocator under the counters: mimalloc (the `mimalloc` feature).
 #[cfg(feature = "mimalloc")]
-pub type Under = mimalloc::MiMalloc;
+pub use mimalloc::MiMalloc as Under;
+/// The allocator under the counters: the system's.
+#[cfg(not(feature = "mimalloc"))]
+pub use std::alloc::System as Under;
 
 /// Which allocator [`Under`] is, for the report's machine table and the
 /// examples' output.
@@ -44,11 +44,6 @@ pub const UNDER: &str = if cfg!(feature = "mimalloc") {
 } else {
     "system malloc"
 };
-
-#[cfg(not(feature = "mimalloc"))]
-const UNDER_ALLOC: Under = std::alloc::System;
-#[cfg(feature = "mimalloc")]
-const UNDER_ALLOC: Under = mimalloc::MiMalloc;
 
 /// Installed for the whole binary (and this crate's tests).
 #[global_allocator]
@@ -79,7 +74,7 @@ fn on_free(size: usize) {
 unsafe impl GlobalAlloc for CountingAlloc {
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
         // SAFETY: the caller upholds `GlobalAlloc::alloc`'s contract.
-        let p = unsafe { UNDER_ALLOC.alloc(layout) };
+        let p = unsafe { Under.alloc(layout) };
         if !p.is_null() {
             on_alloc(layout.size());
         }
@@ -88,7 +83,7 @@ unsafe impl GlobalAlloc for CountingAlloc {
 
     unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
         // SAFETY: as for `alloc`.
-        let p = unsafe { UNDER_ALLOC.alloc_zeroed(layout) };
+        let p = unsafe { Under.alloc_zeroed(layout) };
         if !p.is_null() {
             on_alloc(layout.size());
         }
@@ -98,13 +93,13 @@ unsafe impl GlobalAlloc for CountingAlloc {
     unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
         // SAFETY: `ptr` came from this allocator (hence from `Under`) with
         // `layout`, as the caller guarantees.
-        unsafe { UNDER_ALLOC.dealloc(ptr, layout) };
+        unsafe { Under.dealloc(ptr, layout) };
         on_free(layout.size());
     }
 
     unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
         // SAFETY: the caller upholds `GlobalAlloc::realloc`'s contract.
-        let p = unsafe { UNDER_ALLOC.realloc(ptr, layout, new_size) };
+        let p = unsafe { Under.realloc(ptr, layout, new_size) };
         if !p.is_null() {
             on_free(layout.size());
             on_alloc(new_size);
